@@ -21,9 +21,10 @@ of Porcupine):
   as a bitset, which makes the cache key cheap to build and hash.
 
 ``info`` operations (unknown outcome) return at +infinity, so they can be
-linearized anywhere after their call; the search stops once every definite
-operation is placed, which leaves the unplaced info operations "never
-happened".
+linearized anywhere after their call, and models accept any output for them.
+The search stops as soon as every definite operation is placed: the info
+operations left over "never happened" (equivalently, happened last, where
+nothing observes them), and not placing them saves search steps.
 """
 
 from __future__ import annotations

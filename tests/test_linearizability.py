@@ -143,7 +143,9 @@ L, N = Verdict.LINEARIZABLE, Verdict.NOT_LINEARIZABLE
     ("history", "expected"),
     [
         pytest.param([], L, id="empty"),
-        pytest.param([write(0, 5, 1), read(1, 2, None), read(3, 4, 1)], L, id="write-lands-mid-call"),
+        pytest.param(
+            [write(0, 5, 1), read(1, 2, None), read(3, 4, 1)], L, id="write-lands-mid-call"
+        ),
         pytest.param([write(0, 1, 1), read(2, 3, None)], N, id="stale-read"),
         pytest.param([write(0, 1, 1), write(2, 3, 2), read(4, 5, 1)], N, id="lost-write"),
         pytest.param([write(0, 10, 1), read(1, 2, 1), read(3, 4, None)], N, id="read-goes-back"),
