@@ -1,0 +1,274 @@
+"""msgpack codec for records and log entries.
+
+An entry on the log is ``type byte | msgpack payload``. Decoding an entry is
+strict: an unknown field, a wrong type or a missing required field is a
+``CodecError``, so a malformed payload is rejected instead of half-applied.
+Records read back from our own store were checked when they entered the log,
+so ``load`` rebuilds them without re-checking (the apply hot path).
+Conversion plans are built once per dataclass from its type hints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgpack
+
+from fsm.errors import CodecError
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+Converter = Callable[[Any], Any]
+
+_STRICT: dict[type, tuple[dict[str, Converter], tuple[str, ...]]] = {}
+_LOADERS: dict[type, Callable[[dict], Any]] = {}
+_DUMPERS: dict[type, Callable[[Any], dict]] = {}
+_packer_opts = {"use_bin_type": True}
+
+
+class _PathError(CodecError):
+    """A CodecError that still collects the path of the bad value."""
+
+    def __init__(self, message: str, path: list[str]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CodecError(f"malformed msgpack: {exc}") from None
+
+
+def _fail(message: str) -> _PathError:
+    return _PathError(message, [])
+
+
+def _scalar(kind: tuple[type, ...], name: str) -> Converter:
+    allow_bool = bool in kind
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, kind) or (not allow_bool and value.__class__ is bool):
+            raise _fail(f"expected {name}, got {type(value).__name__}")
+        return value
+
+    return convert
+
+
+def _strict_converter(hint: Any) -> Converter:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return lambda value: value
+    if hint is int:
+        return _scalar((int,), "integer")
+    if hint is str:
+        return _scalar((str,), "string")
+    if hint is bool:
+        return _scalar((bool,), "boolean")
+    if hint is float:
+        return _scalar((int, float), "number")
+    if hint is bytes:
+        return _scalar((bytes,), "bytes")
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        inner = _strict_converter(args[0]) if len(args) == 1 else (lambda value: value)
+        return lambda value: None if value is None else inner(value)
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        item = _strict_converter(item_hint)
+
+        def as_list(value: Any) -> Any:
+            if not isinstance(value, list):
+                raise _fail(f"expected list, got {type(value).__name__}")
+            out = []
+            for i, v in enumerate(value):
+                try:
+                    out.append(item(v))
+                except _PathError as exc:
+                    exc.path.append(f"[{i}]")
+                    raise
+            return out
+
+        return as_list
+    if origin is dict:
+        _key_hint, value_hint = typing.get_args(hint)
+        item = _strict_converter(value_hint)
+
+        def as_dict(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise _fail(f"expected map, got {type(value).__name__}")
+            out = {}
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise _fail("map keys must be strings")
+                try:
+                    out[k] = item(v)
+                except _PathError as exc:
+                    exc.path.append(f".{k}")
+                    raise
+            return out
+
+        return as_dict
+    if dataclasses.is_dataclass(hint):
+        return lambda value: _strict_build(hint, value)
+    raise TypeError(f"codec cannot handle type hint {hint!r}")
+
+
+def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...]]:
+    plan = _STRICT.get(cls)
+    if plan is None:
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        converters = {f.name: _strict_converter(hints[f.name]) for f in fields}
+        required = tuple(
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        plan = (converters, required)
+        _STRICT[cls] = plan
+    return plan
+
+
+def _strict_build(cls: type[T], data: Any) -> T:
+    if not isinstance(data, dict):
+        raise _fail(f"expected map, got {type(data).__name__}")
+    converters, required = _strict_plan(cls)
+    kwargs = {}
+    for key, value in data.items():
+        convert = converters.get(key)
+        if convert is None:
+            raise _fail(f"unknown field {key!r}")
+        try:
+            kwargs[key] = convert(value)
+        except _PathError as exc:
+            exc.path.append(f".{key}")
+            raise
+    for name in required:
+        if name not in kwargs:
+            raise _fail(f"missing required field {name!r}")
+    return cls(**kwargs)
+
+
+def from_wire(cls: type[T], data: Any, path: str | None = None) -> T:
+    """Build ``cls`` from a decoded msgpack map, checking every field."""
+    try:
+        return _strict_build(cls, data)
+    except _PathError as exc:
+        where = (path or cls.__name__) + "".join(reversed(exc.path))
+        raise CodecError(f"{where}: {exc.message}") from None
+
+
+def _nested_kind(hint: Any) -> tuple[str, type] | None:
+    """How a field holds dataclasses, if it does: ('one'|'opt'|'list'|'dict', cls)."""
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return ("one", hint)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+            return ("opt", args[0])
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if dataclasses.is_dataclass(item):
+            return ("list", item)
+    if origin is dict:
+        item = typing.get_args(hint)[1]
+        if dataclasses.is_dataclass(item):
+            return ("dict", item)
+    return None
+
+
+def _nested_fields(cls: type) -> list[tuple[str, str, type]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = _nested_kind(hints[f.name])
+        if kind is not None:
+            out.append((f.name, kind[0], kind[1]))
+    return out
+
+
+def _loader(cls: type) -> Callable[[dict], Any]:
+    fn = _LOADERS.get(cls)
+    if fn is None:
+        nested = _nested_fields(cls)
+
+        def fn(data: dict) -> Any:
+            if nested:
+                data = dict(data)
+                for name, kind, sub in nested:
+                    value = data.get(name)
+                    if value is None:
+                        continue
+                    load_sub = _loader(sub)
+                    if kind in ("one", "opt"):
+                        data[name] = load_sub(value)
+                    elif kind == "list":
+                        data[name] = [load_sub(v) for v in value]
+                    else:
+                        data[name] = {k: load_sub(v) for k, v in value.items()}
+            return cls(**data)
+
+        _LOADERS[cls] = fn
+    return fn
+
+
+def _dumper(cls: type) -> Callable[[Any], dict]:
+    fn = _DUMPERS.get(cls)
+    if fn is None:
+        nested = _nested_fields(cls)
+
+        def fn(obj: Any) -> dict:
+            data = dict(obj.__dict__)
+            for name, kind, _sub in nested:
+                value = data[name]
+                if value is None:
+                    continue
+                if kind in ("one", "opt"):
+                    data[name] = _dumper(type(value))(value)
+                elif kind == "list":
+                    data[name] = [_dumper(type(v))(v) for v in value]
+                else:
+                    data[name] = {k: _dumper(type(v))(v) for k, v in value.items()}
+            return data
+
+        _DUMPERS[cls] = fn
+    return fn
+
+
+def to_wire(obj: Any) -> Any:
+    """Dataclasses to plain maps, recursively (faster than dataclasses.asdict)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _dumper(type(obj))(obj)
+    if isinstance(obj, list):
+        return [to_wire(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_wire(v) for k, v in obj.items()}
+    return obj
+
+
+def encode(obj: Any) -> bytes:
+    """A record as stored: msgpack of its wire map."""
+    return msgpack.packb(_dumper(type(obj))(obj), use_bin_type=True)
+
+
+def decode(cls: type[T], data: bytes) -> T:
+    """Strictly decode bytes from outside (an entry, a request)."""
+    return from_wire(cls, unpack(data))
+
+
+def load(cls: type[T], data: bytes) -> T:
+    """Rebuild a record we stored ourselves; it was checked on its way in."""
+    return _loader(cls)(msgpack.unpackb(data, raw=False))

@@ -1,0 +1,556 @@
+"""One apply function per message type, behind one dispatch table.
+
+Each function gets the entry's ``StateWriter`` and its decoded payload, and
+returns a small result map. A deterministic rejection raises
+``ApplyRejected``; the caller aborts the entry's transaction, so a rejected
+entry changes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from fsm import codec
+from fsm import messages as m
+from fsm.errors import ApplyRejected
+from fsm.keys import u64
+from fsm.messages import MessageType
+from fsm.store import META_ACL_BOOTSTRAP
+from fsm.structs import (
+    CLIENT_PENDING,
+    EVAL_TERMINAL,
+    JOB_DEAD,
+    NODE_DOWN,
+    TOKEN_MANAGEMENT,
+    Allocation,
+    Evaluation,
+    Job,
+    JobSummary,
+    TaskGroupSummary,
+)
+from fsm.validate import (
+    bad,
+    check_alloc,
+    check_client_status,
+    check_deployment,
+    check_deployment_status,
+    check_eligibility,
+    check_eval,
+    check_id,
+    check_job,
+    check_node,
+    check_node_status,
+    check_token_type,
+)
+from fsm.writer import TOPIC_JOB, StateWriter
+
+Handler = Callable[[StateWriter, Any], dict[str, Any]]
+
+# Fields that are bookkeeping, not the user's spec: changing only these is
+# not a new job version.
+_JOB_BOOKKEEPING = (
+    "status",
+    "status_description",
+    "version",
+    "submit_time",
+    "create_index",
+    "modify_index",
+    "job_modify_index",
+    "create_time",
+    "modify_time",
+    "stable",
+)
+
+_SUMMARY_FIELD = {
+    "pending": "starting",
+    "running": "running",
+    "complete": "complete",
+    "failed": "failed",
+    "lost": "lost",
+}
+
+
+def not_found(message: str) -> ApplyRejected:
+    return ApplyRejected("not_found", message)
+
+
+def conflict(message: str) -> ApplyRejected:
+    return ApplyRejected("conflict", message)
+
+
+def _spec(job: Job) -> dict[str, Any]:
+    data = codec.to_wire(job)
+    for name in _JOB_BOOKKEEPING:
+        data.pop(name, None)
+    return data
+
+
+# -- job summaries -----------------------------------------------------------
+def _ensure_summary(w: StateWriter, job: Job) -> None:
+    summary = w.job_summary(job.id)
+    fresh = summary is None
+    if summary is None:
+        summary = JobSummary(job_id=job.id, namespace=job.namespace)
+    changed = fresh
+    for group in job.task_groups:
+        if group.name not in summary.summary:
+            summary.summary[group.name] = TaskGroupSummary()
+            changed = True
+    if changed:
+        _put_summary(w, summary)
+
+
+def _put_summary(w: StateWriter, summary: JobSummary) -> None:
+    if summary.create_index == 0:
+        summary.create_index = w.index
+    summary.modify_index = w.index
+    w.put_summary(summary)
+
+
+def _count_alloc(w: StateWriter, alloc: Allocation, delta: int, *, placed: bool = False) -> None:
+    """Move an alloc in or out of its group's summary counter (by client status)."""
+    summary = w.job_summary(alloc.job_id)
+    if summary is None:
+        return
+    group = summary.summary.setdefault(alloc.task_group, TaskGroupSummary())
+    name = _SUMMARY_FIELD[alloc.client_status]
+    setattr(group, name, getattr(group, name) + delta)
+    if placed and group.queued > 0:
+        group.queued -= 1
+    _put_summary(w, summary)
+
+
+def _set_queued(w: StateWriter, ev: Evaluation) -> None:
+    if not ev.queued_allocations:
+        return
+    summary = w.job_summary(ev.job_id)
+    if summary is None:
+        return
+    for group, queued in sorted(ev.queued_allocations.items()):
+        summary.summary.setdefault(group, TaskGroupSummary()).queued = max(0, queued)
+    _put_summary(w, summary)
+
+
+def _upsert_evals(w: StateWriter, evals: list[Evaluation]) -> list[str]:
+    for ev in evals:
+        check_eval(ev)
+    for ev in evals:
+        w.put_eval(ev, w.eval(ev.id))
+        _set_queued(w, ev)
+    return [ev.id for ev in evals]
+
+
+def _delete_alloc(w: StateWriter, alloc: Allocation) -> None:
+    _count_alloc(w, alloc, -1)
+    w.delete_alloc(alloc)
+
+
+# -- jobs ----------------------------------------------------------------------
+def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
+    job = msg.job
+    check_job(job)
+    old = w.job(job.id)
+    if msg.enforce_index is not None:
+        current = old.job_modify_index if old is not None else 0
+        if current != msg.enforce_index:
+            raise conflict(
+                f"job {job.id}: enforce index {msg.enforce_index} does not match the current "
+                f"job modify index {current}; read the job again and retry"
+            )
+    changed = old is None or _spec(old) != _spec(job)
+    job.create_index = old.create_index if old is not None else w.index
+    job.create_time = old.create_time if old is not None else w.now
+    job.modify_index = w.index
+    job.modify_time = w.now
+    if old is None:
+        job.version = 0
+    else:
+        job.version = old.version + 1 if changed else old.version
+        job.status = old.status
+        job.stable = old.stable and not changed
+    job.job_modify_index = w.index if changed else old.job_modify_index
+    job.submit_time = w.now if changed else old.submit_time
+    w.put_job(job)
+    if changed:
+        w.put_job_version(job)
+    _ensure_summary(w, job)
+    w.record(TOPIC_JOB, "JobRegistered", job.id, job)
+    result: dict[str, Any] = {
+        "job_modify_index": job.job_modify_index,
+        "version": job.version,
+        "changed": changed,
+    }
+    if msg.eval is not None:
+        if msg.eval.job_id != job.id:
+            raise bad(f"evaluation {msg.eval.id} is for job {msg.eval.job_id}, not {job.id}")
+        msg.eval.job_modify_index = job.job_modify_index
+        _upsert_evals(w, [msg.eval])
+        result.update(eval_id=msg.eval.id, eval_create_index=msg.eval.create_index)
+    return result
+
+
+def job_deregister(w: StateWriter, msg: m.JobDeregister) -> dict[str, Any]:
+    check_id(msg.job_id, "job ID")
+    job = w.job(msg.job_id)
+    if job is None:
+        raise not_found(f"job {msg.job_id} not found")
+    if msg.purge:
+        w.delete_job(job.id)
+        w.record(TOPIC_JOB, "JobDeregistered", job.id, None)
+    elif not job.stop:
+        job.stop = True
+        job.version += 1
+        job.job_modify_index = job.modify_index = w.index
+        job.modify_time = w.now
+        w.put_job(job)
+        w.put_job_version(job)
+        w.record(TOPIC_JOB, "JobDeregistered", job.id, job)
+    result: dict[str, Any] = {"job_modify_index": job.job_modify_index}
+    if msg.eval is not None:
+        if msg.eval.job_id != job.id:
+            raise bad(f"evaluation {msg.eval.id} is for job {msg.eval.job_id}, not {job.id}")
+        _upsert_evals(w, [msg.eval])
+        result.update(eval_id=msg.eval.id, eval_create_index=msg.eval.create_index)
+    return result
+
+
+def _job_collectable(w: StateWriter, job: Job) -> bool:
+    return (job.status == JOB_DEAD or job.stop) and not (
+        w.job_has_live_allocs(job.id) or w.job_has_live_evals(job.id)
+    )
+
+
+def job_batch_deregister(w: StateWriter, msg: m.JobBatchDeregister) -> dict[str, Any]:
+    """GC purge: each unchanged, collectable job goes with everything it owns."""
+    reaped, skipped = [], []
+    for reap in msg.jobs:
+        job = w.job(reap.id)
+        if job is None or job.modify_index != reap.modify_index or not _job_collectable(w, job):
+            skipped.append(reap.id)
+            continue
+        for alloc in w.allocs_by_job(job.id):
+            w.delete_alloc(alloc)
+        for ev in w.evals_by_job(job.id):
+            w.delete_eval(ev)
+        for dep in w.deployments_by_job(job.id):
+            w.delete_deployment(dep)
+        w.delete_job(job.id)
+        w.record(TOPIC_JOB, "JobDeleted", job.id, None)
+        reaped.append(reap.id)
+    return {"reaped": reaped, "skipped": skipped}
+
+
+# -- evals ---------------------------------------------------------------------
+def eval_upsert(w: StateWriter, msg: m.EvalUpsert) -> dict[str, Any]:
+    return {"eval_ids": _upsert_evals(w, msg.evals)}
+
+
+def eval_reap(w: StateWriter, msg: m.EvalReap) -> dict[str, Any]:
+    """Delete unchanged terminal allocs, then unchanged terminal evals with their terminal allocs.
+
+    An eval that still has a non-terminal alloc stays, so no alloc is orphaned.
+    """
+    reaped_allocs, reaped_evals, skipped = [], [], []
+    for reap in msg.allocs:
+        alloc = w.alloc(reap.id)
+        if alloc is None or alloc.modify_index != reap.modify_index or not alloc.terminal():
+            skipped.append(reap.id)
+            continue
+        _delete_alloc(w, alloc)
+        reaped_allocs.append(alloc.id)
+    for reap in msg.evals:
+        ev = w.eval(reap.id)
+        if ev is None or ev.modify_index != reap.modify_index or ev.status not in EVAL_TERMINAL:
+            skipped.append(reap.id)
+            continue
+        allocs = w.allocs_by_eval(ev.id)
+        if any(not a.terminal() for a in allocs):
+            skipped.append(reap.id)
+            continue
+        for alloc in allocs:
+            _delete_alloc(w, alloc)
+            reaped_allocs.append(alloc.id)
+        w.delete_eval(ev)
+        reaped_evals.append(ev.id)
+    return {"evals": reaped_evals, "allocs": reaped_allocs, "skipped": skipped}
+
+
+# -- allocs --------------------------------------------------------------------
+def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
+    for alloc in msg.allocs_to_place:
+        check_alloc(alloc)
+    for stop in msg.allocs_to_stop:
+        if stop.client_status:
+            check_client_status(stop.id, stop.client_status)
+    if msg.deployment is not None:
+        check_deployment(msg.deployment)
+        w.put_deployment(msg.deployment, w.deployment(msg.deployment.id), "DeploymentStatusUpdate")
+    stopped = []
+    for stop in msg.allocs_to_stop:
+        alloc = w.alloc(stop.id)
+        if alloc is None:
+            continue
+        old = copy.copy(alloc)
+        alloc.desired_status = stop.desired_status
+        alloc.desired_description = stop.desired_description
+        if stop.followup_eval_id:
+            alloc.followup_eval_id = stop.followup_eval_id
+        if stop.client_status and stop.client_status != alloc.client_status:
+            _count_alloc(w, old, -1)
+            alloc.client_status = stop.client_status
+            _count_alloc(w, alloc, +1)
+        alloc.alloc_modify_index = w.index
+        w.put_alloc(alloc, old, "PlanResult")
+        stopped.append(alloc.id)
+    placed = []
+    for alloc in msg.allocs_to_place:
+        if w.job(alloc.job_id) is None:
+            raise conflict(f"allocation {alloc.id}: job {alloc.job_id} no longer exists")
+        if w.node(alloc.node_id) is None:
+            raise conflict(f"allocation {alloc.id}: node {alloc.node_id} does not exist")
+        old = w.alloc(alloc.id)
+        if old is not None:
+            # An in-place update keeps what the client reported.
+            alloc.client_status = old.client_status
+            alloc.client_description = old.client_description
+            alloc.task_states = old.task_states
+            alloc.deployment_status = old.deployment_status
+        alloc.alloc_modify_index = w.index
+        w.put_alloc(alloc, old, "PlanResult")
+        if old is None:
+            _count_alloc(w, alloc, +1, placed=alloc.client_status == CLIENT_PENDING)
+            if alloc.previous_allocation:
+                _link_previous(w, alloc)
+        placed.append(alloc.id)
+    eval_ids = _upsert_evals(w, msg.evals)
+    return {"placed": placed, "stopped": stopped, "eval_ids": eval_ids}
+
+
+def _link_previous(w: StateWriter, alloc: Allocation) -> None:
+    prev = w.alloc(alloc.previous_allocation)
+    if prev is not None and prev.next_allocation != alloc.id:
+        old = copy.copy(prev)
+        prev.next_allocation = alloc.id
+        w.put_alloc(prev, old, "AllocationUpdated")
+
+
+def alloc_client_update(w: StateWriter, msg: m.AllocClientUpdate) -> dict[str, Any]:
+    for state in msg.allocs:
+        check_client_status(state.id, state.client_status)
+    updated, ignored = [], []
+    for state in msg.allocs:
+        alloc = w.alloc(state.id)
+        # A terminal client status is final: a late report cannot revive an alloc.
+        if alloc is None or (alloc.client_terminal() and state.client_status != alloc.client_status):
+            ignored.append(state.id)
+            continue
+        old = copy.copy(alloc)
+        if state.client_status != alloc.client_status:
+            _count_alloc(w, old, -1)
+            alloc.client_status = state.client_status
+            _count_alloc(w, alloc, +1)
+        alloc.client_description = state.client_description
+        if state.task_states is not None:
+            alloc.task_states = state.task_states
+        if state.deployment_status is not None:
+            _deployment_health(w, alloc, state.deployment_status.healthy)
+            alloc.deployment_status = state.deployment_status
+        w.put_alloc(alloc, old, "AllocationUpdated")
+        updated.append(alloc.id)
+    eval_ids = _upsert_evals(w, msg.evals)
+    return {"updated": updated, "ignored": ignored, "eval_ids": eval_ids}
+
+
+def _deployment_health(w: StateWriter, alloc: Allocation, healthy: bool | None) -> None:
+    before = alloc.deployment_status.healthy if alloc.deployment_status else None
+    if healthy is None or before is not None or not alloc.deployment_id:
+        return
+    dep = w.deployment(alloc.deployment_id)
+    if dep is None or alloc.task_group not in dep.task_groups:
+        return
+    old = copy.deepcopy(dep)
+    state = dep.task_groups[alloc.task_group]
+    if healthy:
+        state.healthy_allocs += 1
+    else:
+        state.unhealthy_allocs += 1
+    w.put_deployment(dep, old, "DeploymentAllocHealth")
+
+
+def alloc_desired_transition(w: StateWriter, msg: m.AllocDesiredTransition) -> dict[str, Any]:
+    updated = []
+    for alloc_id, transition in sorted(msg.allocs.items()):
+        alloc = w.alloc(alloc_id)
+        if alloc is None:
+            continue
+        old = copy.copy(alloc)
+        alloc.desired_transition = transition
+        alloc.alloc_modify_index = w.index
+        w.put_alloc(alloc, old, "AllocationUpdateDesiredStatus")
+        updated.append(alloc_id)
+    return {"updated": updated, "eval_ids": _upsert_evals(w, msg.evals)}
+
+
+# -- deployments ---------------------------------------------------------------
+def deployment_upsert(w: StateWriter, msg: m.DeploymentUpsert) -> dict[str, Any]:
+    check_deployment(msg.deployment)
+    w.put_deployment(msg.deployment, w.deployment(msg.deployment.id), "DeploymentStatusUpdate")
+    return {"deployment_id": msg.deployment.id}
+
+
+def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> dict[str, Any]:
+    check_deployment_status(msg.deployment_id, msg.status)
+    dep = w.deployment(msg.deployment_id)
+    if dep is None:
+        raise not_found(f"deployment {msg.deployment_id} not found")
+    old = copy.deepcopy(dep)
+    dep.status = msg.status
+    dep.status_description = msg.status_description
+    w.put_deployment(dep, old, "DeploymentStatusUpdate")
+    result: dict[str, Any] = {"deployment_id": dep.id}
+    if msg.eval is not None:
+        result["eval_ids"] = _upsert_evals(w, [msg.eval])
+    return result
+
+
+def deployment_reap(w: StateWriter, msg: m.DeploymentReap) -> dict[str, Any]:
+    reaped, skipped = [], []
+    for reap in msg.deployments:
+        dep = w.deployment(reap.id)
+        if (
+            dep is None
+            or dep.modify_index != reap.modify_index
+            or dep.active()
+            or any(not a.terminal() for a in w.allocs_by_deployment(dep.id))
+        ):
+            skipped.append(reap.id)
+            continue
+        w.delete_deployment(dep)
+        reaped.append(dep.id)
+    return {"reaped": reaped, "skipped": skipped}
+
+
+# -- nodes ---------------------------------------------------------------------
+def node_register(w: StateWriter, msg: m.NodeRegister) -> dict[str, Any]:
+    check_node(msg.node)
+    w.put_node(msg.node, w.node(msg.node.id), "NodeRegistration")
+    return {"node_id": msg.node.id}
+
+
+def node_update_status(w: StateWriter, msg: m.NodeUpdateStatus) -> dict[str, Any]:
+    check_node_status(msg.node_id, msg.status)
+    node = w.node(msg.node_id)
+    if node is None:
+        raise not_found(f"node {msg.node_id} not found")
+    old = copy.copy(node)
+    node.status = msg.status
+    node.status_description = msg.status_description
+    w.put_node(node, old, "NodeStatusUpdate")
+    return {"node_id": node.id, "eval_ids": _upsert_evals(w, msg.evals)}
+
+
+def node_update_eligibility(w: StateWriter, msg: m.NodeUpdateEligibility) -> dict[str, Any]:
+    check_eligibility(msg.node_id, msg.eligibility)
+    node = w.node(msg.node_id)
+    if node is None:
+        raise not_found(f"node {msg.node_id} not found")
+    old = copy.copy(node)
+    node.scheduling_eligibility = msg.eligibility
+    if msg.drain is not None:
+        node.drain = msg.drain
+    w.put_node(node, old, "NodeEligibility")
+    return {"node_id": node.id, "eval_ids": _upsert_evals(w, msg.evals)}
+
+
+def node_reap(w: StateWriter, msg: m.NodeReap) -> dict[str, Any]:
+    reaped, skipped = [], []
+    for reap in msg.nodes:
+        node = w.node(reap.id)
+        if (
+            node is None
+            or node.modify_index != reap.modify_index
+            or node.status != NODE_DOWN
+            or w.allocs_by_node(node.id, terminal=False)
+        ):
+            skipped.append(reap.id)
+            continue
+        w.delete_node(node)
+        reaped.append(node.id)
+    return {"reaped": reaped, "skipped": skipped}
+
+
+# -- ACL -----------------------------------------------------------------------
+def _upsert_token(w: StateWriter, token: Any) -> None:
+    check_id(token.accessor_id, "token accessor ID")
+    check_token_type(token.accessor_id, token.type)
+    if len(token.secret_hash) != 64:
+        raise bad(f"token {token.accessor_id}: secret_hash must be a SHA-256 hex digest")
+    holder = w.token_by_secret_hash(token.secret_hash)
+    if holder is not None and holder.accessor_id != token.accessor_id:
+        raise conflict(f"token {token.accessor_id}: secret already belongs to another token")
+    w.put_token(token, w.token(token.accessor_id))
+
+
+def acl_token_bootstrap(w: StateWriter, msg: m.ACLTokenBootstrap) -> dict[str, Any]:
+    done = w.acl_bootstrap_index()
+    if done:
+        raise conflict(f"ACL bootstrap already done (at index {done}); use an existing management token")
+    if msg.token.type != TOKEN_MANAGEMENT:
+        raise bad("the bootstrap token must be a management token")
+    _upsert_token(w, msg.token)
+    w.txn.put(META_ACL_BOOTSTRAP, u64(w.index), db=w.dbs["meta"])
+    return {"accessor_id": msg.token.accessor_id}
+
+
+def acl_token_upsert(w: StateWriter, msg: m.ACLTokenUpsert) -> dict[str, Any]:
+    for token in msg.tokens:
+        _upsert_token(w, token)
+    return {"accessor_ids": [t.accessor_id for t in msg.tokens]}
+
+
+def acl_token_delete(w: StateWriter, msg: m.ACLTokenDelete) -> dict[str, Any]:
+    deleted, skipped = [], []
+    for accessor_id in msg.accessor_ids:
+        token = w.token(accessor_id)
+        if token is None:
+            raise not_found(f"token {accessor_id} not found")
+        w.delete_token(token)
+        deleted.append(accessor_id)
+    for reap in msg.reaps:
+        token = w.token(reap.id)
+        if token is None or token.modify_index != reap.modify_index or not token.expired(w.now):
+            skipped.append(reap.id)
+            continue
+        w.delete_token(token)
+        deleted.append(reap.id)
+    return {"deleted": deleted, "skipped": skipped}
+
+
+def barrier(w: StateWriter, msg: m.Barrier) -> dict[str, Any]:
+    return {}
+
+
+HANDLERS: dict[MessageType, Handler] = {
+    MessageType.JOB_REGISTER: job_register,
+    MessageType.JOB_DEREGISTER: job_deregister,
+    MessageType.JOB_BATCH_DEREGISTER: job_batch_deregister,
+    MessageType.EVAL_UPSERT: eval_upsert,
+    MessageType.EVAL_REAP: eval_reap,
+    MessageType.PLAN_APPLY: plan_apply,
+    MessageType.ALLOC_CLIENT_UPDATE: alloc_client_update,
+    MessageType.ALLOC_DESIRED_TRANSITION: alloc_desired_transition,
+    MessageType.DEPLOYMENT_UPSERT: deployment_upsert,
+    MessageType.DEPLOYMENT_STATUS_UPDATE: deployment_status_update,
+    MessageType.DEPLOYMENT_REAP: deployment_reap,
+    MessageType.NODE_REGISTER: node_register,
+    MessageType.NODE_UPDATE_STATUS: node_update_status,
+    MessageType.NODE_UPDATE_ELIGIBILITY: node_update_eligibility,
+    MessageType.NODE_REAP: node_reap,
+    MessageType.ACL_TOKEN_BOOTSTRAP: acl_token_bootstrap,
+    MessageType.ACL_TOKEN_UPSERT: acl_token_upsert,
+    MessageType.ACL_TOKEN_DELETE: acl_token_delete,
+    MessageType.BARRIER: barrier,
+}
+assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

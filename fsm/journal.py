@@ -1,0 +1,46 @@
+"""The numbered change journal, written by apply.
+
+Each applied entry's change records form one batch keyed by its raft index,
+written in the same transaction as the state change. Retention is trimmed
+inside apply from the retention settings (cluster-wide constants), so every
+replica holds the identical journal; it is part of the state digest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from fsm import codec
+from fsm.keys import from_u64, u64
+from fsm.store import META_JOURNAL_BYTES
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Bounds of the journal window. Must be identical on every server."""
+
+    max_batches: int = 100_000
+    max_bytes: int = 256 << 20
+
+
+def append(txn: lmdb.Transaction, dbs: dict[str, Any], index: int, records: list, retention: Retention) -> None:
+    """Write one batch and trim the oldest batches past the retention bounds."""
+    if not records:
+        return
+    journal, meta = dbs["journal"], dbs["meta"]
+    raw = codec.pack(records)
+    txn.put(u64(index), raw, db=journal)
+    size_raw = txn.get(META_JOURNAL_BYTES, db=meta)
+    size = (0 if size_raw is None else from_u64(size_raw)) + len(raw)
+    count = txn.stat(journal)["entries"]
+    if count > retention.max_batches or size > retention.max_bytes:
+        cursor = txn.cursor(db=journal)
+        cursor.first()
+        while (count > retention.max_batches or size > retention.max_bytes) and count > 1:
+            size -= len(cursor.value())
+            cursor.delete()
+            count -= 1
+    txn.put(META_JOURNAL_BYTES, u64(size), db=meta)

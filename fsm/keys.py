@@ -1,0 +1,44 @@
+"""Byte keys ordered for range scans.
+
+Composite keys join their parts with NUL, so a prefix scan over
+``job_id + NUL`` finds exactly that job's rows. Integers are big-endian so
+byte order equals numeric order.
+"""
+
+from __future__ import annotations
+
+SEP = b"\x00"
+MAX_ID_BYTES = 256
+
+
+def u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+def from_u64(data: bytes) -> int:
+    return int.from_bytes(data, "big")
+
+
+def key(*parts: str | bytes | int) -> bytes:
+    out = []
+    for part in parts:
+        if isinstance(part, int):
+            out.append(u64(part))
+        elif isinstance(part, str):
+            out.append(part.encode())
+        else:
+            out.append(part)
+    return SEP.join(out)
+
+
+def prefix(*parts: str | bytes | int) -> bytes:
+    return key(*parts) + SEP
+
+
+def last_part(raw: bytes) -> str:
+    return raw.rsplit(SEP, 1)[-1].decode()
+
+
+def valid_id(value: str) -> bool:
+    """IDs become key parts, so they must be non-empty, short and NUL-free."""
+    return bool(value) and "\x00" not in value and len(value.encode()) <= MAX_ID_BYTES

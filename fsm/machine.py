@@ -1,0 +1,242 @@
+"""The replicated state machine: decode, dedupe, dispatch, journal, commit.
+
+Invariants (DESIGN.md): apply is deterministic (time comes from the entry);
+exactly once across restarts (``applied_index`` is written in the same LMDB
+transaction as the effects, and older indexes are skipped); it never raises
+for anything an entry contains; unknown types with the ignore flag are
+skipped and other unknown types stop the node.
+
+Group commit: ``apply`` works inside one pending write transaction that the
+caller (the raft adapter, once per tick) ends with ``commit``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import lmdb
+import structlog
+
+from fsm import codec, journal
+from fsm.errors import ApplyRejected, CodecError, FatalApplyError
+from fsm.handlers import HANDLERS
+from fsm.keys import key, u64
+from fsm.messages import IGNORE_FLAG, MessageType, decode_entry
+from fsm.store import (
+    DEFAULT_MAP_SIZE,
+    META_APPLIED,
+    META_LAST_TIME,
+    META_SCHEMA,
+    STORE_SCHEMA,
+    StateReader,
+    StateStore,
+)
+from fsm.writer import StateWriter
+
+log = structlog.get_logger("caravan.fsm")
+
+DEFAULT_REQUEST_TTL = 10 * 60 * 1_000_000_000  # how long a retried request id is remembered
+
+
+@dataclass
+class ApplyResult:
+    index: int
+    ok: bool
+    value: dict[str, Any] = field(default_factory=dict)
+    code: str = ""
+    error: str = ""
+    duplicate: bool = False  # a retried request id: this is the first attempt's result
+    skipped: bool = False  # already applied before a restart, or an ignorable unknown type
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"index": self.index, "ok": self.ok, "value": self.value, "code": self.code, "error": self.error}
+
+
+def _exit_on_fatal(exc: BaseException) -> NoReturn:
+    log.critical("fatal apply error; stopping the node so it cannot diverge", error=str(exc))
+    sys.stderr.write(f"caravan: fatal apply error, stopping: {exc}\n")
+    sys.stderr.flush()
+    os._exit(70)
+
+
+class FSM:
+    def __init__(
+        self,
+        path: str,
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        retention: journal.Retention | None = None,
+        request_ttl: int = DEFAULT_REQUEST_TTL,
+        on_fatal: Callable[[BaseException], Any] = _exit_on_fatal,
+        sync: bool = False,
+    ) -> None:
+        self.store = StateStore(path, map_size=map_size, sync=sync)
+        self.retention = retention or journal.Retention()
+        self.request_ttl = request_ttl
+        self.on_fatal = on_fatal
+        self._txn: lmdb.Transaction | None = None
+        self._touched: dict[str, int] = {}
+        self._listeners: list[Callable[[int], None]] = []
+        with self.store.read() as r:
+            self._applied = r.applied_index
+            self._last_time = r.last_time
+            schema = r.meta_int(META_SCHEMA)
+        if schema not in (0, STORE_SCHEMA):
+            raise FatalApplyError(f"store schema {schema} is newer than this build reads ({STORE_SCHEMA})")
+
+    # -- public --------------------------------------------------------------
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    @property
+    def last_time(self) -> int:
+        return self._last_time
+
+    def apply(self, index: int, entry: bytes) -> ApplyResult:
+        """Apply one committed entry inside the pending write transaction. Never raises."""
+        try:
+            if index <= self._applied:
+                return ApplyResult(index, True, skipped=True)
+            return self._apply(index, entry)
+        except FatalApplyError as exc:
+            self._abort()
+            self.on_fatal(exc)
+            raise
+        except lmdb.Error as exc:  # disk full, map full, I/O: not deterministic
+            self._abort()
+            self.on_fatal(FatalApplyError(f"storage failure at index {index}: {exc}"))
+            raise
+
+    def commit(self) -> None:
+        """End the group: write applied index, time and table indexes; commit."""
+        txn = self._txn
+        if txn is None:
+            return
+        try:
+            meta = self.store.dbs["meta"]
+            txn.put(META_APPLIED, u64(self._applied), db=meta)
+            txn.put(META_LAST_TIME, u64(self._last_time), db=meta)
+            txn.put(META_SCHEMA, u64(STORE_SCHEMA), db=meta)
+            index_db = self.store.dbs["index"]
+            for table, idx in self._touched.items():
+                txn.put(table.encode(), u64(idx), db=index_db)
+            txn.commit()
+        except lmdb.Error as exc:
+            self._txn = None
+            self.on_fatal(FatalApplyError(f"commit failed: {exc}"))
+            raise
+        self._txn = None
+        self._touched = {}
+        for listener in list(self._listeners):
+            listener(self._applied)
+
+    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
+        """Apply and commit a group of entries (tests, benchmarks, replay tools)."""
+        results = [self.apply(i, e) for i, e in entries]
+        self.commit()
+        return results
+
+    def on_commit(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(applied_index)`` after every commit (blocking queries, journal)."""
+        self._listeners.append(listener)
+
+    @contextmanager
+    def read(self) -> Iterator[StateReader]:
+        """A consistent read of committed state (from any thread)."""
+        with self.store.read() as r:
+            yield r
+
+    def digest(self) -> tuple[str, int]:
+        """(state digest, index it reflects). Commits a pending group first."""
+        self.commit()
+        with self.store.read() as r:
+            return r.digest(), r.applied_index
+
+    def close(self) -> None:
+        self.commit()
+        self.store.close()
+
+    # -- internals -----------------------------------------------------------
+    def _begin(self) -> lmdb.Transaction:
+        if self._txn is None:
+            self._txn = self.store.begin_write()
+        return self._txn
+
+    def _abort(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+            self._touched = {}
+            with self.store.read() as r:
+                self._applied, self._last_time = r.applied_index, r.last_time
+
+    def _consume(self, index: int, result: ApplyResult) -> ApplyResult:
+        self._applied = index
+        return result
+
+    def _apply(self, index: int, entry: bytes) -> ApplyResult:
+        txn = self._begin()
+        code = entry[0] if entry else -1
+        if code not in MessageType._value2member_map_:
+            if code >= 0 and code & IGNORE_FLAG:
+                log.warning("skipping unknown entry type with the ignore flag", index=index, type=code)
+                return self._consume(index, ApplyResult(index, True, skipped=True))
+            raise FatalApplyError(
+                f"unknown entry type {code} at index {index}; upgrade this server before it can apply the log"
+            )
+        try:
+            decoded = decode_entry(entry)
+        except CodecError as exc:
+            return self._consume(index, ApplyResult(index, False, code="bad_request", error=str(exc)))
+        self._last_time = max(self._last_time, decoded.time)
+        now = self._last_time
+        if decoded.rid:
+            prior = txn.get(decoded.rid.encode(), db=self.store.dbs["requests"])
+            if prior is not None:
+                data = codec.unpack(prior)
+                return self._consume(index, ApplyResult(duplicate=True, **data))
+        child = self.store.begin_write(parent=txn)
+        writer = StateWriter(self.store, child, index, now)
+        try:
+            value = HANDLERS[decoded.type](writer, decoded.body)
+            writer.finish()
+            journal.append(child, self.store.dbs, index, writer.records, self.retention)
+            child.commit()
+            result = ApplyResult(index, True, value=value)
+            for table in writer.touched:
+                self._touched[table] = index
+            if writer.records:
+                self._touched["journal"] = index
+        except ApplyRejected as exc:
+            child.abort()
+            result = ApplyResult(index, False, code=exc.code, error=exc.message)
+        except lmdb.Error:
+            child.abort()
+            raise
+        except Exception as exc:  # a bug in a handler: the same on every replica
+            child.abort()
+            log.error("apply handler failed", index=index, type=decoded.type.name, error=repr(exc))
+            result = ApplyResult(index, False, code="internal", error=f"apply failed: {exc!r}")
+        if decoded.rid:
+            self._remember(txn, decoded.rid, now, result)
+        return self._consume(index, result)
+
+    def _remember(self, txn: lmdb.Transaction, rid: str, now: int, result: ApplyResult) -> None:
+        """Keep a request's result for ``request_ttl`` so a retry returns it instead of re-applying."""
+        dbs = self.store.dbs
+        txn.put(rid.encode(), codec.pack(result.to_wire()), db=dbs["requests"])
+        txn.put(key(now, rid), b"", db=dbs["requests_by_time"])
+        cutoff = now - self.request_ttl
+        cursor = txn.cursor(db=dbs["requests_by_time"])
+        while cursor.first():
+            k = cursor.key()
+            if int.from_bytes(k[:8], "big") >= cutoff:
+                break
+            txn.delete(k[9:], db=dbs["requests"])
+            cursor.delete()

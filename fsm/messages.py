@@ -1,0 +1,274 @@
+"""Log entry types and their payloads.
+
+Type codes are stable integers and are never reused. A code with
+``IGNORE_FLAG`` set that this version does not know is skipped; any other
+unknown code stops the node (it must not diverge from newer peers).
+
+Every entry is ``type byte | msgpack({"v", "time", "rid", "body"})``: the
+leader stamps ``time`` (wall clock, ns) and a request id ``rid`` that makes
+client retries idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from fsm import codec
+from fsm.errors import CodecError
+from fsm.structs import (
+    ACLToken,
+    Allocation,
+    Deployment,
+    DeploymentStatus,
+    DesiredTransition,
+    Evaluation,
+    Job,
+    Node,
+    TaskState,
+)
+
+IGNORE_FLAG = 128
+MAX_RID_LEN = 128
+
+
+class MessageType(IntEnum):
+    JOB_REGISTER = 1
+    JOB_DEREGISTER = 2
+    JOB_BATCH_DEREGISTER = 3
+    EVAL_UPSERT = 4
+    EVAL_REAP = 5
+    PLAN_APPLY = 6
+    ALLOC_CLIENT_UPDATE = 7
+    ALLOC_DESIRED_TRANSITION = 8
+    DEPLOYMENT_UPSERT = 9
+    DEPLOYMENT_STATUS_UPDATE = 10
+    DEPLOYMENT_REAP = 11
+    NODE_REGISTER = 12
+    NODE_UPDATE_STATUS = 13
+    NODE_UPDATE_ELIGIBILITY = 14
+    NODE_REAP = 15
+    ACL_TOKEN_BOOTSTRAP = 16
+    ACL_TOKEN_UPSERT = 17
+    ACL_TOKEN_DELETE = 18
+    BARRIER = 19
+
+
+@dataclass
+class Reap:
+    """One object to delete, only if it still has the modify index the leader saw."""
+
+    id: str
+    modify_index: int
+
+
+@dataclass
+class JobRegister:
+    job: Job
+    eval: Evaluation | None = None
+    # Compare-and-set as Nomad's EnforceIndex: the existing job's
+    # job_modify_index must equal it; 0 means "must not exist yet".
+    enforce_index: int | None = None
+
+
+@dataclass
+class JobDeregister:
+    job_id: str
+    purge: bool = False
+    eval: Evaluation | None = None
+
+
+@dataclass
+class JobBatchDeregister:
+    jobs: list[Reap] = field(default_factory=list)
+
+
+@dataclass
+class EvalUpsert:
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
+class EvalReap:
+    evals: list[Reap] = field(default_factory=list)
+    allocs: list[Reap] = field(default_factory=list)
+
+
+@dataclass
+class AllocStop:
+    id: str
+    desired_status: str = "stop"
+    desired_description: str = ""
+    client_status: str = ""
+    followup_eval_id: str = ""
+
+
+@dataclass
+class PlanApply:
+    eval_id: str = ""
+    job_id: str = ""
+    allocs_to_place: list[Allocation] = field(default_factory=list)
+    allocs_to_stop: list[AllocStop] = field(default_factory=list)
+    deployment: Deployment | None = None
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
+class AllocClientState:
+    id: str
+    client_status: str
+    client_description: str = ""
+    task_states: dict[str, TaskState] | None = None
+    deployment_status: DeploymentStatus | None = None
+
+
+@dataclass
+class AllocClientUpdate:
+    allocs: list[AllocClientState] = field(default_factory=list)
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
+class AllocDesiredTransition:
+    allocs: dict[str, DesiredTransition] = field(default_factory=dict)
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
+class DeploymentUpsert:
+    deployment: Deployment
+
+
+@dataclass
+class DeploymentStatusUpdate:
+    deployment_id: str
+    status: str
+    status_description: str = ""
+    eval: Evaluation | None = None
+
+
+@dataclass
+class DeploymentReap:
+    deployments: list[Reap] = field(default_factory=list)
+
+
+@dataclass
+class NodeRegister:
+    node: Node
+
+
+@dataclass
+class NodeUpdateStatus:
+    node_id: str
+    status: str
+    status_description: str = ""
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
+class NodeUpdateEligibility:
+    node_id: str
+    eligibility: str
+    drain: bool | None = None
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
+class NodeReap:
+    nodes: list[Reap] = field(default_factory=list)
+
+
+@dataclass
+class ACLTokenBootstrap:
+    token: ACLToken
+
+
+@dataclass
+class ACLTokenUpsert:
+    tokens: list[ACLToken] = field(default_factory=list)
+
+
+@dataclass
+class ACLTokenDelete:
+    accessor_ids: list[str] = field(default_factory=list)
+    # Expired-token GC passes the modify index it saw; an explicit delete does not.
+    reaps: list[Reap] = field(default_factory=list)
+
+
+@dataclass
+class Barrier:
+    pass
+
+
+PAYLOADS: dict[MessageType, type] = {
+    MessageType.JOB_REGISTER: JobRegister,
+    MessageType.JOB_DEREGISTER: JobDeregister,
+    MessageType.JOB_BATCH_DEREGISTER: JobBatchDeregister,
+    MessageType.EVAL_UPSERT: EvalUpsert,
+    MessageType.EVAL_REAP: EvalReap,
+    MessageType.PLAN_APPLY: PlanApply,
+    MessageType.ALLOC_CLIENT_UPDATE: AllocClientUpdate,
+    MessageType.ALLOC_DESIRED_TRANSITION: AllocDesiredTransition,
+    MessageType.DEPLOYMENT_UPSERT: DeploymentUpsert,
+    MessageType.DEPLOYMENT_STATUS_UPDATE: DeploymentStatusUpdate,
+    MessageType.DEPLOYMENT_REAP: DeploymentReap,
+    MessageType.NODE_REGISTER: NodeRegister,
+    MessageType.NODE_UPDATE_STATUS: NodeUpdateStatus,
+    MessageType.NODE_UPDATE_ELIGIBILITY: NodeUpdateEligibility,
+    MessageType.NODE_REAP: NodeReap,
+    MessageType.ACL_TOKEN_BOOTSTRAP: ACLTokenBootstrap,
+    MessageType.ACL_TOKEN_UPSERT: ACLTokenUpsert,
+    MessageType.ACL_TOKEN_DELETE: ACLTokenDelete,
+    MessageType.BARRIER: Barrier,
+}
+MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
+
+
+@dataclass
+class Entry:
+    """A decoded log entry."""
+
+    type: MessageType
+    time: int
+    rid: str
+    body: Any
+
+
+def encode_entry(body: Any, *, time: int, rid: str) -> bytes:
+    """Encode a payload dataclass as a log entry (the leader's side)."""
+    msg_type = MESSAGE_OF[type(body)]
+    envelope = {"v": codec.SCHEMA_VERSION, "time": time, "rid": rid, "body": codec.to_wire(body)}
+    return bytes([msg_type]) + codec.pack(envelope)
+
+
+def peek_type(entry: bytes) -> int:
+    """The raw type code, or raise CodecError for an empty entry."""
+    if not entry:
+        raise CodecError("empty entry")
+    return entry[0]
+
+
+def decode_entry(entry: bytes) -> Entry:
+    """Strictly decode an entry whose type this version knows."""
+    code = peek_type(entry)
+    try:
+        msg_type = MessageType(code)
+    except ValueError:
+        raise CodecError(f"unknown entry type {code}") from None
+    envelope = codec.unpack(entry[1:])
+    if not isinstance(envelope, dict):
+        raise CodecError("entry payload is not a map")
+    version = envelope.get("v")
+    if version != codec.SCHEMA_VERSION:
+        raise CodecError(f"unsupported schema version {version!r} (this build reads {codec.SCHEMA_VERSION})")
+    time, rid = envelope.get("time"), envelope.get("rid")
+    if not isinstance(time, int) or isinstance(time, bool) or time < 0:
+        raise CodecError("entry time must be a non-negative integer")
+    if not isinstance(rid, str) or len(rid) > MAX_RID_LEN:
+        raise CodecError(f"entry rid must be a string of at most {MAX_RID_LEN} characters")
+    extra = set(envelope) - {"v", "time", "rid", "body"}
+    if extra:
+        raise CodecError(f"unknown envelope fields {sorted(extra)}")
+    body = codec.from_wire(PAYLOADS[msg_type], envelope.get("body", {}))
+    return Entry(msg_type, time, rid, body)

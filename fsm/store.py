@@ -1,0 +1,336 @@
+"""The LMDB state store: named tables, their secondary indexes, and reads.
+
+One environment per server. Every table and every index is its own named
+database. Reads run in read transactions, so one read sees one raft index.
+Writes happen only inside ``fsm.apply`` through ``StateWriter``, which keeps
+the indexes in step with the tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import lmdb
+
+from fsm import codec
+from fsm.keys import from_u64, key, last_part, prefix, u64
+from fsm.structs import (
+    EVAL_TERMINAL,
+    ACLToken,
+    Allocation,
+    Deployment,
+    Evaluation,
+    Job,
+    JobSummary,
+    Node,
+)
+
+T = TypeVar("T")
+
+# Object tables, as the index table and snapshots name them.
+TABLES = (
+    "jobs",
+    "job_versions",
+    "job_summary",
+    "evals",
+    "allocs",
+    "deployments",
+    "nodes",
+    "acl_tokens",
+)
+INDEXES = (
+    "evals_by_job",
+    "evals_by_status",
+    "evals_live_by_job",
+    "allocs_by_job",
+    "allocs_live_by_job",
+    "allocs_by_eval",
+    "allocs_by_node",
+    "allocs_by_deployment",
+    "deployments_by_job",
+    "acl_by_secret",
+    "acl_by_expiry",
+)
+SYSTEM = ("index", "meta", "gc_marks", "gc_mark_of", "journal", "requests", "requests_by_time")
+ALL_DBS = TABLES + INDEXES + SYSTEM
+
+STRUCT_OF = {
+    "jobs": Job,
+    "job_versions": Job,
+    "job_summary": JobSummary,
+    "evals": Evaluation,
+    "allocs": Allocation,
+    "deployments": Deployment,
+    "nodes": Node,
+    "acl_tokens": ACLToken,
+}
+
+META_APPLIED = b"applied_index"
+META_LAST_TIME = b"last_time"
+META_SCHEMA = b"schema_version"
+META_ACL_BOOTSTRAP = b"acl_bootstrap_index"
+META_JOURNAL_BYTES = b"journal_bytes"
+STORE_SCHEMA = 1
+
+DEFAULT_MAP_SIZE = 64 << 30  # sparse; LMDB grows the file as needed
+
+
+class StateStore:
+    """Owns the LMDB environment and its named databases."""
+
+    def __init__(self, path: str, *, map_size: int = DEFAULT_MAP_SIZE, sync: bool = False) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        # sync=False: durability comes from the raft journal, which pysyncobj
+        # replays after a crash; the FSM skips what it already applied.
+        self.env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=len(ALL_DBS) + 4,
+            sync=sync,
+            metasync=sync,
+            writemap=False,
+            max_readers=512,
+        )
+        self.dbs: dict[str, Any] = {name: self.env.open_db(name.encode()) for name in ALL_DBS}
+
+    def close(self) -> None:
+        self.env.close()
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    @contextmanager
+    def read(self) -> Iterator[StateReader]:
+        with self.env.begin(buffers=False) as txn:
+            yield StateReader(self, txn)
+
+    def begin_write(self, parent: lmdb.Transaction | None = None) -> lmdb.Transaction:
+        return self.env.begin(write=True, parent=parent)
+
+
+class StateReader:
+    """Consistent reads at one raft index (one LMDB read transaction)."""
+
+    def __init__(self, store: StateStore, txn: lmdb.Transaction) -> None:
+        self.store = store
+        self.txn = txn
+        self.dbs = store.dbs
+
+    # -- generic helpers -------------------------------------------------
+    def _get(self, table: str, k: bytes, cls: type[T]) -> T | None:
+        raw = self.txn.get(k, db=self.dbs[table])
+        return None if raw is None else codec.load(cls, raw)
+
+    def _scan(self, db: str, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        cursor = self.txn.cursor(db=self.dbs[db])
+        if not cursor.set_range(start):
+            return
+        for k, v in cursor:
+            if not k.startswith(start):
+                return
+            yield k, v
+
+    def _ids(self, index: str, start: bytes) -> list[str]:
+        return [last_part(k) for k, _ in self._scan(index, start)]
+
+    def _any(self, index: str, start: bytes) -> bool:
+        cursor = self.txn.cursor(db=self.dbs[index])
+        return cursor.set_range(start) and cursor.key().startswith(start)
+
+    def _list(self, table: str, id_prefix: str = "") -> list[Any]:
+        cls = STRUCT_OF[table]
+        return [codec.load(cls, v) for _, v in self._scan(table, id_prefix.encode())]
+
+    def count(self, db: str) -> int:
+        return self.txn.stat(self.dbs[db])["entries"]
+
+    # -- meta ------------------------------------------------------------
+    def meta_int(self, name: bytes) -> int:
+        raw = self.txn.get(name, db=self.dbs["meta"])
+        return 0 if raw is None else from_u64(raw)
+
+    @property
+    def applied_index(self) -> int:
+        return self.meta_int(META_APPLIED)
+
+    @property
+    def last_time(self) -> int:
+        return self.meta_int(META_LAST_TIME)
+
+    def table_index(self, table: str) -> int:
+        raw = self.txn.get(table.encode(), db=self.dbs["index"])
+        return 0 if raw is None else from_u64(raw)
+
+    def table_indexes(self) -> dict[str, int]:
+        return {k.decode(): from_u64(v) for k, v in self._scan("index")}
+
+    # -- jobs ------------------------------------------------------------
+    def job(self, job_id: str) -> Job | None:
+        return self._get("jobs", job_id.encode(), Job)
+
+    def jobs(self, id_prefix: str = "") -> list[Job]:
+        return self._list("jobs", id_prefix)
+
+    def job_versions(self, job_id: str) -> list[Job]:
+        """Newest first, as Nomad lists them."""
+        rows = [codec.load(Job, v) for _, v in self._scan("job_versions", prefix(job_id))]
+        return sorted(rows, key=lambda j: j.version, reverse=True)
+
+    def job_summary(self, job_id: str) -> JobSummary | None:
+        return self._get("job_summary", job_id.encode(), JobSummary)
+
+    def job_has_live_allocs(self, job_id: str) -> bool:
+        return self._any("allocs_live_by_job", prefix(job_id))
+
+    def job_has_live_evals(self, job_id: str) -> bool:
+        return self._any("evals_live_by_job", prefix(job_id))
+
+    # -- evals -----------------------------------------------------------
+    def eval(self, eval_id: str) -> Evaluation | None:
+        return self._get("evals", eval_id.encode(), Evaluation)
+
+    def evals(self, id_prefix: str = "") -> list[Evaluation]:
+        return self._list("evals", id_prefix)
+
+    def eval_ids_by_job(self, job_id: str) -> list[str]:
+        return self._ids("evals_by_job", prefix(job_id))
+
+    def evals_by_job(self, job_id: str) -> list[Evaluation]:
+        return [e for e in map(self.eval, self.eval_ids_by_job(job_id)) if e is not None]
+
+    def eval_ids_by_status(self, status: str) -> list[str]:
+        return self._ids("evals_by_status", prefix(status))
+
+    # -- allocs ----------------------------------------------------------
+    def alloc(self, alloc_id: str) -> Allocation | None:
+        return self._get("allocs", alloc_id.encode(), Allocation)
+
+    def allocs(self, id_prefix: str = "") -> list[Allocation]:
+        return self._list("allocs", id_prefix)
+
+    def _allocs(self, ids: list[str]) -> list[Allocation]:
+        return [a for a in map(self.alloc, ids) if a is not None]
+
+    def alloc_ids_by_job(self, job_id: str) -> list[str]:
+        return self._ids("allocs_by_job", prefix(job_id))
+
+    def allocs_by_job(self, job_id: str) -> list[Allocation]:
+        return self._allocs(self.alloc_ids_by_job(job_id))
+
+    def alloc_ids_by_eval(self, eval_id: str) -> list[str]:
+        return self._ids("allocs_by_eval", prefix(eval_id))
+
+    def allocs_by_eval(self, eval_id: str) -> list[Allocation]:
+        return self._allocs(self.alloc_ids_by_eval(eval_id))
+
+    def allocs_by_node(self, node_id: str, terminal: bool | None = None) -> list[Allocation]:
+        start = prefix(node_id) if terminal is None else prefix(node_id, "1" if terminal else "0")
+        return self._allocs(self._ids("allocs_by_node", start))
+
+    def allocs_by_deployment(self, deployment_id: str) -> list[Allocation]:
+        return self._allocs(self._ids("allocs_by_deployment", prefix(deployment_id)))
+
+    # -- deployments -----------------------------------------------------
+    def deployment(self, deployment_id: str) -> Deployment | None:
+        return self._get("deployments", deployment_id.encode(), Deployment)
+
+    def deployments(self, id_prefix: str = "") -> list[Deployment]:
+        return self._list("deployments", id_prefix)
+
+    def deployments_by_job(self, job_id: str) -> list[Deployment]:
+        ids = self._ids("deployments_by_job", prefix(job_id))
+        return [d for d in map(self.deployment, ids) if d is not None]
+
+    def latest_deployment(self, job_id: str) -> Deployment | None:
+        rows = self.deployments_by_job(job_id)
+        return max(rows, key=lambda d: d.create_index) if rows else None
+
+    # -- nodes -----------------------------------------------------------
+    def node(self, node_id: str) -> Node | None:
+        return self._get("nodes", node_id.encode(), Node)
+
+    def nodes(self, id_prefix: str = "") -> list[Node]:
+        return self._list("nodes", id_prefix)
+
+    # -- ACL -------------------------------------------------------------
+    def token(self, accessor_id: str) -> ACLToken | None:
+        return self._get("acl_tokens", accessor_id.encode(), ACLToken)
+
+    def tokens(self) -> list[ACLToken]:
+        return self._list("acl_tokens")
+
+    def token_by_secret_hash(self, secret_hash: str) -> ACLToken | None:
+        accessor = self.txn.get(secret_hash.encode(), db=self.dbs["acl_by_secret"])
+        return None if accessor is None else self.token(accessor.decode())
+
+    def acl_bootstrap_index(self) -> int:
+        return self.meta_int(META_ACL_BOOTSTRAP)
+
+    # -- GC marks --------------------------------------------------------
+    def gc_marks(self, kind: str, until: int, limit: int | None = None) -> list[tuple[int, str]]:
+        """(eligible_since, id) of objects of ``kind`` marked at or before ``until``."""
+        out = []
+        for k, _ in self._scan("gc_marks", prefix(kind)):
+            since = from_u64(k[len(kind) + 1 : len(kind) + 9])
+            if since > until:
+                break
+            out.append((since, k[len(kind) + 10 :].decode()))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    # -- request ids -----------------------------------------------------
+    def request_result(self, rid: str) -> dict | None:
+        raw = self.txn.get(rid.encode(), db=self.dbs["requests"])
+        return None if raw is None else codec.unpack(raw)
+
+    # -- journal ---------------------------------------------------------
+    def journal_batches(self, after: int = 0, limit: int | None = None) -> Iterator[tuple[int, list]]:
+        """Change-record batches with index > ``after``, oldest first."""
+        cursor = self.txn.cursor(db=self.dbs["journal"])
+        if not cursor.set_range(u64(after + 1)):
+            return
+        n = 0
+        for k, v in cursor:
+            yield from_u64(k), codec.unpack(v)
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+    def journal_bounds(self) -> tuple[int, int]:
+        """(oldest, newest) retained batch index; (0, 0) when empty."""
+        cursor = self.txn.cursor(db=self.dbs["journal"])
+        if not cursor.first():
+            return 0, 0
+        oldest = from_u64(cursor.key())
+        cursor.last()
+        return oldest, from_u64(cursor.key())
+
+    # -- whole-state ---------------------------------------------------------
+    def iter_raw(self, db: str) -> Iterator[tuple[bytes, bytes]]:
+        yield from self._scan(db)
+
+    def digest(self) -> str:
+        """SHA-256 over every table, index and system db (journal included)."""
+        h = hashlib.sha256()
+        for name in sorted(ALL_DBS):
+            h.update(b"db:" + name.encode() + b"\n")
+            for k, v in self._scan(name):
+                h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+        return h.hexdigest()
+
+
+def job_key(job_id: str) -> bytes:
+    return job_id.encode()
+
+
+def eval_is_live(status: str) -> bool:
+    return status not in EVAL_TERMINAL
+
+
+__all__ = ["StateStore", "StateReader", "TABLES", "INDEXES", "SYSTEM", "ALL_DBS", "key", "prefix"]

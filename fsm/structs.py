@@ -1,0 +1,315 @@
+"""Records of the replicated state, after Nomad's structs.
+
+Times are integer nanoseconds since the epoch, stamped by the leader (never by
+the FSM). Durations are integer nanoseconds, as in Nomad's API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SECOND = 1_000_000_000
+MINUTE = 60 * SECOND
+HOUR = 60 * MINUTE
+
+JOB_TYPES = ("service", "batch", "system")
+JOB_PENDING, JOB_RUNNING, JOB_DEAD = "pending", "running", "dead"
+
+EVAL_PENDING, EVAL_BLOCKED = "pending", "blocked"
+EVAL_COMPLETE, EVAL_FAILED, EVAL_CANCELED = "complete", "failed", "canceled"
+EVAL_STATUSES = (EVAL_PENDING, EVAL_BLOCKED, EVAL_COMPLETE, EVAL_FAILED, EVAL_CANCELED)
+EVAL_TERMINAL = frozenset((EVAL_COMPLETE, EVAL_FAILED, EVAL_CANCELED))
+
+DESIRED_RUN, DESIRED_STOP, DESIRED_EVICT = "run", "stop", "evict"
+DESIRED_STATUSES = (DESIRED_RUN, DESIRED_STOP, DESIRED_EVICT)
+CLIENT_PENDING, CLIENT_RUNNING = "pending", "running"
+CLIENT_COMPLETE, CLIENT_FAILED, CLIENT_LOST = "complete", "failed", "lost"
+CLIENT_STATUSES = (CLIENT_PENDING, CLIENT_RUNNING, CLIENT_COMPLETE, CLIENT_FAILED, CLIENT_LOST)
+CLIENT_TERMINAL = frozenset((CLIENT_COMPLETE, CLIENT_FAILED, CLIENT_LOST))
+
+DEPLOYMENT_RUNNING, DEPLOYMENT_PAUSED = "running", "paused"
+DEPLOYMENT_SUCCESSFUL, DEPLOYMENT_FAILED, DEPLOYMENT_CANCELLED = "successful", "failed", "cancelled"
+DEPLOYMENT_STATUSES = (
+    DEPLOYMENT_RUNNING,
+    DEPLOYMENT_PAUSED,
+    DEPLOYMENT_SUCCESSFUL,
+    DEPLOYMENT_FAILED,
+    DEPLOYMENT_CANCELLED,
+)
+DEPLOYMENT_ACTIVE = frozenset((DEPLOYMENT_RUNNING, DEPLOYMENT_PAUSED))
+
+NODE_INIT, NODE_READY, NODE_DOWN = "initializing", "ready", "down"
+NODE_STATUSES = (NODE_INIT, NODE_READY, NODE_DOWN)
+NODE_ELIGIBLE, NODE_INELIGIBLE = "eligible", "ineligible"
+
+TOKEN_MANAGEMENT, TOKEN_CLIENT = "management", "client"
+
+
+@dataclass
+class Resources:
+    cpu: int = 100
+    memory_mb: int = 300
+    disk_mb: int = 0
+
+
+@dataclass
+class Constraint:
+    l_target: str = ""
+    r_target: str = ""
+    operand: str = "="
+
+
+@dataclass
+class ReschedulePolicy:
+    attempts: int = 0
+    interval: int = 0
+    delay: int = 30 * SECOND
+    delay_function: str = "exponential"
+    max_delay: int = HOUR
+    unlimited: bool = True
+
+
+@dataclass
+class UpdateStrategy:
+    max_parallel: int = 1
+    min_healthy_time: int = 10 * SECOND
+    healthy_deadline: int = 5 * MINUTE
+    progress_deadline: int = 10 * MINUTE
+    auto_revert: bool = False
+
+
+@dataclass
+class Task:
+    name: str
+    driver: str = "sim"
+    config: dict[str, Any] = field(default_factory=dict)
+    resources: Resources = field(default_factory=Resources)
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TaskGroup:
+    name: str
+    count: int = 1
+    tasks: list[Task] = field(default_factory=list)
+    constraints: list[Constraint] = field(default_factory=list)
+    reschedule_policy: ReschedulePolicy | None = None
+    update: UpdateStrategy | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    id: str
+    name: str = ""
+    namespace: str = "default"
+    type: str = "service"
+    priority: int = 50
+    datacenters: list[str] = field(default_factory=lambda: ["dc1"])
+    task_groups: list[TaskGroup] = field(default_factory=list)
+    constraints: list[Constraint] = field(default_factory=list)
+    meta: dict[str, str] = field(default_factory=dict)
+    periodic: bool = False
+    parameterized: bool = False
+    stop: bool = False
+    stable: bool = False
+    status: str = JOB_PENDING
+    status_description: str = ""
+    version: int = 0
+    submit_time: int = 0
+    create_index: int = 0
+    modify_index: int = 0
+    job_modify_index: int = 0
+    create_time: int = 0
+    modify_time: int = 0
+
+
+@dataclass
+class TaskGroupSummary:
+    queued: int = 0
+    complete: int = 0
+    failed: int = 0
+    running: int = 0
+    starting: int = 0
+    lost: int = 0
+    unknown: int = 0
+
+
+@dataclass
+class JobSummary:
+    job_id: str
+    namespace: str = "default"
+    summary: dict[str, TaskGroupSummary] = field(default_factory=dict)
+    create_index: int = 0
+    modify_index: int = 0
+
+
+@dataclass
+class Evaluation:
+    id: str
+    job_id: str
+    namespace: str = "default"
+    priority: int = 50
+    type: str = "service"
+    triggered_by: str = "job-register"
+    job_modify_index: int = 0
+    node_id: str = ""
+    deployment_id: str = ""
+    status: str = EVAL_PENDING
+    status_description: str = ""
+    wait_until: int = 0
+    next_eval: str = ""
+    previous_eval: str = ""
+    blocked_eval: str = ""
+    failed_tg_allocs: dict[str, str] = field(default_factory=dict)
+    queued_allocations: dict[str, int] = field(default_factory=dict)
+    create_index: int = 0
+    modify_index: int = 0
+    create_time: int = 0
+    modify_time: int = 0
+
+
+@dataclass
+class TaskState:
+    state: str = "pending"
+    failed: bool = False
+    restarts: int = 0
+    started_at: int = 0
+    finished_at: int = 0
+
+
+@dataclass
+class RescheduleEvent:
+    reschedule_time: int
+    prev_alloc_id: str
+    prev_node_id: str
+    delay: int
+
+
+@dataclass
+class RescheduleTracker:
+    events: list[RescheduleEvent] = field(default_factory=list)
+
+
+@dataclass
+class DesiredTransition:
+    migrate: bool = False
+    reschedule: bool = False
+    force_reschedule: bool = False
+
+
+@dataclass
+class DeploymentStatus:
+    healthy: bool | None = None
+    timestamp: int = 0
+    canary: bool = False
+
+
+@dataclass
+class Allocation:
+    id: str
+    eval_id: str
+    job_id: str
+    node_id: str
+    task_group: str
+    name: str = ""
+    namespace: str = "default"
+    job_version: int = 0
+    resources: Resources = field(default_factory=Resources)
+    desired_status: str = DESIRED_RUN
+    desired_description: str = ""
+    client_status: str = CLIENT_PENDING
+    client_description: str = ""
+    task_states: dict[str, TaskState] = field(default_factory=dict)
+    reschedule_tracker: RescheduleTracker | None = None
+    desired_transition: DesiredTransition = field(default_factory=DesiredTransition)
+    followup_eval_id: str = ""
+    previous_allocation: str = ""
+    next_allocation: str = ""
+    deployment_id: str = ""
+    deployment_status: DeploymentStatus | None = None
+    create_index: int = 0
+    modify_index: int = 0
+    alloc_modify_index: int = 0
+    create_time: int = 0
+    modify_time: int = 0
+
+    def server_terminal(self) -> bool:
+        return self.desired_status in (DESIRED_STOP, DESIRED_EVICT)
+
+    def client_terminal(self) -> bool:
+        return self.client_status in CLIENT_TERMINAL
+
+    def terminal(self) -> bool:
+        """Nomad's TerminalStatus: desired stop/evict, or a terminal client status."""
+        return self.server_terminal() or self.client_terminal()
+
+
+@dataclass
+class DeploymentState:
+    desired_total: int = 0
+    placed_allocs: int = 0
+    healthy_allocs: int = 0
+    unhealthy_allocs: int = 0
+    auto_revert: bool = False
+    progress_deadline: int = 0
+    require_progress_by: int = 0
+
+
+@dataclass
+class Deployment:
+    id: str
+    job_id: str
+    namespace: str = "default"
+    job_version: int = 0
+    job_modify_index: int = 0
+    job_create_index: int = 0
+    status: str = DEPLOYMENT_RUNNING
+    status_description: str = ""
+    task_groups: dict[str, DeploymentState] = field(default_factory=dict)
+    create_index: int = 0
+    modify_index: int = 0
+    create_time: int = 0
+    modify_time: int = 0
+
+    def active(self) -> bool:
+        return self.status in DEPLOYMENT_ACTIVE
+
+
+@dataclass
+class Node:
+    id: str
+    name: str = ""
+    datacenter: str = "dc1"
+    node_class: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+    resources: Resources = field(default_factory=lambda: Resources(cpu=4000, memory_mb=8192, disk_mb=0))
+    status: str = NODE_INIT
+    status_description: str = ""
+    status_updated_at: int = 0
+    drain: bool = False
+    scheduling_eligibility: str = NODE_ELIGIBLE
+    create_index: int = 0
+    modify_index: int = 0
+    create_time: int = 0
+    modify_time: int = 0
+
+
+@dataclass
+class ACLToken:
+    """An ACL token. Only a SHA-256 of the secret is ever stored or replicated."""
+
+    accessor_id: str
+    secret_hash: str
+    name: str = ""
+    type: str = TOKEN_CLIENT
+    policies: list[str] = field(default_factory=list)
+    global_: bool = False
+    expiration_time: int = 0
+    create_time: int = 0
+    create_index: int = 0
+    modify_index: int = 0
+
+    def expired(self, now: int) -> bool:
+        return self.expiration_time != 0 and self.expiration_time <= now

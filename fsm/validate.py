@@ -1,0 +1,120 @@
+"""Deterministic checks of records inside apply.
+
+The leader validates requests before they reach the log; these checks run
+again in apply so that an entry built by a buggy or hostile leader is
+rejected identically on every replica instead of corrupting state.
+"""
+
+from __future__ import annotations
+
+from fsm.errors import ApplyRejected
+from fsm.keys import valid_id
+from fsm.structs import (
+    CLIENT_STATUSES,
+    DEPLOYMENT_STATUSES,
+    DESIRED_STATUSES,
+    EVAL_STATUSES,
+    JOB_TYPES,
+    NODE_ELIGIBLE,
+    NODE_INELIGIBLE,
+    NODE_STATUSES,
+    TOKEN_CLIENT,
+    TOKEN_MANAGEMENT,
+    Allocation,
+    Deployment,
+    Evaluation,
+    Job,
+    Node,
+)
+
+
+def bad(message: str) -> ApplyRejected:
+    return ApplyRejected("bad_request", message)
+
+
+def check_id(value: str, what: str) -> None:
+    if not valid_id(value):
+        raise bad(f"{what} must be a non-empty string of at most 256 bytes without NUL")
+
+
+def check_job(job: Job) -> None:
+    check_id(job.id, "job ID")
+    if job.type not in JOB_TYPES:
+        raise bad(f"job {job.id}: type {job.type!r} is not one of {', '.join(JOB_TYPES)}")
+    if not 1 <= job.priority <= 100:
+        raise bad(f"job {job.id}: priority {job.priority} must be between 1 and 100")
+    if not job.task_groups:
+        raise bad(f"job {job.id}: at least one task group is required")
+    names = set()
+    for group in job.task_groups:
+        check_id(group.name, f"job {job.id}: task group name")
+        if group.name in names:
+            raise bad(f"job {job.id}: duplicate task group {group.name!r}")
+        names.add(group.name)
+        if group.count < 0:
+            raise bad(f"job {job.id}: group {group.name}: count {group.count} must be >= 0")
+        if not group.tasks:
+            raise bad(f"job {job.id}: group {group.name}: at least one task is required")
+        for task in group.tasks:
+            res = task.resources
+            if res.cpu < 0 or res.memory_mb < 0 or res.disk_mb < 0:
+                raise bad(f"job {job.id}: task {task.name}: resources must be >= 0")
+
+
+def check_eval(ev: Evaluation) -> None:
+    check_id(ev.id, "evaluation ID")
+    check_id(ev.job_id, f"evaluation {ev.id}: job ID")
+    if ev.status not in EVAL_STATUSES:
+        raise bad(f"evaluation {ev.id}: status {ev.status!r} is not one of {', '.join(EVAL_STATUSES)}")
+
+
+def check_alloc(alloc: Allocation) -> None:
+    check_id(alloc.id, "allocation ID")
+    check_id(alloc.eval_id, f"allocation {alloc.id}: eval ID")
+    check_id(alloc.job_id, f"allocation {alloc.id}: job ID")
+    check_id(alloc.node_id, f"allocation {alloc.id}: node ID")
+    if alloc.desired_status not in DESIRED_STATUSES:
+        raise bad(f"allocation {alloc.id}: desired status {alloc.desired_status!r} is invalid")
+    check_client_status(alloc.id, alloc.client_status)
+
+
+def check_client_status(alloc_id: str, status: str) -> None:
+    if status not in CLIENT_STATUSES:
+        raise bad(
+            f"allocation {alloc_id}: client status {status!r} is not one of {', '.join(CLIENT_STATUSES)}"
+        )
+
+
+def check_deployment(dep: Deployment) -> None:
+    check_id(dep.id, "deployment ID")
+    check_id(dep.job_id, f"deployment {dep.id}: job ID")
+    check_deployment_status(dep.id, dep.status)
+
+
+def check_deployment_status(dep_id: str, status: str) -> None:
+    if status not in DEPLOYMENT_STATUSES:
+        raise bad(f"deployment {dep_id}: status {status!r} is not one of {', '.join(DEPLOYMENT_STATUSES)}")
+
+
+def check_node(node: Node) -> None:
+    check_id(node.id, "node ID")
+    check_node_status(node.id, node.status)
+    check_eligibility(node.id, node.scheduling_eligibility)
+    res = node.resources
+    if res.cpu < 0 or res.memory_mb < 0 or res.disk_mb < 0:
+        raise bad(f"node {node.id}: resources must be >= 0")
+
+
+def check_node_status(node_id: str, status: str) -> None:
+    if status not in NODE_STATUSES:
+        raise bad(f"node {node_id}: status {status!r} is not one of {', '.join(NODE_STATUSES)}")
+
+
+def check_eligibility(node_id: str, value: str) -> None:
+    if value not in (NODE_ELIGIBLE, NODE_INELIGIBLE):
+        raise bad(f"node {node_id}: eligibility {value!r} must be eligible or ineligible")
+
+
+def check_token_type(accessor_id: str, value: str) -> None:
+    if value not in (TOKEN_MANAGEMENT, TOKEN_CLIENT):
+        raise bad(f"token {accessor_id}: type {value!r} must be management or client")

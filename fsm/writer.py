@@ -1,0 +1,296 @@
+"""Mutations of the state store, keeping indexes, GC marks and the journal in step.
+
+A ``StateWriter`` lives for one log entry, inside that entry's (nested) write
+transaction: if the entry is rejected, the transaction is aborted and nothing
+it did remains. It collects the entry's change records and the tables it
+touched; ``finish`` writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lmdb
+
+from fsm import codec
+from fsm.keys import from_u64, key, prefix, u64
+from fsm.store import StateReader, StateStore
+from fsm.structs import (
+    EVAL_TERMINAL,
+    JOB_DEAD,
+    NODE_DOWN,
+    ACLToken,
+    Allocation,
+    Deployment,
+    Evaluation,
+    Job,
+    JobSummary,
+    Node,
+)
+
+# GC-mark kinds: the collector scans each kind's marks up to now - threshold.
+GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN = "eval", "job", "deployment", "node", "token"
+GC_KINDS = (GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN)
+
+# Change-journal topics, as Nomad's event stream names them.
+TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC = "Job", "Evaluation", "Allocation"
+TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN = "Deployment", "Node", "ACLToken"
+
+JOB_VERSIONS_KEPT = 6
+
+
+def public_token(token: ACLToken) -> dict[str, Any]:
+    """A token as the journal shows it: never the secret, not even hashed."""
+    data = codec.to_wire(token)
+    data.pop("secret_hash", None)
+    return data
+
+
+class StateWriter(StateReader):
+    def __init__(self, store: StateStore, txn: lmdb.Transaction, index: int, now: int) -> None:
+        super().__init__(store, txn)
+        self.index = index
+        self.now = now
+        self.records: list[list[Any]] = []
+        self.touched: set[str] = set()
+        self.dirty_jobs: set[str] = set()
+
+    # -- primitives ------------------------------------------------------
+    def _put(self, table: str, k: bytes, obj: Any) -> None:
+        self.txn.put(k, codec.encode(obj), db=self.dbs[table])
+        self.touched.add(table)
+
+    def _delete(self, table: str, k: bytes) -> None:
+        if self.txn.delete(k, db=self.dbs[table]):
+            self.touched.add(table)
+
+    def _link(self, index: str, k: bytes) -> None:
+        self.txn.put(k, b"", db=self.dbs[index])
+
+    def _unlink(self, index: str, k: bytes) -> None:
+        self.txn.delete(k, db=self.dbs[index])
+
+    def record(self, topic: str, type_: str, k: str, obj: Any) -> None:
+        payload = obj if obj is None or isinstance(obj, dict) else codec.to_wire(obj)
+        self.records.append([topic, type_, k, payload])
+
+    def _stamp(self, obj: Any, old: Any) -> None:
+        obj.create_index = old.create_index if old is not None else self.index
+        obj.modify_index = self.index
+        if hasattr(obj, "create_time"):
+            obj.create_time = old.create_time if old is not None else self.now
+        if hasattr(obj, "modify_time"):
+            obj.modify_time = self.now
+
+    # -- GC marks --------------------------------------------------------
+    def mark(self, kind: str, obj_id: str, since: int) -> None:
+        """Record that an object became GC-eligible at ``since`` (replacing an older mark)."""
+        self.unmark(kind, obj_id)
+        self._link("gc_marks", key(kind, since, obj_id))
+        self.txn.put(key(kind, obj_id), u64(since), db=self.dbs["gc_mark_of"])
+
+    def unmark(self, kind: str, obj_id: str) -> None:
+        raw = self.txn.pop(key(kind, obj_id), db=self.dbs["gc_mark_of"])
+        if raw is not None:
+            self._unlink("gc_marks", key(kind, from_u64(raw), obj_id))
+
+    def mark_of(self, kind: str, obj_id: str) -> int | None:
+        raw = self.txn.get(key(kind, obj_id), db=self.dbs["gc_mark_of"])
+        return None if raw is None else from_u64(raw)
+
+    # -- jobs ------------------------------------------------------------
+    def put_job(self, job: Job) -> None:
+        self._put("jobs", job.id.encode(), job)
+        self.dirty_jobs.add(job.id)
+
+    def put_job_version(self, job: Job) -> None:
+        self._put("job_versions", key(job.id, job.version), job)
+        keys = [k for k, _ in self._scan("job_versions", prefix(job.id))]
+        for old in keys[:-JOB_VERSIONS_KEPT]:
+            self._delete("job_versions", old)
+
+    def put_summary(self, summary: JobSummary) -> None:
+        self._put("job_summary", summary.job_id.encode(), summary)
+
+    def delete_job(self, job_id: str) -> None:
+        """The job, its versions and summary (a purge); evals and allocs stay."""
+        self._delete("jobs", job_id.encode())
+        for k, _ in list(self._scan("job_versions", prefix(job_id))):
+            self._delete("job_versions", k)
+        self._delete("job_summary", job_id.encode())
+        self.unmark(GC_JOB, job_id)
+        self.dirty_jobs.discard(job_id)
+
+    def set_job_status(self, job_id: str) -> None:
+        """Derive pending/running/dead as Nomad's getJobStatus does."""
+        job = self.job(job_id)
+        if job is None:
+            return
+        status = self.derive_job_status(job)
+        if status != job.status:
+            job.status = status
+            job.modify_index = self.index
+            job.modify_time = self.now
+            self._put("jobs", job.id.encode(), job)
+            self.record(TOPIC_JOB, "JobStatusChanged", job.id, job)
+        if status == JOB_DEAD:
+            if self.mark_of(GC_JOB, job.id) is None:
+                self.mark(GC_JOB, job.id, self.now)
+        else:
+            self.unmark(GC_JOB, job.id)
+
+    def derive_job_status(self, job: Job) -> str:
+        if job.type == "system" or job.periodic or job.parameterized:
+            return JOB_DEAD if job.stop else "running"
+        if self.job_has_live_allocs(job.id):
+            return "running"
+        if self.job_has_live_evals(job.id):
+            return "pending"
+        for dep in self.deployments_by_job(job.id):
+            if dep.active():
+                return "running"
+        if job.stop:
+            return JOB_DEAD
+        has_history = self._any("evals_by_job", prefix(job.id)) or self._any(
+            "allocs_by_job", prefix(job.id)
+        )
+        return JOB_DEAD if has_history else "pending"
+
+    # -- evals -----------------------------------------------------------
+    def put_eval(self, ev: Evaluation, old: Evaluation | None) -> None:
+        self._stamp(ev, old)
+        if old is not None and old.status != ev.status:
+            self._unlink("evals_by_status", key(old.status, ev.id))
+        if old is None:
+            self._link("evals_by_job", key(ev.job_id, ev.id))
+        self._link("evals_by_status", key(ev.status, ev.id))
+        live_key = key(ev.job_id, ev.id)
+        if ev.status in EVAL_TERMINAL:
+            self._unlink("evals_live_by_job", live_key)
+            if old is None or old.status not in EVAL_TERMINAL:
+                self.mark(GC_EVAL, ev.id, self.now)
+        else:
+            self._link("evals_live_by_job", live_key)
+            self.unmark(GC_EVAL, ev.id)
+        self._put("evals", ev.id.encode(), ev)
+        self.dirty_jobs.add(ev.job_id)
+        self.record(TOPIC_EVAL, "EvaluationUpdated", ev.id, ev)
+
+    def delete_eval(self, ev: Evaluation) -> None:
+        self._delete("evals", ev.id.encode())
+        self._unlink("evals_by_job", key(ev.job_id, ev.id))
+        self._unlink("evals_by_status", key(ev.status, ev.id))
+        self._unlink("evals_live_by_job", key(ev.job_id, ev.id))
+        self.unmark(GC_EVAL, ev.id)
+        self.dirty_jobs.add(ev.job_id)
+        self.record(TOPIC_EVAL, "EvaluationDeleted", ev.id, None)
+
+    # -- allocs ----------------------------------------------------------
+    def _node_key(self, alloc: Allocation) -> bytes:
+        return key(alloc.node_id, "1" if alloc.terminal() else "0", alloc.id)
+
+    def put_alloc(self, alloc: Allocation, old: Allocation | None, event: str) -> None:
+        self._stamp(alloc, old)
+        if old is None:
+            self._link("allocs_by_job", key(alloc.job_id, alloc.id))
+            self._link("allocs_by_eval", key(alloc.eval_id, alloc.id))
+        elif old.eval_id != alloc.eval_id:
+            self._unlink("allocs_by_eval", key(old.eval_id, alloc.id))
+            self._link("allocs_by_eval", key(alloc.eval_id, alloc.id))
+        if old is not None:
+            self._unlink("allocs_by_node", self._node_key(old))
+            if old.deployment_id and old.deployment_id != alloc.deployment_id:
+                self._unlink("allocs_by_deployment", key(old.deployment_id, alloc.id))
+        self._link("allocs_by_node", self._node_key(alloc))
+        if alloc.deployment_id:
+            self._link("allocs_by_deployment", key(alloc.deployment_id, alloc.id))
+        live_key = key(alloc.job_id, alloc.id)
+        if alloc.terminal():
+            self._unlink("allocs_live_by_job", live_key)
+        else:
+            self._link("allocs_live_by_job", live_key)
+        self._put("allocs", alloc.id.encode(), alloc)
+        self.dirty_jobs.add(alloc.job_id)
+        self.record(TOPIC_ALLOC, event, alloc.id, alloc)
+
+    def delete_alloc(self, alloc: Allocation) -> None:
+        self._delete("allocs", alloc.id.encode())
+        self._unlink("allocs_by_job", key(alloc.job_id, alloc.id))
+        self._unlink("allocs_live_by_job", key(alloc.job_id, alloc.id))
+        self._unlink("allocs_by_eval", key(alloc.eval_id, alloc.id))
+        self._unlink("allocs_by_node", self._node_key(alloc))
+        if alloc.deployment_id:
+            self._unlink("allocs_by_deployment", key(alloc.deployment_id, alloc.id))
+        self.dirty_jobs.add(alloc.job_id)
+        self.record(TOPIC_ALLOC, "AllocationDeleted", alloc.id, None)
+
+    # -- deployments -----------------------------------------------------
+    def put_deployment(self, dep: Deployment, old: Deployment | None, event: str) -> None:
+        self._stamp(dep, old)
+        if old is None:
+            self._link("deployments_by_job", key(dep.job_id, dep.id))
+        if dep.active():
+            self.unmark(GC_DEPLOYMENT, dep.id)
+        elif old is None or old.active():
+            self.mark(GC_DEPLOYMENT, dep.id, self.now)
+        self._put("deployments", dep.id.encode(), dep)
+        self.dirty_jobs.add(dep.job_id)
+        self.record(TOPIC_DEPLOYMENT, event, dep.id, dep)
+
+    def delete_deployment(self, dep: Deployment) -> None:
+        self._delete("deployments", dep.id.encode())
+        self._unlink("deployments_by_job", key(dep.job_id, dep.id))
+        self.unmark(GC_DEPLOYMENT, dep.id)
+        self.dirty_jobs.add(dep.job_id)
+        self.record(TOPIC_DEPLOYMENT, "DeploymentDeleted", dep.id, None)
+
+    # -- nodes -----------------------------------------------------------
+    def put_node(self, node: Node, old: Node | None, event: str) -> None:
+        self._stamp(node, old)
+        if old is None or old.status != node.status:
+            node.status_updated_at = self.now
+        if node.status == NODE_DOWN:
+            if old is None or old.status != NODE_DOWN:
+                self.mark(GC_NODE, node.id, node.status_updated_at)
+        else:
+            self.unmark(GC_NODE, node.id)
+        self._put("nodes", node.id.encode(), node)
+        self.record(TOPIC_NODE, event, node.id, node)
+
+    def delete_node(self, node: Node) -> None:
+        self._delete("nodes", node.id.encode())
+        self.unmark(GC_NODE, node.id)
+        self.record(TOPIC_NODE, "NodeDeregistration", node.id, None)
+
+    # -- ACL tokens ------------------------------------------------------
+    def put_token(self, token: ACLToken, old: ACLToken | None) -> None:
+        token.create_index = old.create_index if old is not None else self.index
+        token.modify_index = self.index
+        token.create_time = old.create_time if old is not None else self.now
+        if old is not None:
+            self._unlink("acl_by_secret", old.secret_hash.encode())
+            if old.expiration_time:
+                self._unlink("acl_by_expiry", key(old.expiration_time, old.accessor_id))
+        self.txn.put(token.secret_hash.encode(), token.accessor_id.encode(), db=self.dbs["acl_by_secret"])
+        if token.expiration_time:
+            self._link("acl_by_expiry", key(token.expiration_time, token.accessor_id))
+            self.mark(GC_TOKEN, token.accessor_id, token.expiration_time)
+        else:
+            self.unmark(GC_TOKEN, token.accessor_id)
+        self._put("acl_tokens", token.accessor_id.encode(), token)
+        self.record(TOPIC_TOKEN, "ACLTokenUpserted", token.accessor_id, public_token(token))
+
+    def delete_token(self, token: ACLToken) -> None:
+        self._delete("acl_tokens", token.accessor_id.encode())
+        self._unlink("acl_by_secret", token.secret_hash.encode())
+        if token.expiration_time:
+            self._unlink("acl_by_expiry", key(token.expiration_time, token.accessor_id))
+        self.unmark(GC_TOKEN, token.accessor_id)
+        self.record(TOPIC_TOKEN, "ACLTokenDeleted", token.accessor_id, None)
+
+    # -- end of entry ----------------------------------------------------
+    def finish(self) -> None:
+        """Derive job statuses touched by this entry; table index bumps happen in the caller."""
+        for job_id in sorted(self.dirty_jobs):
+            self.set_job_status(job_id)
+        self.dirty_jobs.clear()
