@@ -1,0 +1,132 @@
+"""Wire framing shared by the RPC server and both clients.
+
+A frame is a 4-byte big-endian length followed by that many bytes of
+msgpack. The length is checked against a maximum *before* the body is read,
+so a peer that announces a huge frame costs us nothing but the answer. The
+same limit applies when sending, so an oversized request fails locally with
+the same code the server would have used.
+
+Addresses are "host:port" strings with IPv6 hosts in brackets
+("[::1]:4647"), as operators write them in configs and on command lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from typing import Any
+
+import msgpack
+
+from node.errors import FRAME_TOO_LARGE, MALFORMED, RPCError
+
+DEFAULT_MAX_FRAME = 4 * 1024 * 1024
+HEADER = struct.Struct(">I")
+
+
+class ConnectionLost(ConnectionError):
+    """The peer closed the connection in the middle of a frame, or mid-exchange."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split "host:port" / "[v6]:port"; raises ValueError naming the problem."""
+    if not isinstance(address, str) or not address:
+        raise ValueError(f"invalid address {address!r}: expected host:port")
+    if address.startswith("["):
+        end = address.find("]")
+        if end < 0 or address[end + 1 : end + 2] != ":":
+            raise ValueError(f"invalid address {address!r}: expected [ipv6]:port")
+        host, port_text = address[1:end], address[end + 2 :]
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            raise ValueError(f"invalid address {address!r}: missing :port")
+        if ":" in host:
+            raise ValueError(f"invalid address {address!r}: put IPv6 hosts in brackets, e.g. [::1]:4647")
+    if not host:
+        raise ValueError(f"invalid address {address!r}: missing host")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"invalid address {address!r}: port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def frame_too_large(size: int, limit: int, what: str) -> RPCError:
+    return RPCError(
+        FRAME_TOO_LARGE,
+        f"{what} of {size} bytes exceeds the frame limit of {limit} bytes; "
+        f"split it into smaller requests or raise rpc_max_frame on every server",
+        size=size,
+        limit=limit,
+    )
+
+
+def pack_frame(message: Any, max_frame: int, what: str = "message") -> bytes:
+    """Encode one message with its length prefix.
+
+    Raises ``TypeError`` for values msgpack cannot encode (a programming
+    error on our side) and ``RPCError(frame_too_large)`` for oversize ones.
+    """
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > max_frame:
+        raise frame_too_large(len(body), max_frame, what)
+    return HEADER.pack(len(body)) + body
+
+
+def unpack_body(body: bytes) -> Any:
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise RPCError(MALFORMED, f"frame is not valid msgpack ({type(exc).__name__}); send one msgpack map per frame") from None
+
+
+def _check_length(header: bytes, max_frame: int) -> int:
+    (length,) = HEADER.unpack(header)
+    if length > max_frame:
+        raise frame_too_large(length, max_frame, "frame")
+    return length
+
+
+async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> bytes | None:
+    """Read one frame body; None at a clean end of stream between frames."""
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise ConnectionLost("connection closed inside a frame header") from None
+    length = _check_length(header, max_frame)
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise ConnectionLost("connection closed inside a frame body") from None
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(min(n - len(chunks), 1 << 20))
+        if not chunk:
+            if not chunks:
+                return None
+            raise ConnectionLost("connection closed inside a frame")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def recv_frame(sock: socket.socket, max_frame: int) -> bytes | None:
+    """Blocking twin of ``read_frame`` for the synchronous client."""
+    header = _recv_exactly(sock, HEADER.size)
+    if header is None:
+        return None
+    length = _check_length(header, max_frame)
+    if length == 0:
+        return b""
+    body = _recv_exactly(sock, length)
+    if body is None:
+        raise ConnectionLost("connection closed inside a frame body")
+    return body

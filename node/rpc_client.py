@@ -1,0 +1,620 @@
+"""RPC clients: a blocking one for the CLI and tests, an asyncio one for servers.
+
+Both follow one retry policy (``_Attempt``), so the CLI and a forwarding
+follower behave the same way:
+
+- A connection that cannot be opened sent nothing: try the next address.
+- ``not_leader``, ``no_leader`` and ``unavailable`` mean the server did not
+  execute the request: resend it (to the named leader if there is one).
+- A connection lost after the request went out, or an ``unknown_outcome``
+  answer, leaves the request possibly executed. If the call is idempotent
+  (reads, and writes, which servers deduplicate by request id) it is resent
+  with the *same* request id; otherwise the caller gets ``unknown_outcome``
+  carrying the request id, so it can decide and retry with that id itself.
+- Everything stops at the call's deadline. Every other error is final.
+
+Streams (``stream``) use a connection of their own, so a slow consumer
+pushes back on its own stream only, and closing the iterator early simply
+closes that connection. A stream is not resumed after it started: its
+consumer knows where it stopped (the journal's index) and resubscribes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.errors import (
+    BAD_REQUEST,
+    INTERNAL,
+    NOT_EXECUTED,
+    NOT_LEADER,
+    TIMEOUT,
+    UNAVAILABLE,
+    UNKNOWN_OUTCOME,
+    RPCError,
+)
+from node.framing import (
+    DEFAULT_MAX_FRAME,
+    ConnectionLost,
+    pack_frame,
+    parse_address,
+    read_frame,
+    recv_frame,
+    unpack_body,
+)
+
+DEFAULT_TIMEOUT = 10.0
+BACKOFF_FIRST = 0.02
+BACKOFF_MAX = 1.0
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _DefaultToken:
+    """Marks "use the client's token" apart from an explicit None."""
+
+
+DEFAULT_TOKEN: Any = _DefaultToken()
+
+
+def _addresses(addresses: Sequence[str] | str) -> list[str]:
+    found = [addresses] if isinstance(addresses, str) else list(addresses)
+    for address in found:
+        parse_address(address)
+    return found
+
+
+def _request(request_id: str, method: str, args: dict[str, Any] | None, token: str | None) -> dict[str, Any]:
+    return {"id": request_id, "method": method, "args": args or {}, "token": token}
+
+
+def _response(body: bytes) -> dict[str, Any]:
+    try:
+        message = unpack_body(body)
+    except RPCError:
+        raise RPCError(INTERNAL, "server sent a frame that is not valid msgpack; check server and client versions") from None
+    if not isinstance(message, dict) or "id" not in message:
+        raise RPCError(INTERNAL, "server sent a response that is not a map with an id; check server and client versions")
+    return message
+
+
+def _outcome(message: dict[str, Any]) -> Any:
+    """The result of a final response, or its error raised."""
+    if message.get("ok") is True:
+        return message.get("result")
+    raise RPCError.from_wire(message.get("error"))
+
+
+@dataclass
+class _Attempt:
+    """Retry bookkeeping of one call: which address next, when, and whether to go on."""
+
+    method: str
+    request_id: str
+    idempotent: bool
+    timeout: float
+    order: list[str]
+    deadline: float = 0.0
+    maybe_executed: bool = False  # some try may have run on a server
+    position: int = 0
+    wait: bool = False  # pause before the next try
+    backoff: float = BACKOFF_FIRST
+    failures: dict[str, str] = field(default_factory=dict)
+    last_error: RPCError | None = None
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+        if not self.order:
+            raise RPCError(UNAVAILABLE, "no server address given; pass at least one host:port")
+
+    @property
+    def address(self) -> str:
+        return self.order[self.position % len(self.order)]
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _next_address(self) -> None:
+        # Failing over to an untried server is immediate; starting another
+        # pass over all of them waits, so a down cluster is not hammered.
+        self.position += 1
+        self.wait = self.position % len(self.order) == 0
+
+    def pause(self) -> float:
+        """Seconds to sleep before the next try."""
+        if not self.wait:
+            return 0.0
+        self.wait = False
+        pause, self.backoff = self.backoff, min(self.backoff * 2, BACKOFF_MAX)
+        return max(0.0, min(pause, self.remaining()))
+
+    def connect_failed(self, exc: BaseException) -> None:
+        self.failures[self.address] = _describe(exc)
+        self._next_address()
+
+    def lost(self, exc: BaseException) -> None:
+        """The exchange broke after the request went out: resend if idempotent, else raise."""
+        self.failures[self.address] = _describe(exc)
+        self.maybe_executed = True
+        if not self.idempotent:
+            raise RPCError(
+                UNKNOWN_OUTCOME,
+                f"connection to {self.address} was lost before {self.method} was answered; it may or may "
+                f"not have been applied: check, or retry with request id {self.request_id}",
+                request_id=self.request_id,
+            )
+        self._next_address()
+
+    def answered(self, err: RPCError) -> None:
+        """Decide on an error answer: return to retry, raise to give up."""
+        if err.code == UNKNOWN_OUTCOME and self.idempotent:
+            # Ask the same server again: it may learn the outcome.
+            self.maybe_executed = True
+            self.last_error = err
+            self.wait = True
+            return
+        if err.code not in NOT_EXECUTED:
+            raise err
+        self.last_error = err
+        leader = err.details.get("leader") if err.code == NOT_LEADER else None
+        if isinstance(leader, str) and leader and leader != self.address and _valid(leader):
+            if leader in self.order:
+                self.order.remove(leader)
+            self.order.insert(0, leader)
+            self.position = 0
+            return
+        self._next_address()
+
+    def give_up(self) -> RPCError:
+        if self.maybe_executed:
+            return RPCError(
+                TIMEOUT,
+                f"no answer to {self.method} within {self.timeout:g}s; a write may or may not have been "
+                f"applied: retry with request id {self.request_id}",
+                request_id=self.request_id,
+            )
+        if self.last_error is not None:
+            return self.last_error
+        tried = "; ".join(f"{addr}: {why}" for addr, why in self.failures.items()) or "no attempt in time"
+        return RPCError(
+            UNAVAILABLE,
+            f"could not reach any server within {self.timeout:g}s ({tried}); check that the servers are "
+            f"running and the addresses are right",
+        )
+
+
+def _valid(address: str) -> bool:
+    try:
+        parse_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def _still_open(sock: socket.socket) -> bool:
+    try:
+        sock.setblocking(False)
+        try:
+            return sock.recv(1, socket.MSG_PEEK) != b""  # b"": the peer closed; data: a stale answer, still open
+        finally:
+            sock.setblocking(True)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+class RPCClient:
+    """Blocking client; safe to share between threads (calls are serialized).
+
+    ``addresses`` are the servers to try, in order; the client sticks to the
+    last one that answered.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str] | str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.addresses = _addresses(addresses)
+        self.token = token
+        self.timeout = timeout
+        self.max_frame = max_frame
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._sock_address: str | None = None
+        self._preferred = 0
+
+    def __repr__(self) -> str:  # keep the token out of reprs and tracebacks
+        return f"RPCClient(addresses={self.addresses!r}, timeout={self.timeout!r})"
+
+    def __enter__(self) -> RPCClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+        self._sock_address = None
+
+    def _order(self) -> list[str]:
+        return self.addresses[self._preferred :] + self.addresses[: self._preferred]
+
+    def _remember(self, address: str) -> None:
+        if address not in self.addresses:
+            self.addresses.append(address)  # a leader named by a not_leader answer
+        self._preferred = self.addresses.index(address)
+
+    def _open(self, address: str, timeout: float) -> socket.socket:
+        host, port = parse_address(address)
+        sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def call(
+        self,
+        method: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idempotent: bool = True,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        token: str | None = DEFAULT_TOKEN,
+    ) -> Any:
+        """Call ``method`` and return its result; raises ``RPCError``.
+
+        ``idempotent=False`` turns a lost answer into ``unknown_outcome``
+        instead of a resend. Pass ``request_id`` to retry an earlier call.
+        """
+        attempt = _Attempt(
+            method, request_id or new_request_id(), idempotent,
+            self.timeout if timeout is None else timeout, self._order(),
+        )
+        frame = pack_frame(
+            _request(attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token),
+            self.max_frame,
+            "request",
+        )
+        with self._lock:
+            while attempt.remaining() > 0:
+                address = attempt.address
+                try:
+                    sock = self._socket_to(address, attempt.remaining())
+                except OSError as exc:
+                    attempt.connect_failed(exc)
+                else:
+                    try:
+                        result = self._exchange(sock, attempt, frame)
+                        self._remember(address)
+                        return result
+                    except RPCError as err:
+                        attempt.answered(err)
+                    except (OSError, ConnectionLost) as exc:
+                        self._drop()
+                        attempt.lost(exc)
+                time.sleep(attempt.pause())
+            raise attempt.give_up()
+
+    def _socket_to(self, address: str, timeout: float) -> socket.socket:
+        """The kept connection if it is to ``address`` and still open, else a new one.
+
+        A kept socket the server closed meanwhile (restart, idle timeout) is
+        detected here, before sending: otherwise a non-idempotent call would
+        report ``unknown_outcome`` for a request no server ever saw.
+        """
+        if self._sock is not None and (self._sock_address != address or not _still_open(self._sock)):
+            self._drop()
+        if self._sock is None:
+            self._sock = self._open(address, timeout)
+            self._sock_address = address
+        return self._sock
+
+    def _exchange(self, sock: socket.socket, attempt: _Attempt, frame: bytes) -> Any:
+        sock.settimeout(max(attempt.remaining(), 0.001))
+        sock.sendall(frame)
+        while True:
+            sock.settimeout(max(attempt.remaining(), 0.001))
+            body = recv_frame(sock, self.max_frame)
+            if body is None:
+                raise ConnectionLost("server closed the connection")
+            message = _response(body)
+            if message["id"] != attempt.request_id and message["id"] is not None:
+                continue  # a late answer to an earlier call on this connection
+            if "stream" in message:
+                self._drop()
+                raise RPCError(BAD_REQUEST, f"{attempt.method} streams its result; use stream() instead of call()")
+            if message["id"] is None and message.get("ok") is not True:
+                self._drop()  # the server could not tell which request failed: framing-level trouble
+            return _outcome(message)
+
+    def stream(
+        self,
+        method: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idle_timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[Any]:
+        """Yield the items of a streaming method; raises its final error, if any.
+
+        ``idle_timeout`` bounds the wait for each frame (default: the client
+        timeout; ``math.inf`` waits forever).
+        """
+        idle = self.timeout if idle_timeout is None else idle_timeout
+        attempt = _Attempt(method, request_id or new_request_id(), True, self.timeout, self._order())
+        frame = pack_frame(_request(attempt.request_id, method, args, self.token), self.max_frame, "request")
+        sock = None
+        while sock is None:
+            if attempt.remaining() <= 0:
+                raise attempt.give_up()
+            try:
+                sock = self._open(attempt.address, attempt.remaining())
+            except OSError as exc:
+                attempt.connect_failed(exc)
+                time.sleep(attempt.pause())
+        try:
+            sock.settimeout(None if idle == float("inf") else idle)
+            sock.sendall(frame)
+            while True:
+                body = recv_frame(sock, self.max_frame)
+                if body is None:
+                    raise ConnectionLost("server closed the connection")
+                message = _response(body)
+                if "stream" in message:
+                    yield message["stream"]
+                    continue
+                _outcome(message)
+                return
+        except (OSError, ConnectionLost) as exc:
+            raise RPCError(
+                UNAVAILABLE,
+                f"stream {method} from {attempt.address} broke ({_describe(exc)}); resubscribe from the last item received",
+            ) from None
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class _AsyncConnection:
+    """One pipelined connection: many requests in flight, answers matched by id."""
+
+    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.max_frame = max_frame
+        self.pending: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
+        self.closed = False
+        self.reader_task = asyncio.create_task(self._read_loop(), name=f"rpc-client-read {address}")
+
+    async def _read_loop(self) -> None:
+        error: BaseException = ConnectionLost("server closed the connection")
+        try:
+            while True:
+                body = await read_frame(self.reader, self.max_frame)
+                if body is None:
+                    break
+                message = _response(body)
+                if "stream" in message:
+                    continue  # streams have connections of their own
+                for future in self.pending.pop(message["id"], []) if message["id"] is not None else []:
+                    if not future.done():
+                        future.set_result(message)
+        except (OSError, ConnectionError, RPCError) as exc:
+            error = exc if isinstance(exc, ConnectionError) else ConnectionLost(str(exc))
+        finally:
+            self.close()
+            for futures in self.pending.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(error)
+            self.pending.clear()
+
+    async def request(self, request_id: str, frame: bytes, timeout: float) -> dict[str, Any]:
+        if self.closed:
+            raise ConnectionLost("connection closed")
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending.setdefault(request_id, []).append(future)
+        try:
+            self.writer.write(frame)
+            await self.writer.drain()
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            waiters = self.pending.get(request_id)
+            if waiters and future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    del self.pending[request_id]
+
+    def close(self) -> None:
+        self.closed = True
+        self.writer.close()
+
+
+async def _open_stream(address: str, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = parse_address(address)
+    return await asyncio.wait_for(asyncio.open_connection(host, port), max(timeout, 0.001))
+
+
+class AsyncRPCClient:
+    """asyncio client keeping one pipelined connection per server.
+
+    Followers use it to forward writes to the leader: pass the client's own
+    request id and token through (``request_id=``, ``token=``) so the leader
+    deduplicates a forwarded retry, and ``address=`` to target the leader.
+    Use from one event loop.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str] | str = (),
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.addresses = _addresses(addresses)
+        self.token = token
+        self.timeout = timeout
+        self.max_frame = max_frame
+        self._pool: dict[str, _AsyncConnection] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._preferred = 0
+
+    def __repr__(self) -> str:
+        return f"AsyncRPCClient(addresses={self.addresses!r}, timeout={self.timeout!r})"
+
+    async def __aenter__(self) -> AsyncRPCClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        connections = list(self._pool.values())
+        self._pool.clear()
+        for conn in connections:
+            conn.close()
+        for conn in connections:
+            with contextlib.suppress(Exception):
+                await conn.reader_task
+            with contextlib.suppress(Exception):
+                await conn.writer.wait_closed()
+
+    async def _connection(self, address: str, timeout: float) -> _AsyncConnection:
+        lock = self._connecting.setdefault(address, asyncio.Lock())
+        async with lock:
+            conn = self._pool.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            reader, writer = await _open_stream(address, timeout)
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _AsyncConnection(address, reader, writer, self.max_frame)
+            self._pool[address] = conn
+            return conn
+
+    def _order(self, address: str | None) -> list[str]:
+        if address is not None:
+            parse_address(address)
+            return [address]
+        return self.addresses[self._preferred :] + self.addresses[: self._preferred]
+
+    async def call(
+        self,
+        method: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idempotent: bool = True,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        token: str | None = DEFAULT_TOKEN,
+        address: str | None = None,
+    ) -> Any:
+        """As ``RPCClient.call``; ``address`` pins the call to one server (plus any leader it names)."""
+        attempt = _Attempt(
+            method, request_id or new_request_id(), idempotent,
+            self.timeout if timeout is None else timeout, self._order(address),
+        )
+        frame = pack_frame(
+            _request(attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token),
+            self.max_frame,
+            "request",
+        )
+        while attempt.remaining() > 0:
+            target = attempt.address
+            try:
+                conn = await self._connection(target, attempt.remaining())
+            except (OSError, TimeoutError) as exc:
+                attempt.connect_failed(exc)
+            else:
+                try:
+                    result = _outcome(await conn.request(attempt.request_id, frame, attempt.remaining()))
+                    if address is None and target in self.addresses:
+                        self._preferred = self.addresses.index(target)
+                    return result
+                except RPCError as err:
+                    attempt.answered(err)
+                except (OSError, ConnectionError) as exc:  # TimeoutError included: the deadline passed
+                    attempt.lost(exc)
+            await asyncio.sleep(attempt.pause())
+        raise attempt.give_up()
+
+    async def stream(
+        self,
+        method: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idle_timeout: float | None = None,
+        request_id: str | None = None,
+        token: str | None = DEFAULT_TOKEN,
+        address: str | None = None,
+    ) -> AsyncIterator[Any]:
+        """As ``RPCClient.stream``; an async generator on a connection of its own."""
+        idle = self.timeout if idle_timeout is None else idle_timeout
+        attempt = _Attempt(method, request_id or new_request_id(), True, self.timeout, self._order(address))
+        frame = pack_frame(
+            _request(attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token),
+            self.max_frame,
+            "request",
+        )
+        while True:
+            if attempt.remaining() <= 0:
+                raise attempt.give_up()
+            try:
+                reader, writer = await _open_stream(attempt.address, attempt.remaining())
+                break
+            except (OSError, TimeoutError) as exc:
+                attempt.connect_failed(exc)
+                await asyncio.sleep(attempt.pause())
+        try:
+            writer.write(frame)
+            await writer.drain()
+            while True:
+                async with asyncio.timeout(None if idle == float("inf") else idle):
+                    body = await read_frame(reader, self.max_frame)
+                if body is None:
+                    raise ConnectionLost("server closed the connection")
+                message = _response(body)
+                if "stream" in message:
+                    yield message["stream"]
+                    continue
+                _outcome(message)
+                return
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            raise RPCError(
+                UNAVAILABLE,
+                f"stream {method} from {attempt.address} broke ({_describe(exc)}); resubscribe from the last item received",
+            ) from None
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()

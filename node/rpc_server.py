@@ -1,0 +1,449 @@
+"""The RPC server: msgpack frames over TCP, served by asyncio.
+
+Each request runs in its own task, so a slow handler (a blocking query, a
+write waiting for commit) never holds up the requests pipelined behind it on
+the same connection; answers go back as they finish and the client matches
+them by id. A bounded number of requests may be in flight per connection:
+past it the server stops reading, and TCP pushes back on the client.
+
+The rest of a server process lives on other threads (pysyncobj's tick thread
+applies entries and fires callbacks). Handlers therefore get helpers on their
+context to wait, without blocking the loop, for a result that another thread
+produces: ``ctx.completion()`` and ``ctx.wait_future()``.
+
+Bad input never takes the server down. Undecodable frames, requests of the
+wrong shape and unknown methods get an error answer and the connection
+carries on; a frame over the size limit is answered and the connection
+closed, because its body is never read and the stream cannot be resynced.
+A handler's ``RPCError`` is the answer; any other exception is logged with
+its traceback and answered with a bare ``internal`` error, since a traceback
+may hold data the caller must not see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import inspect
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from node.errors import (
+    BAD_REQUEST,
+    FRAME_TOO_LARGE,
+    INTERNAL,
+    MALFORMED,
+    TIMEOUT,
+    UNKNOWN_METHOD,
+    RPCError,
+)
+from node.framing import (
+    DEFAULT_MAX_FRAME,
+    ConnectionLost,
+    format_address,
+    pack_frame,
+    parse_address,
+    read_frame,
+    unpack_body,
+)
+
+MAX_REQUEST_ID_LENGTH = 128
+
+Handler = Callable[["RequestContext", dict[str, Any]], Awaitable[Any]]
+StreamHandler = Callable[["RequestContext", dict[str, Any]], AsyncIterator[Any]]
+
+
+class Completion:
+    """A one-shot result that another thread fills and a handler awaits.
+
+    Filling it never raises in the filling thread (a second fill, or a fill
+    after the waiter gave up, is ignored): an exception there could be
+    pysyncobj's tick thread, where it would wedge the node.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[Any] = loop.create_future()
+
+    def set_result(self, value: Any) -> None:
+        self._post(self._settle, value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._post(self._settle, None, exc)
+
+    def callback(self, result: Any, error: Any) -> None:
+        """pysyncobj's ``callback(result, fail_reason)`` shape; resolves to the pair."""
+        self.set_result((result, error))
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        # The loop may be gone if the server stopped meanwhile; nobody waits then.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _settle(self, value: Any, exc: BaseException | None) -> None:
+        if self._future.done():
+            return
+        if exc is not None:
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(value)
+
+    async def wait(self, timeout: float | None = None, *, on_timeout: RPCError | None = None) -> Any:
+        """The value (or raised exception); ``on_timeout`` (default: a ``timeout`` error) after ``timeout`` s."""
+        return await _wait(self._future, timeout, on_timeout)
+
+
+async def _wait(future: asyncio.Future[Any], timeout: float | None, on_timeout: RPCError | None) -> Any:
+    # shield: a caller that gives up must not cancel the source, whose
+    # producer on another thread would then fail when it sets the result.
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), timeout)
+    except TimeoutError:
+        raise on_timeout or RPCError(TIMEOUT, f"no result within {timeout:g}s; retry later") from None
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a handler knows about the request besides its args.
+
+    ``token`` is the caller's secret: check it, never log it or put it in an
+    error. ``log`` is already bound with the request id, method and peer.
+    """
+
+    request_id: str
+    method: str
+    token: str | None = field(repr=False)
+    peer: str
+    loop: asyncio.AbstractEventLoop = field(repr=False)
+    log: Any = field(repr=False)
+    _transport: asyncio.BaseTransport = field(repr=False)
+
+    def completion(self) -> Completion:
+        return Completion(self.loop)
+
+    async def wait_future(
+        self,
+        future: concurrent.futures.Future[Any],
+        timeout: float | None = None,
+        *,
+        on_timeout: RPCError | None = None,
+    ) -> Any:
+        """Await a ``concurrent.futures.Future`` completed by another thread.
+
+        Giving up (timeout, or the connection closing) leaves ``future``
+        untouched, so its producer can still complete it safely.
+        """
+        return await _wait(asyncio.wrap_future(future, loop=self.loop), timeout, on_timeout)
+
+    async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking work (an LMDB read, a file) off the loop thread."""
+        return await self.loop.run_in_executor(None, functools.partial(fn, *args))
+
+    def abort_connection(self) -> None:
+        """Drop this request's connection without an answer.
+
+        For fault injection (jepsen_like) and tests: it produces exactly what
+        a client sees when a reply is lost. The handler's task is cancelled
+        at its next await.
+        """
+        self._transport.abort()  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class _Method:
+    handler: Callable[..., Any]
+    streaming: bool
+
+
+class _Connection:
+    """One client connection: its writer and the tasks of its requests."""
+
+    def __init__(self, writer: asyncio.StreamWriter, peer: str, max_frame: int) -> None:
+        self.writer = writer
+        self.peer = peer
+        self.max_frame = max_frame
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        frame = pack_frame(message, self.max_frame, "response")
+        if self.writer.is_closing():
+            raise ConnectionLost("connection closed before the answer was sent")
+        self.writer.write(frame)
+        await self.writer.drain()
+
+
+def _error(request_id: str | None, err: RPCError) -> dict[str, Any]:
+    return {"id": request_id, "ok": False, "error": err.to_wire()}
+
+
+def _parse_request(message: Any) -> tuple[str, str, dict[str, Any], str | None]:
+    """Check a request's shape; unknown extra keys are ignored for forward compatibility."""
+    if not isinstance(message, dict):
+        raise RPCError(
+            MALFORMED,
+            f"request must be a msgpack map with id, method, args and token, not {type(message).__name__}",
+        )
+    request_id = message.get("id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_LENGTH:
+        raise RPCError(
+            BAD_REQUEST,
+            f"request 'id' must be a non-empty string of at most {MAX_REQUEST_ID_LENGTH} characters; "
+            f"give every request a unique id",
+        )
+    method = message.get("method")
+    if not isinstance(method, str) or not method:
+        raise RPCError(BAD_REQUEST, "request 'method' must be a non-empty string naming the method to call")
+    args = message.get("args")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise RPCError(BAD_REQUEST, f"request 'args' must be a map, not {type(args).__name__}")
+    token = message.get("token")
+    if token is not None and not isinstance(token, str):
+        raise RPCError(BAD_REQUEST, "request 'token' must be a string or nil")
+    return request_id, method, args, token
+
+
+class RPCServer:
+    """Listens on ``bind`` ("host:port"; port 0 picks a free port) and serves registered methods.
+
+    Runs on whichever event loop calls ``start``; see ``RPCServerThread`` to
+    give it a loop of its own.
+    """
+
+    def __init__(
+        self,
+        bind: str = "127.0.0.1:0",
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        max_inflight_per_connection: int = 256,
+        log: Any = None,
+    ) -> None:
+        self._host, self._port = parse_address(bind)
+        self.max_frame = max_frame
+        self.max_inflight_per_connection = max_inflight_per_connection
+        self.log = log if log is not None else structlog.get_logger("caravan.rpc")
+        self._methods: dict[str, _Method] = {}
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+        self._address: str | None = None
+
+    def register(self, method: str, handler: Handler | StreamHandler, *, streaming: bool = False) -> None:
+        """Serve ``method`` with ``async def handler(ctx, args)``.
+
+        A streaming handler is an async generator (or returns an async
+        iterator): each item it yields goes out as one ``stream`` frame,
+        and its end as the final response.
+        """
+        if method in self._methods:
+            raise ValueError(f"method {method!r} is already registered")
+        if not callable(handler):
+            raise TypeError(f"handler for {method!r} is not callable")
+        self._methods[method] = _Method(handler, streaming)
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    @property
+    def address(self) -> str:
+        """The bound "host:port" (with the real port when bound to port 0)."""
+        if self._address is None:
+            raise RuntimeError("server is not started")
+        return self._address
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._on_connect, self._host, self._port, reuse_address=True)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self._address = format_address(host, port)
+        self.log.info("rpc server listening", address=self._address, methods=len(self._methods))
+        return self._address
+
+    async def close(self) -> None:
+        """Stop accepting, drop every connection and cancel requests in flight."""
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+        self.log.info("rpc server stopped", address=self._address)
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        except asyncio.CancelledError:
+            # close() ends connections by cancelling them. Returning normally
+            # matters: asyncio's stream callback calls task.exception() on this
+            # task, which raises (and logs noise) if the task ends cancelled.
+            pass
+        finally:
+            self._connections.discard(task)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peername = writer.get_extra_info("peername")
+        peer = format_address(peername[0], peername[1]) if peername else "unknown"
+        conn = _Connection(writer, peer, self.max_frame)
+        slots = asyncio.Semaphore(self.max_inflight_per_connection)
+        try:
+            while True:
+                try:
+                    body = await read_frame(reader, self.max_frame)
+                except RPCError as err:  # frame_too_large: answer, then close
+                    self.log.warning("rpc frame too large", peer=peer, **err.details)
+                    with contextlib.suppress(ConnectionError, RPCError):
+                        await conn.send(_error(None, err))
+                    return
+                except ConnectionError:
+                    return
+                if body is None:
+                    return
+                await slots.acquire()
+                task = asyncio.create_task(self._handle(conn, body))
+                conn.tasks.add(task)
+                task.add_done_callback(functools.partial(_request_done, conn.tasks, slots))
+        finally:
+            for task in list(conn.tasks):
+                task.cancel()
+            await asyncio.gather(*conn.tasks, return_exceptions=True)
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+
+    async def _handle(self, conn: _Connection, body: bytes) -> None:
+        request_id: str | None = None
+        try:
+            message = unpack_body(body)
+            if isinstance(message, dict) and isinstance(message.get("id"), str):
+                request_id = message["id"]
+            request_id, method, args, token = _parse_request(message)
+            entry = self._methods.get(method)
+            if entry is None:
+                raise RPCError(UNKNOWN_METHOD, f"unknown method {method!r}; check the method name and the server version")
+        except RPCError as err:
+            self.log.info("rpc request rejected", peer=conn.peer, request_id=request_id, code=err.code, error=err.message)
+            with contextlib.suppress(ConnectionError):
+                await conn.send(_error(request_id, err))
+            return
+        transport = conn.writer.transport
+        log = self.log.bind(request_id=request_id, method=method, peer=conn.peer)
+        ctx = RequestContext(request_id, method, token, conn.peer, asyncio.get_running_loop(), log, transport)
+        started = time.monotonic()
+        try:
+            if entry.streaming:
+                await self._run_stream(conn, ctx, entry.handler, args)
+            else:
+                result = entry.handler(ctx, args)
+                if not inspect.isawaitable(result):
+                    raise TypeError(f"handler for {method!r} must be an async function")
+                result = await result
+                await conn.send({"id": request_id, "ok": True, "result": result})
+            log.debug("rpc request done", ms=round((time.monotonic() - started) * 1000, 3))
+        except ConnectionError:
+            log.debug("rpc connection closed before the answer was sent")
+        except RPCError as err:
+            log.debug("rpc request failed", code=err.code, error=err.message)
+            await self._send_error(conn, ctx, err)
+        except Exception:
+            log.exception("rpc handler crashed")
+            err = RPCError(
+                INTERNAL,
+                f"internal error in {method}; the server logged the details under request id {request_id}",
+            )
+            await self._send_error(conn, ctx, err)
+
+    async def _run_stream(self, conn: _Connection, ctx: RequestContext, handler: Callable[..., Any], args: dict[str, Any]) -> None:
+        items = handler(ctx, args)
+        if inspect.isawaitable(items):
+            items = await items
+        if not hasattr(items, "__aiter__"):
+            raise TypeError(f"streaming handler for {ctx.method!r} must return an async iterator")
+        closing = contextlib.aclosing(items) if hasattr(items, "aclose") else contextlib.nullcontext(items)
+        async with closing:
+            async for item in items:
+                await conn.send({"id": ctx.request_id, "stream": item})
+        await conn.send({"id": ctx.request_id, "ok": True, "result": None})
+
+    async def _send_error(self, conn: _Connection, ctx: RequestContext, err: RPCError) -> None:
+        try:
+            await conn.send(_error(ctx.request_id, err))
+        except ConnectionError:
+            pass
+        except (TypeError, ValueError, RPCError):
+            # The error's details could not be encoded: still answer.
+            ctx.log.exception("rpc error answer could not be encoded", code=err.code)
+            fallback = RPCError(err.code if err.code != FRAME_TOO_LARGE else INTERNAL, err.message)
+            with contextlib.suppress(ConnectionError, TypeError, ValueError, RPCError):
+                await conn.send(_error(ctx.request_id, fallback))
+
+
+def _request_done(tasks: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+    tasks.discard(task)
+    slots.release()
+
+
+class RPCServerThread:
+    """Runs an ``RPCServer`` on an event loop in a thread of its own.
+
+    For a process whose main thread is busy elsewhere (the CLI, tests, or a
+    server whose raft tick thread must not share a loop with the RPCs).
+    """
+
+    def __init__(self, server: RPCServer, *, name: str = "caravan-rpc") -> None:
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = concurrent.futures.Future[str]()
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Start the loop and the server; returns the bound address or raises the bind error."""
+        self._thread.start()
+        return self._started.result(timeout)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            address = self.loop.run_until_complete(self.server.start())
+        except BaseException as exc:
+            self._started.set_exception(exc)
+            self.loop.close()
+            return
+        self._started.set_result(address)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(self.server.close())
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
+
+    def run(self, coro: Awaitable[Any]) -> concurrent.futures.Future[Any]:
+        """Schedule a coroutine on the server's loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self._thread.is_alive():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"rpc server thread did not stop within {timeout:g}s")
+
+    def __enter__(self) -> RPCServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
