@@ -1,0 +1,474 @@
+"""Server configuration, loaded from one TOML file per server.
+
+Every server of a cluster lists the whole membership, itself included, in
+``[[server]]`` tables; ``node_id`` says which entry is this server. One list
+that is identical on every server is easy to generate and to diff, and it
+gives each server both the raft addresses of its peers and the RPC
+addresses it forwards writes to and names in ``not_leader`` answers.
+
+Example (``/etc/caravan/s1.toml``)::
+
+    node_id   = "s1"
+    data_dir  = "/var/lib/caravan/s1"     # relative paths: relative to this file
+    log_level = "info"                    # debug | info | warning | error
+    log_file  = "/var/log/caravan/s1.log" # default: <data_dir>/server.log
+    raft_password_file = "/etc/caravan/raft.key"  # or raft_password = "..."
+    raft_profile   = "low-latency"        # default: the raft adapter's default
+    max_entry_size = "48KiB"              # one raft entry; default: the raft adapter's
+    rpc_max_frame  = "4MiB"               # largest RPC request or response
+    fsync = true
+    rpc_bind  = "0.0.0.0:4647"            # default: this server's rpc_addr
+    raft_bind = "10.0.0.1:4648"           # default: this server's raft_addr
+
+    [[server]]
+    id        = "s1"
+    rpc_addr  = "10.0.0.1:4647"           # what clients and other servers dial
+    raft_addr = "10.0.0.1:4648"
+    [[server]]
+    id        = "s2"
+    rpc_addr  = "10.0.0.2:4647"
+    raft_addr = "10.0.0.2:4648"
+    [[server]]
+    id        = "s3"
+    rpc_addr  = "10.0.0.3:4647"
+    raft_addr = "10.0.0.3:4648"
+
+    [gc]                                  # Nomad's defaults; durations as Go writes them
+    eval_interval = "5m"
+    eval_threshold = "1h"
+    batch_eval_threshold = "24h"
+    job_interval = "5m"
+    job_threshold = "4h"
+    deployment_interval = "5m"
+    deployment_threshold = "1h"
+    node_interval = "5m"
+    node_threshold = "24h"
+    token_interval = "5m"
+    token_threshold = "1h"
+    reap_batch = 7281                     # ids in one reap entry (also capped by max_entry_size)
+    job_batch = 2048
+    token_batch = 4096
+
+    [journal]                             # must be the same on every server
+    max_batches = 100000
+    max_bytes = "256MiB"
+
+Unknown keys are errors (a misspelt key silently ignored is a setting that
+does not apply). Every error is one line, ``config error: ...``, naming the
+key and what to do; the raft password never appears in one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsm.journal import Retention
+from node.framing import DEFAULT_MAX_FRAME, parse_address
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_PASSWORD_LENGTH = 16
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """An unusable configuration; ``str()`` is the one line to show the operator."""
+
+    def __str__(self) -> str:
+        return f"config error: {self.args[0]}"
+
+
+# ---- value parsers -------------------------------------------------------------
+
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,  # micro sign, as Go accepts
+    "\u03bcs": 1e-6,  # Greek mu
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)([a-zµμ]+)")
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration ("250ms", "5m", "1h30m", "1.5h", "-2s") into seconds.
+
+    Go's grammar, because operators copy these values from Nomad configs:
+    an optional sign, then one or more number+unit pairs; "0" alone needs no
+    unit. Raises ValueError with the reason.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"expected a duration string like \"5m\", got {text!r}")
+    rest = text
+    sign = 1.0
+    if rest[:1] in ("+", "-"):
+        sign = -1.0 if rest[0] == "-" else 1.0
+        rest = rest[1:]
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise ValueError(f"invalid duration {text!r}: expected a number and a unit, like \"5m\"")
+    total = 0.0
+    pos = 0
+    while pos < len(rest):
+        match = _DURATION_PART.match(rest, pos)
+        if match is None:
+            raise ValueError(f"invalid duration {text!r}: expected number+unit pairs like \"1h30m\"")
+        number, unit = match.groups()
+        if unit not in _DURATION_UNITS:
+            units = ", ".join(u for u in _DURATION_UNITS if u.isascii())
+            raise ValueError(f"invalid duration {text!r}: unknown unit {unit!r} (use {units})")
+        total += float(number) * _DURATION_UNITS[unit]
+        pos = match.end()
+    return sign * total
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an integer or a string like "48KiB", "4MiB", "1GB". Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like \"4MiB\" or a number of bytes, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match:
+            return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+    raise ValueError(f"expected a size like \"4MiB\" or a number of bytes, got {value!r}")
+
+
+# ---- records -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    """One cluster member, as every server's config lists it."""
+
+    id: str
+    rpc_addr: str
+    raft_addr: str
+
+
+@dataclass(frozen=True)
+class GCConfig:
+    """Leader GC timing and batch sizes (seconds, counts); Nomad's defaults.
+
+    Thresholds are ages: an object is collected once it has been eligible
+    for that long. A threshold may be 0; an interval must be positive.
+    """
+
+    eval_interval: float = 300.0
+    eval_threshold: float = 3600.0
+    batch_eval_threshold: float = 86400.0
+    job_interval: float = 300.0
+    job_threshold: float = 4 * 3600.0
+    deployment_interval: float = 300.0
+    deployment_threshold: float = 3600.0
+    node_interval: float = 300.0
+    node_threshold: float = 86400.0
+    token_interval: float = 300.0
+    token_threshold: float = 3600.0
+    reap_batch: int = 7281
+    job_batch: int = 2048
+    token_batch: int = 4096
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """A validated server config; build it with ``load`` / ``loads`` / ``from_dict``.
+
+    ``rpc_addr`` and ``raft_addr`` are this server's advertised addresses
+    (from its ``[[server]]`` entry); ``rpc_bind`` and ``raft_bind`` are where
+    it listens, which differ behind NAT or when binding 0.0.0.0.
+    """
+
+    node_id: str
+    data_dir: Path
+    servers: tuple[ServerEntry, ...]
+    raft_password: str = field(repr=False)
+    rpc_bind: str
+    raft_bind: str
+    log_file: Path
+    log_level: str = "info"
+    raft_profile: str | None = None
+    max_entry_size: int | None = None
+    rpc_max_frame: int = DEFAULT_MAX_FRAME
+    fsync: bool = True
+    gc: GCConfig = field(default_factory=GCConfig)
+    journal: Retention = field(default_factory=Retention)
+
+    @property
+    def self_entry(self) -> ServerEntry:
+        return next(s for s in self.servers if s.id == self.node_id)
+
+    @property
+    def rpc_addr(self) -> str:
+        return self.self_entry.rpc_addr
+
+    @property
+    def raft_addr(self) -> str:
+        return self.self_entry.raft_addr
+
+    @property
+    def peers(self) -> tuple[ServerEntry, ...]:
+        """The other members."""
+        return tuple(s for s in self.servers if s.id != self.node_id)
+
+    def rpc_addr_of_raft(self, raft_addr: str) -> str | None:
+        """The RPC address of the member at ``raft_addr`` (raft names leaders by raft address)."""
+        return next((s.rpc_addr for s in self.servers if s.raft_addr == raft_addr), None)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ServerConfig:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}; pass the path of the server's TOML config") from None
+        try:
+            return cls.loads(text, base_dir=path.parent)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc.args[0]}") from None
+
+    @classmethod
+    def loads(cls, text: str, *, base_dir: str | Path = ".") -> ServerConfig:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"invalid TOML: {exc}") from None
+        return cls.from_dict(data, base_dir=base_dir)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, base_dir: str | Path = ".") -> ServerConfig:
+        """Validate parsed TOML. Relative paths are taken relative to ``base_dir``."""
+        return _Parser(Path(base_dir)).server_config(data)
+
+
+# ---- parsing and validation ------------------------------------------------------
+
+_TOP_KEYS = (
+    "node_id",
+    "data_dir",
+    "log_level",
+    "log_file",
+    "raft_password",
+    "raft_password_file",
+    "raft_profile",
+    "max_entry_size",
+    "rpc_max_frame",
+    "fsync",
+    "rpc_bind",
+    "raft_bind",
+    "server",
+    "gc",
+    "journal",
+)
+_SERVER_KEYS = ("id", "rpc_addr", "raft_addr")
+
+
+def _check_keys(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+            raise ConfigError(f"unknown key {key!r}{where}; {hint}")
+
+
+class _Parser:
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+
+    def path(self, value: Any, name: str) -> Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{name} must be a non-empty path string")
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.base_dir / path
+
+    def address(self, value: Any, name: str) -> str:
+        try:
+            _, port = parse_address(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        if port == 0:
+            raise ConfigError(f"{name}: port 0 is not a fixed address; give the port other servers dial")
+        return value
+
+    def size(self, value: Any, name: str) -> int:
+        try:
+            size = parse_size(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        if size <= 0:
+            raise ConfigError(f"{name} must be positive")
+        return size
+
+    def positive_int(self, value: Any, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        return value
+
+    def duration(self, value: Any, name: str, *, allow_zero: bool) -> float:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a duration string like \"5m\", not {value!r}")
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        if seconds < 0 or (seconds == 0 and not allow_zero) or not math.isfinite(seconds):
+            need = "zero or positive" if allow_zero else "positive"
+            raise ConfigError(f"{name} must be {need}, not {value!r}")
+        return seconds
+
+    def servers(self, value: Any) -> tuple[ServerEntry, ...]:
+        if not isinstance(value, list) or not value:
+            raise ConfigError("no [[server]] entries; list every cluster member (this one included) as a [[server]] table")
+        entries: list[ServerEntry] = []
+        for n, table in enumerate(value, 1):
+            where = f"[[server]] #{n}"
+            if not isinstance(table, dict):
+                raise ConfigError(f"{where} must be a table with id, rpc_addr and raft_addr")
+            _check_keys(table, _SERVER_KEYS, f" in {where}")
+            for key in _SERVER_KEYS:
+                if key not in table:
+                    raise ConfigError(f"{where} has no {key}; every [[server]] needs id, rpc_addr and raft_addr")
+            server_id = table["id"]
+            if not isinstance(server_id, str) or not _NODE_ID.match(server_id):
+                raise ConfigError(f"{where}: id {server_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
+            entries.append(
+                ServerEntry(
+                    id=server_id,
+                    rpc_addr=self.address(table["rpc_addr"], f"{where} rpc_addr"),
+                    raft_addr=self.address(table["raft_addr"], f"{where} raft_addr"),
+                )
+            )
+        for key in _SERVER_KEYS:
+            seen: set[str] = set()
+            for entry in entries:
+                value = getattr(entry, key)
+                if value in seen:
+                    raise ConfigError(f"two [[server]] entries share {key} {value!r}; each member needs its own")
+                seen.add(value)
+        return tuple(entries)
+
+    def password(self, data: dict[str, Any]) -> str:
+        inline, file = data.get("raft_password"), data.get("raft_password_file")
+        if inline is not None and file is not None:
+            raise ConfigError("set only one of raft_password and raft_password_file")
+        if inline is None and file is None:
+            raise ConfigError("raft_password is required (set raft_password or raft_password_file)")
+        if file is not None:
+            path = self.path(file, "raft_password_file")
+            try:
+                secret = path.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+                raise ConfigError(f"cannot read raft_password_file {path}: {reason}") from None
+            source = f"raft_password_file {path}"
+        else:
+            if not isinstance(inline, str):
+                raise ConfigError("raft_password must be a string")
+            secret = inline
+            source = "raft_password"
+        if len(secret) < MIN_PASSWORD_LENGTH:
+            raise ConfigError(
+                f"{source} is shorter than {MIN_PASSWORD_LENGTH} characters; "
+                f"use a random secret, e.g. the output of `openssl rand -hex 16`"
+            )
+        return secret
+
+    def gc(self, table: Any) -> GCConfig:
+        if not isinstance(table, dict):
+            raise ConfigError("[gc] must be a table")
+        fields = {f.name: f for f in dataclasses.fields(GCConfig)}
+        _check_keys(table, tuple(fields), " in [gc]")
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            name = f"gc.{key}"
+            if type(fields[key].default) is int:
+                values[key] = self.positive_int(value, name)
+            else:
+                values[key] = self.duration(value, name, allow_zero=key.endswith("_threshold"))
+        return GCConfig(**values)
+
+    def journal(self, table: Any) -> Retention:
+        if not isinstance(table, dict):
+            raise ConfigError("[journal] must be a table")
+        _check_keys(table, ("max_batches", "max_bytes"), " in [journal]")
+        values: dict[str, Any] = {}
+        if "max_batches" in table:
+            values["max_batches"] = self.positive_int(table["max_batches"], "journal.max_batches")
+        if "max_bytes" in table:
+            values["max_bytes"] = self.size(table["max_bytes"], "journal.max_bytes")
+        return Retention(**values)
+
+    def server_config(self, data: dict[str, Any]) -> ServerConfig:
+        _check_keys(data, _TOP_KEYS, "")
+        node_id = data.get("node_id")
+        if node_id is None:
+            raise ConfigError("node_id is required; set it to this server's id in the [[server]] list")
+        if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
+            raise ConfigError(f"node_id {node_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
+        if "data_dir" not in data:
+            raise ConfigError("data_dir is required; set it to a directory this server alone uses")
+        data_dir = self.path(data["data_dir"], "data_dir")
+        servers = self.servers(data.get("server"))
+        me = next((s for s in servers if s.id == node_id), None)
+        if me is None:
+            ids = ", ".join(s.id for s in servers)
+            raise ConfigError(f"node_id {node_id!r} is not among the [[server]] ids ({ids}); add an entry for it or fix node_id")
+        log_level = data.get("log_level", "info")
+        if not isinstance(log_level, str) or log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        raft_profile = data.get("raft_profile")
+        if raft_profile is not None and (not isinstance(raft_profile, str) or not raft_profile):
+            raise ConfigError("raft_profile must be a profile name string")
+        fsync = data.get("fsync", True)
+        if not isinstance(fsync, bool):
+            raise ConfigError(f"fsync must be true or false, not {fsync!r}")
+        rpc_max_frame = self.size(data.get("rpc_max_frame", DEFAULT_MAX_FRAME), "rpc_max_frame")
+        max_entry_size = None
+        if "max_entry_size" in data:
+            max_entry_size = self.size(data["max_entry_size"], "max_entry_size")
+            if max_entry_size >= rpc_max_frame:
+                raise ConfigError(
+                    f"max_entry_size ({max_entry_size} bytes) must be below rpc_max_frame ({rpc_max_frame} bytes), "
+                    f"or a write that fits one entry could not be forwarded to the leader"
+                )
+        return ServerConfig(
+            node_id=node_id,
+            data_dir=data_dir,
+            servers=servers,
+            raft_password=self.password(data),
+            rpc_bind=self.address(data.get("rpc_bind", me.rpc_addr), "rpc_bind"),
+            raft_bind=self.address(data.get("raft_bind", me.raft_addr), "raft_bind"),
+            log_file=self.path(data["log_file"], "log_file") if "log_file" in data else data_dir / "server.log",
+            log_level=log_level.lower(),
+            raft_profile=raft_profile,
+            max_entry_size=max_entry_size,
+            rpc_max_frame=rpc_max_frame,
+            fsync=fsync,
+            gc=self.gc(data.get("gc", {})),
+            journal=self.journal(data.get("journal", {})),
+        )
