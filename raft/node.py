@@ -1,0 +1,923 @@
+"""The raft node: one pysyncobj ``SyncObj`` with one replicated method.
+
+Shape (see DESIGN.md, "The write path"): the leader submits opaque entries
+(``type byte | msgpack``); pysyncobj replicates and commits them; on every
+server the tick thread calls the single replicated method, which hands
+``(index, entry)`` to ``target.apply``. The index is ``raftLastApplied + 1``
+(pysyncobj increments it right after the method returns), identical on all
+servers and across restarts.
+
+Group commit and when callers see results
+-----------------------------------------
+``target.apply`` writes into a pending LMDB transaction; we call
+``target.commit()`` once per tick, in a tick callback that runs after
+pysyncobj applied that tick's entries and before the tick thread blocks in
+``poll``. Client callbacks for successful entries are *deferred* until right
+after that commit, so a caller that sees ``(result, index)`` can read the
+state at ``index`` from LMDB immediately (a barrier read depends on this).
+A crash can only lose the uncommitted tick: those entries are already in the
+raft journal (pysyncobj writes it before applying), pysyncobj re-applies the
+journal from its start (or the dump) on restart, and the FSM skips entries
+``<= applied_index`` -- so nothing acknowledged is lost and nothing applies
+twice (``tests/raft/test_cluster.py::test_kill9_*`` checks both).
+
+pysyncobj defects handled here (numbers from shared/reference/pysyncobj.md)
+--------------------------------------------------------------------------
+1. follower truncation: :mod:`raft.truncation` rewrites append_entries in
+   front of pysyncobj's handler (switch: ``CARAVAN_UNSAFE_DISABLE_TRUNCATION_FIX=1``,
+   test only).
+2. chunking of large entries: entries are capped (as stored in the log) at
+   submit and again at the leader's command queue, for forwarded commands.
+3. 0.0.0.0 bind and unauthenticated pickle: bind to the node's own host and
+   authenticate every frame (:mod:`raft.auth`); the password is mandatory.
+4. concurrent membership changes: dynamic membership is off by default; when
+   enabled, the leader refuses a change while another is uncommitted.
+5. an exception in the replicated method wedges pysyncobj: we catch anything
+   the target raises, log it, and stop the process (exit code 70) -- a
+   failure that is not a deterministic error result must not be skipped
+   (that would diverge) nor retried forever (that wedges the node).
+6. no fsync: ``fsync=True`` syncs the journal (and vote metadata) at the start
+   of every tick, before the leader counts its own entries towards a commit,
+   and holds follower acks and votes until the sync that covers them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+import pysyncobj.pickle as so_pickle
+import structlog
+from pysyncobj import SyncObj, replicated
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.monotonic import monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.pipe_notifier import PipeNotifier
+from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
+
+from raft.auth import HmacAuthenticator
+from raft.config import RaftConfig
+from raft.errors import (
+    EntryTooLargeError,
+    FatalApplyError,
+    LeadershipTransferError,
+    MembershipChangeError,
+    NodeStoppedError,
+    NotLeaderError,
+    OverloadedError,
+    RaftError,
+    RequestDeniedError,
+    UnknownOutcomeError,
+)
+from raft.transport import CaravanTransport
+from raft.truncation import TruncationStats, rewrite_append_entries
+
+#: Message type of a barrier entry in fsm/messages.py (never reused).
+BARRIER_MESSAGE_TYPE = 19
+#: Exit status after a fatal apply/commit failure (EX_SOFTWARE).
+EXIT_FATAL = 70
+
+_ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
+# Outgoing messages that promise durable state (an ack of appended entries,
+# a vote, a vote request for a term we just persisted): in fsync mode they
+# wait for the next journal sync.
+_DURABLE_PROMISES = frozenset({"next_node_idx", "response_vote", "request_vote"})
+
+
+class ApplyTarget(Protocol):
+    """What the FSM presents to the raft node (fsm.machine implements it)."""
+
+    def apply(self, index: int, entry: bytes) -> object: ...
+
+    def commit(self) -> None: ...
+
+    @property
+    def applied_index(self) -> int: ...
+
+
+#: ``callback(result, index, error)``: exactly one of (result/index) or error is set.
+SubmitCallback = Callable[[Any, "int | None", "RaftError | None"], None]
+LeadershipCallback = Callable[[bool], None]
+FatalHandler = Callable[[BaseException], None]
+
+
+def encode_barrier(now_ns: int | None = None) -> bytes:
+    """The barrier entry the FSM recognises (message type 19)."""
+    payload = {"v": 1, "time": time.time_ns() if now_ns is None else now_ns, "rid": uuid.uuid4().hex}
+    return bytes([BARRIER_MESSAGE_TYPE]) + msgpack.packb(payload)
+
+
+def _encode_command(func_id: int, entry: bytes) -> bytes:
+    return so_pickle.dumps((func_id, (entry,)))
+
+
+def encoded_entry_size(entry: bytes) -> int:
+    """Size of ``entry`` as stored in the raft log (what ``max_entry_bytes`` limits).
+
+    pysyncobj pickles commands with protocol 2, which stores ``bytes`` as a
+    UTF-8 encoded latin-1 string: bytes >= 0x80 take two bytes, so a binary
+    entry can grow up to 2x. Callers that batch (GC reaps, plans) should size
+    batches with this function.
+    """
+    return 1 + len(_encode_command(0, entry))
+
+
+def _safe_call(log: Any, fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # a caller's bug must never break the tick thread
+        log.exception("raft_callback_failed")
+
+
+@dataclass
+class _Waiter:
+    """A one-shot result slot shared by a barrier batch or a transfer."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    index: int | None = None
+    error: RaftError | None = None
+
+    def finish(self, index: int | None = None, error: RaftError | None = None) -> None:
+        if not self.event.is_set():
+            self.index, self.error = index, error
+            self.event.set()
+
+
+@dataclass
+class _Transfer:
+    target: str
+    deadline: float
+    waiter: _Waiter = field(default_factory=_Waiter)
+    next_attempt: float = 0.0
+    sent: int = 0
+
+
+class _JournalView:
+    """:class:`raft.truncation.LogView` over pysyncobj's in-memory journal list.
+
+    Looks the journal up on every call: it exists as soon as SyncObj's
+    constructor created it, before the transport can deliver anything."""
+
+    __slots__ = ("_r",)
+
+    def __init__(self, replica: Any) -> None:
+        self._r = replica
+
+    def first_index(self) -> int:
+        return self._r._SyncObj__raftLog[0][1]
+
+    def last_index(self) -> int:
+        return self._r._SyncObj__raftLog[-1][1]
+
+    def term_at(self, index: int) -> int:
+        j = self._r._SyncObj__raftLog
+        return j[index - j[0][1]][2]
+
+
+class _Replica(SyncObj):
+    """The SyncObj subclass. Everything here runs on pysyncobj's tick thread
+    unless marked otherwise. All attributes are assigned *before*
+    ``SyncObj.__init__`` because pysyncobj starts the tick thread (and may
+    receive messages) inside its constructor."""
+
+    def __init__(self, owner: RaftNode, config: RaftConfig, conf: Any, target: ApplyTarget) -> None:
+        self._owner = owner
+        self._log = owner._log
+        self._target = target
+        self._auth = HmacAuthenticator(config.password)
+        self._fix_enabled = config.truncation_fix_enabled
+        self._fsync = config.fsync
+        self._max_entry = config.max_entry_bytes
+        self._dynamic_membership = config.dynamic_membership
+        self._min_timeout = config.resolved_profile().raft_min_timeout
+        self._tstats = TruncationStats()
+        self._ack_override: int | None = None
+        self._held: list[tuple[Any, dict[str, Any]]] = []
+        self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._pending_commit = False
+        self._tick_ident: int | None = None
+        self._tasks: collections.deque[Callable[[], None]] = collections.deque()
+        self._wake_pipe: PipeNotifier | None = None
+        self._halted = False
+        self._journal_path = config.journal_file
+        self._journal_fd: int | None = None
+        self._synced_fp: tuple[int, ...] | None = None
+        self._synced_meta: tuple[Any, ...] | None = None
+        self._synced_last_index = 0
+        self._fstats = {"syncs": 0, "sync_seconds": 0.0, "max_sync_seconds": 0.0, "unsynced_acks": 0}
+        self._barrier_lock = threading.Lock()
+        self._barrier_open: _Waiter | None = None
+        self._transfer: _Transfer | None = None
+        self._announced_leader = False
+        self._commits = 0
+        self._func_id = -1
+        self._view = _JournalView(self)
+        super().__init__(
+            config.self_address,
+            config.other_peers,
+            conf,
+            transportClass=CaravanTransport,
+        )
+        self._func_id = self._methodToID[self._getFuncName("caravan_apply")]
+
+    # -- pysyncobj integration ---------------------------------------------
+
+    @property
+    def encryptor(self) -> HmacAuthenticator:  # read by the transport for every connection
+        return self._auth
+
+    def _getEncryptor(self) -> HmacAuthenticator:  # noqa: N802 (pysyncobj name)
+        return self._auth
+
+    @replicated
+    def caravan_apply(self, entry: bytes) -> tuple[Any, int]:
+        """The one replicated method: hand ``(index, entry)`` to the target."""
+        index = self.raftLastApplied + 1
+        if self._halted:
+            # Never let pysyncobj advance past an entry the target did not apply.
+            raise NodeStoppedError("raft node halted after a fatal apply error")
+        try:
+            result = self._target.apply(index, entry)
+        except BaseException as exc:  # noqa: BLE001 - any failure here is fatal by design
+            self._halted = True
+            self._owner._fatal("apply", index, exc)
+            raise NodeStoppedError("raft node halted after a fatal apply error") from exc
+        self._pending_commit = True
+        return result, index
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802,N803 (pysyncobj names)
+        if self._tick_ident is None:
+            self._tick_ident = threading.get_ident()
+            self._wake_pipe = PipeNotifier(self._poller)
+            self.addOnTickCallback(self._finish_tick)
+        if self._fsync:
+            # Before pysyncobj counts the leader's own log towards a commit
+            # and before held acks/votes leave: make the journal durable.
+            self._sync_journal()
+        super()._onTick(timeToWait)
+        # pysyncobj returns early (no tick callbacks) while the port is not
+        # bound; make sure applied entries are committed on that path too.
+        self._finish_tick()
+
+    def _applyCommand(self, command: bytes, callback: Any, commandType: int | None = None) -> None:  # noqa: N802,N803
+        """Single entrance of every command into pysyncobj's queue: local
+        submits and (on the leader) commands forwarded by followers."""
+        if commandType is None:
+            ctype = command[0] if command else -1
+            size = len(command)
+        else:
+            ctype = commandType
+            size = len(command) + 1
+        reason = None
+        if ctype == _COMMAND_TYPE.REGULAR:
+            if size > self._max_entry:
+                reason = f"entry of {size} bytes exceeds the {self._max_entry} byte limit"
+        elif ctype == _COMMAND_TYPE.MEMBERSHIP:
+            if not self._dynamic_membership:
+                reason = "dynamic membership is disabled"
+        else:
+            reason = f"command type {ctype} is never replicated by caravan"
+        if reason is not None:
+            self._log.warning("raft_command_refused", reason=reason, forwarded=isinstance(callback, tuple))
+            self._SyncObj__callErrCallback(FAIL_REASON.REQUEST_DENIED, callback)
+            return
+        try:
+            super()._applyCommand(command, callback, commandType)
+        except BlockingIOError:
+            pass  # wake-up pipe full: the command is queued and a wake-up is pending
+
+    def _SyncObj__changeCluster(self, request: Any) -> bool:  # noqa: N802 - overrides pysyncobj's private guard
+        """Defect 4: pysyncobj never sets its "one change at a time" guard.
+        Refuse a change until the leader's no-op and every earlier membership
+        entry in the log are applied (committed in the current config)."""
+        if not self._dynamic_membership:
+            return False
+        noop = self._SyncObj__noopIDx
+        if noop is None or self.raftLastApplied < noop:
+            return False
+        if self._uncommitted_membership_entry():
+            return False
+        return self._SyncObj__doChangeCluster(request)
+
+    def _uncommitted_membership_entry(self) -> bool:
+        journal = self._SyncObj__raftLog
+        first = journal[0][1]
+        start = max(0, self.raftLastApplied + 1 - first)
+        for pos in range(start, len(journal)):
+            cmd = journal[pos][0]
+            if cmd[:1] == bytes([_COMMAND_TYPE.MEMBERSHIP]):
+                return True
+        return False
+
+    # -- transport hooks (tick thread) ---------------------------------------
+
+    def _caravan_on_message(self, node: Any, message: dict[str, Any], deliver: Callable[..., None]) -> None:
+        if message.get("type") != "append_entries":
+            deliver(node, message)
+            return
+        if self._fix_enabled:
+            rw = rewrite_append_entries(message, self._view, self.raftCurrentTerm)
+            if rw.action in ("append_only", "present", "present_unproven_tail"):
+                self._tstats.truncations_avoided += 1
+            elif rw.action == "conflict":
+                self._tstats.conflict_truncations += 1
+            self._ack_override = rw.ack_override
+            try:
+                deliver(node, rw.message)
+            finally:
+                self._ack_override = None
+        else:
+            deliver(node, message)
+        if "prevLogIdx" in message:
+            self._tstats.on_append_processed(message.get("commit_index", 0), self._view.last_index())
+
+    def _caravan_on_send(self, node: Any, message: dict[str, Any], send: Callable[..., bool]) -> bool:
+        mtype = message.get("type")
+        if mtype == "next_node_idx":
+            if self._ack_override is not None and message.get("success"):
+                message = dict(message, next_node_idx=self._ack_override)
+            self._tstats.on_ack(
+                self.raftCurrentTerm, self._view.last_index(), message["next_node_idx"], bool(message.get("success"))
+            )
+        if self._fsync and (self._held or mtype in _DURABLE_PROMISES):
+            self._held.append((node, message))
+            return True
+        if mtype == "next_node_idx" and message.get("success"):
+            if message["next_node_idx"] - 1 > self._synced_last_index:
+                self._fstats["unsynced_acks"] += 1
+        return send(node, message)
+
+    # -- fsync mode (defect 6) ------------------------------------------------
+
+    def _journal_fingerprint(self) -> tuple[int, ...]:
+        j = self._SyncObj__raftLog
+        return (getattr(j, "_FileJournal__currentOffset", 0), len(j), j[-1][1], j[-1][2])
+
+    def _sync_journal(self) -> None:
+        j = self._SyncObj__raftLog
+        fp = self._journal_fingerprint()
+        meta = (self.raftCurrentTerm, self._SyncObj__votedForNodeId)
+        if fp != self._synced_fp or meta != self._synced_meta:
+            t0 = time.perf_counter()
+            if fp != self._synced_fp:
+                j.flush()  # msync of the journal mapping
+                if self._journal_fd is None:
+                    self._journal_fd = os.open(self._journal_path, os.O_RDONLY)
+                os.fsync(self._journal_fd)  # file size/metadata after a resize
+            if meta != self._synced_meta:
+                self._fsync_path(self._journal_path + ".meta")
+                self._fsync_path(os.path.dirname(os.path.abspath(self._journal_path)))
+            dt = time.perf_counter() - t0
+            self._fstats["syncs"] += 1
+            self._fstats["sync_seconds"] += dt
+            self._fstats["max_sync_seconds"] = max(self._fstats["max_sync_seconds"], dt)
+            self._synced_fp, self._synced_meta = fp, meta
+        self._synced_last_index = j[-1][1]
+        if self._held:
+            held, self._held = self._held, []
+            transport = self._SyncObj__transport
+            for node, message in held:
+                if message.get("type") == "next_node_idx" and message.get("success"):
+                    if message["next_node_idx"] - 1 > self._synced_last_index:
+                        self._fstats["unsynced_acks"] += 1
+                transport.raw_send(node, message)
+
+    @staticmethod
+    def _fsync_path(path: str) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- end of tick: group commit, callbacks, tasks ---------------------------
+
+    def _finish_tick(self) -> None:
+        if self._pending_commit:
+            self._pending_commit = False
+            try:
+                self._target.commit()
+            except BaseException as exc:  # noqa: BLE001
+                self._halted = True
+                self._owner._fatal("commit", self.raftLastApplied, exc)
+                return
+            self._commits += 1
+        if self._deferred:
+            batch, self._deferred = self._deferred, []
+            for fn, args in batch:
+                _safe_call(self._log, fn, *args)
+        while self._tasks:
+            _safe_call(self._log, self._tasks.popleft())
+        self._flush_barrier_batch()
+        if self._transfer is not None:
+            self._drive_transfer()
+        self._announce_leadership()
+
+    def in_tick_thread(self) -> bool:
+        return threading.get_ident() == self._tick_ident
+
+    def wake(self) -> None:
+        """Any thread: make the tick thread run soon instead of sleeping in poll."""
+        pipe = self._wake_pipe
+        if pipe is not None:
+            try:
+                pipe.notify()
+            except BlockingIOError:
+                pass
+
+    def submit_command(self, command: bytes, callback: Callable[[Any, int], None]) -> None:
+        """Any thread: queue an encoded command (size already checked)."""
+        self._applyCommand(command, callback, _COMMAND_TYPE.REGULAR)
+
+    def completion(self, user_cb: SubmitCallback) -> Callable[[Any, int], None]:
+        """Wrap a caller's callback: successes wait for the tick's commit."""
+
+        def on_result(res: Any, err: int) -> None:
+            if err == FAIL_REASON.SUCCESS:
+                result, index = res
+                if self.in_tick_thread():
+                    self._deferred.append((user_cb, (result, index, None)))
+                else:
+                    _safe_call(self._log, user_cb, result, index, None)
+            else:
+                _safe_call(self._log, user_cb, None, None, self._owner._error_for(err))
+
+        return on_result
+
+    # -- barrier ---------------------------------------------------------------
+
+    def join_barrier(self) -> _Waiter:
+        """Any thread: join the barrier batch that the next tick will submit.
+
+        A batch closes when the tick thread submits it, so every reader in it
+        arrived before its entry was appended; a reader arriving later joins
+        the next batch. (Sharing an entry appended before a read started
+        would not make that read linearizable.)"""
+        with self._barrier_lock:
+            batch = self._barrier_open
+            if batch is None:
+                batch = self._barrier_open = _Waiter()
+        self.wake()
+        return batch
+
+    def _flush_barrier_batch(self) -> None:
+        with self._barrier_lock:
+            batch, self._barrier_open = self._barrier_open, None
+        if batch is None:
+            return
+        if not self._isLeader() or self._transfer is not None:
+            batch.finish(error=NotLeaderError(self._owner.leader_address))
+            return
+
+        def done(result: Any, index: int | None, error: RaftError | None) -> None:
+            batch.finish(index=index, error=error)
+
+        self.submit_command(_encode_command(self._func_id, encode_barrier()), self.completion(done))
+
+    # -- leadership ----------------------------------------------------------------
+
+    def _announce_leadership(self) -> None:
+        """on_leadership(True) once the leader has applied its own no-op, i.e.
+        every entry committed before its term is in the FSM (as Nomad's
+        establishLeadership waits for a barrier); False as soon as it is not
+        leader any more."""
+        noop = self._SyncObj__noopIDx
+        ready = self._isLeader() and noop is not None and self.raftLastApplied >= noop
+        if ready != self._announced_leader:
+            self._announced_leader = ready
+            self._owner._leadership_changed(ready, self.raftCurrentTerm)
+
+    def start_transfer(self, transfer: _Transfer) -> None:
+        if self._transfer is not None:
+            transfer.waiter.finish(error=LeadershipTransferError("another leadership transfer is in progress"))
+            return
+        if not self._isLeader():
+            transfer.waiter.finish(error=NotLeaderError(self._owner.leader_address))
+            return
+        self._transfer = transfer
+        self._log.info("raft_transfer_started", target=transfer.target)
+        self._drive_transfer()
+
+    def _drive_transfer(self) -> None:
+        tr = self._transfer
+        assert tr is not None
+        now = monotonic()
+        leader = self._getLeader()
+        if not self._isLeader():
+            if leader is not None and leader.id == tr.target:
+                self._end_transfer(None)
+            elif leader is not None and leader != self.selfNode:
+                self._end_transfer(LeadershipTransferError(f"leadership went to {leader.id}, not {tr.target}"))
+            elif now > tr.deadline:
+                self._end_transfer(LeadershipTransferError(f"{tr.target} did not take over in time"))
+            return
+        if now > tr.deadline:
+            self._end_transfer(
+                LeadershipTransferError(f"{tr.target} did not catch up and win an election in time; still leader")
+            )
+            return
+        if now < tr.next_attempt:
+            return
+        node = TCPNode(tr.target)
+        match = self._SyncObj__raftMatchIndex.get(node, 0)
+        if match != self._SyncObj__raftLog[-1][1] or not self.isNodeConnected(node):
+            return  # writes are fenced; the target catches up within a few ticks
+
+        def sent(_res: Any, err: int) -> None:
+            if err == FAIL_REASON.SUCCESS:
+                tr.sent += 1
+
+        # pysyncobj 0.3.17's Raft TimeoutNow: the target starts an election
+        # at once and ignores our heartbeats until it ends. Resend if we are
+        # still leader after an election timeout (message lost, target busy).
+        self.transferLeadership(node, sent)
+        tr.next_attempt = now + self._min_timeout
+
+    def _end_transfer(self, error: RaftError | None) -> None:
+        tr, self._transfer = self._transfer, None
+        if tr is not None:
+            self._log.info("raft_transfer_finished", target=tr.target, ok=error is None)
+            tr.waiter.finish(error=error)
+
+    @property
+    def transfer_in_progress(self) -> bool:
+        return self._transfer is not None
+
+
+class _Notifier:
+    """Delivers leadership changes on their own thread, in order, so a slow
+    callback (starting leader loops) never delays heartbeats."""
+
+    def __init__(self, callback: LeadershipCallback | None, log: Any) -> None:
+        self._callback = callback
+        self._log = log
+        self._queue: collections.deque[bool | None] = collections.deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        if callback is not None:
+            self._thread = threading.Thread(target=self._run, name="raft-leadership", daemon=True)
+            self._thread.start()
+
+    def post(self, value: bool) -> None:
+        if self._callback is None:
+            return
+        with self._cv:
+            self._queue.append(value)
+            self._cv.notify()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        with self._cv:
+            self._queue.append(None)
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        assert self._callback is not None
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                value = self._queue.popleft()
+            if value is None:
+                return
+            _safe_call(self._log, self._callback, value)
+
+
+class RaftNode:
+    """A Caravan server's raft node.
+
+    Threading: ``submit``/``submit_sync``/``barrier``/``transfer_leadership``
+    may be called from any thread except the tick thread (``submit`` with a
+    callback is fine there too). Callbacks run on the tick thread and must
+    return quickly; ``on_leadership`` runs on its own thread.
+    """
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        target: ApplyTarget,
+        *,
+        on_leadership: LeadershipCallback | None = None,
+        on_fatal: FatalHandler | None = None,
+        bind_timeout: float = 10.0,
+    ) -> None:
+        config.validate()
+        os.makedirs(config.data_path, exist_ok=True)
+        self._config = config
+        self._log = structlog.get_logger("raft").bind(node_id=config.self_address)
+        self._on_fatal = on_fatal
+        self._stopped = False
+        self._notifier = _Notifier(on_leadership, self._log)
+        if not config.truncation_fix_enabled:
+            self._log.warning("raft_truncation_fix_disabled", note="TEST ONLY: acknowledged writes can be lost")
+        conf = config.to_syncobj_conf(onStateChanged=self._on_state_changed)
+        self._obj = _Replica(self, config, conf, target)
+        transport = self._obj._SyncObj__transport
+        if not transport._bindOverEvent.wait(bind_timeout) or not transport.ready:
+            self._obj.destroy()
+            raise RaftError(
+                f"could not listen on {config.effective_bind_address} within {bind_timeout:.0f}s; "
+                "is the address local and the port free?"
+            )
+        self._log.info(
+            "raft_started",
+            bind=config.effective_bind_address,
+            peers=config.other_peers,
+            profile=config.profile,
+            fsync=config.fsync,
+            max_entry_bytes=config.max_entry_bytes,
+        )
+
+    # -- properties ------------------------------------------------------------
+
+    @property
+    def config(self) -> RaftConfig:
+        return self._config
+
+    @property
+    def self_address(self) -> str:
+        return self._config.self_address
+
+    @property
+    def is_leader(self) -> bool:
+        """Local belief only (a deposed leader may not know yet): use
+        :meth:`barrier` before serving a linearizable read."""
+        return self._obj._isLeader()
+
+    @property
+    def leader_address(self) -> str | None:
+        leader = self._obj._getLeader()
+        return None if leader is None else leader.id
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._config.max_entry_bytes
+
+    # -- writes ------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._stopped or self._obj._halted:
+            raise NodeStoppedError("raft node is stopped")
+        if self._obj.transfer_in_progress:
+            raise NotLeaderError(None, "leadership transfer in progress; retry shortly")
+        if not self._obj._isLeader():
+            raise NotLeaderError(self.leader_address)
+
+    def submit(self, entry: bytes, callback: SubmitCallback | None = None) -> None:
+        """Append ``entry`` to the log (leader only); asynchronous.
+
+        Raises :class:`NotLeaderError` or :class:`EntryTooLargeError` before
+        anything is queued. Later outcomes go to ``callback(result, index,
+        error)`` on the tick thread, after the tick's FSM commit.
+        """
+        if not isinstance(entry, bytes | bytearray):
+            raise TypeError("raft entries are bytes")
+        self._check_writable()
+        command = _encode_command(self._obj._func_id, bytes(entry))
+        size = len(command) + 1
+        if size > self._config.max_entry_bytes:
+            raise EntryTooLargeError(len(entry), size, self._config.max_entry_bytes)
+        cb = self._obj.completion(callback) if callback is not None else None
+        self._obj.submit_command(command, cb)
+
+    def submit_sync(self, entry: bytes, timeout: float = 5.0) -> tuple[Any, int]:
+        """Submit and wait: returns ``(result, index)``.
+
+        A timeout raises :class:`UnknownOutcomeError` -- the entry may still
+        commit; retry only with an idempotent request id.
+        """
+        if self._obj.in_tick_thread():
+            raise RaftError("submit_sync must not run on the raft tick thread (it would deadlock)")
+        waiter = _Waiter()
+        box: list[Any] = []
+
+        def done(result: Any, index: int | None, error: RaftError | None) -> None:
+            box.append(result)
+            waiter.finish(index=index, error=error)
+
+        self.submit(entry, done)
+        if not waiter.event.wait(timeout):
+            raise UnknownOutcomeError(f"entry not committed within {timeout:g}s; it may still be applied")
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.index is not None
+        return box[0], waiter.index
+
+    def barrier(self, timeout: float = 5.0) -> int:
+        """Commit a no-op barrier through the log; return its index.
+
+        Once it returns, this node was leader when the barrier committed and
+        its FSM has applied (and committed) everything up to the returned
+        index, so a read served now is linearizable. Concurrent callers share
+        one barrier entry.
+        """
+        if self._obj.in_tick_thread():
+            raise RaftError("barrier must not run on the raft tick thread (it would deadlock)")
+        self._check_writable()
+        batch = self._obj.join_barrier()
+        if not batch.event.wait(timeout):
+            raise UnknownOutcomeError(f"barrier not committed within {timeout:g}s")
+        if batch.error is not None:
+            raise batch.error
+        assert batch.index is not None
+        return batch.index
+
+    # -- leadership -------------------------------------------------------------
+
+    def transfer_leadership(self, target: str, timeout: float = 5.0) -> None:
+        """Hand leadership to ``target`` and wait until it has taken over.
+
+        New writes are refused (:class:`NotLeaderError`) while the transfer
+        runs, so the target can catch up; once it matches our log we send
+        pysyncobj's TimeoutNow and the target wins the election it starts.
+        On failure (timeout, another node won) raises
+        :class:`LeadershipTransferError`; writes resume on this node if it is
+        still leader.
+        """
+        if target == self.self_address:
+            raise LeadershipTransferError("cannot transfer leadership to this node itself")
+        if target not in self._config.other_peers:
+            raise LeadershipTransferError(f"{target} is not a peer of this cluster")
+        if self._obj.in_tick_thread():
+            raise RaftError("transfer_leadership must not run on the raft tick thread")
+        if not self._obj._isLeader():
+            raise NotLeaderError(self.leader_address)
+        transfer = _Transfer(target=target, deadline=monotonic() + timeout)
+        self._obj._tasks.append(lambda: self._obj.start_transfer(transfer))
+        self._obj.wake()
+        if not transfer.waiter.event.wait(timeout + 1.0):
+            raise LeadershipTransferError(f"leadership transfer to {target} did not finish in time")
+        if transfer.waiter.error is not None:
+            raise transfer.waiter.error
+
+    def add_peer(self, address: str, timeout: float = 5.0) -> None:
+        """Add a voting member (only with ``dynamic_membership``; one change at a time)."""
+        self._membership_change("add", address, timeout)
+
+    def remove_peer(self, address: str, timeout: float = 5.0) -> None:
+        """Remove a voting member (only with ``dynamic_membership``; one change at a time)."""
+        self._membership_change("remove", address, timeout)
+
+    def _membership_change(self, op: str, address: str, timeout: float) -> None:
+        if not self._config.dynamic_membership:
+            raise MembershipChangeError(
+                "dynamic membership is disabled; the peer list is static (set dynamic_membership to enable)"
+            )
+        self._check_writable()
+        waiter = _Waiter()
+
+        def done(_res: Any, err: int) -> None:
+            waiter.finish(error=None if err == FAIL_REASON.SUCCESS else self._error_for(err))
+
+        if op == "add":
+            self._obj.addNodeToCluster(address, done)
+        else:
+            self._obj.removeNodeFromCluster(address, done)
+        if not waiter.event.wait(timeout):
+            raise UnknownOutcomeError(f"membership change ({op} {address}) not committed within {timeout:g}s")
+        if isinstance(waiter.error, RequestDeniedError):
+            raise MembershipChangeError(
+                f"membership change ({op} {address}) refused: another change is still uncommitted "
+                "or the leader has not committed its first entry yet; retry"
+            )
+        if waiter.error is not None:
+            raise waiter.error
+
+    # -- status ------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot of this node's raft state (read without locks; fields
+        may be from slightly different moments)."""
+        obj = self._obj
+        for _ in range(5):
+            try:
+                return self._status_once(obj)
+            except RuntimeError:  # a dict changed size under us (tick thread)
+                continue
+        return self._status_once(obj)
+
+    def _status_once(self, obj: _Replica) -> dict[str, Any]:
+        state = obj._SyncObj__raftState
+        journal = obj._SyncObj__raftLog
+        is_leader = state == _RAFT_STATE.LEADER
+        match = dict(obj._SyncObj__raftMatchIndex)
+        nxt = dict(obj._SyncObj__raftNextIndex)
+        peers = []
+        for node in sorted(obj.otherNodes, key=lambda n: n.id):
+            peers.append(
+                {
+                    "address": node.id,
+                    "connected": obj.isNodeConnected(node),
+                    "match_index": match.get(node) if is_leader else None,
+                    "next_index": nxt.get(node) if is_leader else None,
+                }
+            )
+        return {
+            "self": self.self_address,
+            "role": _ROLES.get(state, str(state)),
+            "term": obj.raftCurrentTerm,
+            "leader": self.leader_address,
+            "commit_index": obj.raftCommitIndex,
+            "applied_index": obj.raftLastApplied,
+            "last_log_index": journal[-1][1],
+            "first_log_index": journal[0][1],
+            "peers": peers,
+            "leader_ready": obj._announced_leader,
+            "transfer_in_progress": obj.transfer_in_progress,
+            "profile": self._config.profile,
+            "fsync": self._config.fsync,
+            "fsync_stats": dict(obj._fstats),
+            "fsm_commits": obj._commits,
+            "truncation_fix": obj._fix_enabled,
+            "truncation": obj._tstats.as_dict(),
+            "halted": obj._halted,
+        }
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def destroy(self, timeout: float = 5.0) -> None:
+        """Stop the tick thread, close sockets and the journal. Idempotent.
+
+        Entries still queued in pysyncobj are dropped (their waiters time out
+        with UnknownOutcomeError); everything applied was committed by the
+        last tick.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        obj = self._obj
+        obj.destroy()
+        thread = obj._SyncObj__thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        err = NodeStoppedError("raft node stopped")
+        with obj._barrier_lock:
+            batch, obj._barrier_open = obj._barrier_open, None
+        if batch is not None:
+            batch.finish(error=err)
+        if obj._transfer is not None:
+            obj._transfer.waiter.finish(error=err)
+        if obj._journal_fd is not None:
+            os.close(obj._journal_fd)
+            obj._journal_fd = None
+        self._notifier.stop()
+        self._log.info("raft_stopped")
+
+    # -- internals ---------------------------------------------------------------
+
+    def _on_state_changed(self, old: int, new: int) -> None:
+        # May run before self._obj is assigned (pysyncobj ticks during its
+        # constructor); it must never raise inside pysyncobj's state change.
+        self._log.info("raft_role_changed", old=_ROLES.get(old), new=_ROLES.get(new))
+
+    def _leadership_changed(self, is_leader: bool, term: int) -> None:
+        self._log.info("raft_leadership", is_leader=is_leader, term=term)
+        self._notifier.post(is_leader)
+
+    def _error_for(self, reason: int) -> RaftError:
+        if reason == FAIL_REASON.QUEUE_FULL:
+            return OverloadedError("raft command queue is full; nothing was appended, retry later")
+        if reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER):
+            return NotLeaderError(self.leader_address)
+        if reason == FAIL_REASON.DISCARDED:
+            return NotLeaderError(self.leader_address, "the entry was replaced by a new leader and not applied")
+        if reason == FAIL_REASON.REQUEST_DENIED:
+            return RequestDeniedError("the leader refused the entry (too large or not a caravan entry)")
+        return UnknownOutcomeError("leadership changed before the entry committed; it may still be applied")
+
+    def _fatal(self, what: str, index: int, exc: BaseException) -> None:
+        """Defect 5: the target failed in a way that is not a deterministic
+        error result. Retrying wedges pysyncobj and skipping diverges, so the
+        only safe move is to stop; on restart the journal replays the entry."""
+        self._log.critical(
+            "raft_fatal_apply_error",
+            stage=what,
+            index=index,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )
+        if self._on_fatal is not None:
+            self._on_fatal(FatalApplyError(f"{what} failed at index {index}: {type(exc).__name__}"))
+            obj = getattr(self, "_obj", None)
+            if obj is not None:
+                obj.destroy()
+            return
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(EXIT_FATAL)

@@ -1,0 +1,37 @@
+"""pysyncobj TCP transport with Caravan's hooks in front of the library.
+
+pysyncobj builds its transport inside ``SyncObj.__init__`` and starts the tick
+thread before the constructor returns, so patching callbacks afterwards would
+race with the first messages. A transport subclass is in place from the very
+first byte: every received message passes through the node's
+``_filter_incoming`` (truncation fix, leader-side size/type guards) and every
+sent message through ``_filter_outgoing`` (ack rewriting, fsync ordering,
+instrumentation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pysyncobj.transport import TCPTransport
+
+
+class CaravanTransport(TCPTransport):
+    """TCPTransport whose receive and send paths call back into the node."""
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj name)
+        hook = getattr(self._syncObj, "_caravan_on_message", None)
+        if hook is None or not isinstance(message, dict):
+            super()._onMessageReceived(node, message)
+            return
+        hook(node, message, super()._onMessageReceived)
+
+    def send(self, node: Any, message: Any) -> bool:
+        hook = getattr(self._syncObj, "_caravan_on_send", None)
+        if hook is None or not isinstance(message, dict):
+            return super().send(node, message)
+        return hook(node, message, super().send)
+
+    def raw_send(self, node: Any, message: Any) -> bool:
+        """Send without the hooks (used to release held messages)."""
+        return super().send(node, message)
