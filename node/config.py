@@ -53,6 +53,9 @@ Example (``/etc/caravan/s1.toml``)::
     max_batches = 100000
     max_bytes = "256MiB"
 
+Top-level ``rpc_addr`` / ``raft_addr`` may repeat this server's entry (they
+must then be equal to it); the ``[[server]]`` list stays the one source.
+
 Unknown keys are errors (a misspelt key silently ignored is a setting that
 does not apply). Every error is one line, ``config error: ...``, naming the
 key and what to do; the raft password never appears in one.
@@ -240,6 +243,28 @@ class ServerConfig:
         """The RPC address of the member at ``raft_addr`` (raft names leaders by raft address)."""
         return next((s.rpc_addr for s in self.servers if s.raft_addr == raft_addr), None)
 
+    def raft_config(self, **overrides: Any) -> Any:
+        """The ``raft.config.RaftConfig`` of this server; ``overrides`` are RaftConfig fields.
+
+        The raft adapter validates it (profile names, entry size bounds)
+        when the node starts, with its own one-line errors.
+        """
+        from raft.config import RaftConfig  # the raft adapter pulls in pysyncobj
+
+        settings: dict[str, Any] = {
+            "self_address": self.raft_addr,
+            "peers": [s.raft_addr for s in self.servers],
+            "data_dir": self.data_dir,
+            "password": self.raft_password,
+            "bind_address": self.raft_bind,
+            "fsync": self.fsync,
+        }
+        if self.raft_profile is not None:
+            settings["profile"] = self.raft_profile
+        if self.max_entry_size is not None:
+            settings["max_entry_bytes"] = self.max_entry_size
+        return RaftConfig(**(settings | overrides))
+
     @classmethod
     def load(cls, path: str | Path) -> ServerConfig:
         path = Path(path)
@@ -279,6 +304,8 @@ _TOP_KEYS = (
     "max_entry_size",
     "rpc_max_frame",
     "fsync",
+    "rpc_addr",
+    "raft_addr",
     "rpc_bind",
     "raft_bind",
     "server",
@@ -438,6 +465,12 @@ class _Parser:
         if me is None:
             ids = ", ".join(s.id for s in servers)
             raise ConfigError(f"node_id {node_id!r} is not among the [[server]] ids ({ids}); add an entry for it or fix node_id")
+        for key in ("rpc_addr", "raft_addr"):
+            if key in data and data[key] != getattr(me, key):
+                raise ConfigError(
+                    f"{key} {data[key]!r} differs from the [[server]] entry of {node_id!r} ({getattr(me, key)!r}); "
+                    f"remove {key} (the [[server]] list is enough) or make them equal"
+                )
         log_level = data.get("log_level", "info")
         if not isinstance(log_level, str) or log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
@@ -472,3 +505,8 @@ class _Parser:
             gc=self.gc(data.get("gc", {})),
             journal=self.journal(data.get("journal", {})),
         )
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """``ServerConfig.load``, for callers that want a function (the CLI)."""
+    return ServerConfig.load(path)

@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 import node.config as config_module
 from fsm.journal import Retention
-from node.config import ConfigError, GCConfig, ServerConfig, ServerEntry, parse_duration, parse_size
+from node.config import (
+    ConfigError,
+    GCConfig,
+    ServerConfig,
+    ServerEntry,
+    load_config,
+    parse_duration,
+    parse_size,
+)
 
 PASSWORD = "0123456789abcdef0123"
 
@@ -81,9 +89,9 @@ def test_load_cluster_file_with_defaults(tmp_path: Path) -> None:
 
 def test_docstring_example_is_valid(tmp_path: Path) -> None:
     doc = config_module.__doc__ or ""
-    start = doc.index("    node_id")
-    end = doc.index("Unknown keys")
-    example = "\n".join(line[4:] for line in doc[start:end].splitlines())
+    lines = doc[doc.index("    node_id") :].splitlines()
+    end = next(n for n, line in enumerate(lines) if line and not line.startswith("    "))
+    example = "\n".join(line[4:] for line in lines[:end])
     key = tmp_path / "raft.key"
     key.write_text(PASSWORD + "\n")
     example = example.replace("/etc/caravan/raft.key", str(key))
@@ -121,6 +129,34 @@ def test_all_settings(tmp_path: Path) -> None:
     assert cfg.gc.job_batch == 10
     assert cfg.gc.eval_interval == 300.0  # untouched defaults stay
     assert cfg.journal == Retention(max_batches=10, max_bytes=1 << 20)
+
+
+def test_top_level_addresses_must_repeat_the_own_entry(tmp_path: Path) -> None:
+    same = base() | {"rpc_addr": "10.0.0.1:4647", "raft_addr": "10.0.0.1:4648"}
+    assert ServerConfig.from_dict(same).rpc_addr == "10.0.0.1:4647"
+    message = error_of(base() | {"rpc_addr": "10.0.0.9:4647"})
+    assert "rpc_addr '10.0.0.9:4647' differs from the [[server]] entry of 's1' ('10.0.0.1:4647')" in message
+
+
+def test_load_config_function(tmp_path: Path) -> None:
+    path = tmp_path / "s2.toml"
+    path.write_text(CLUSTER)
+    assert load_config(path) == ServerConfig.load(path)
+
+
+def test_raft_config_bridge(tmp_path: Path) -> None:
+    pytest.importorskip("raft.config")
+    cfg = ServerConfig.from_dict(
+        base() | {"raft_bind": "0.0.0.0:4648", "max_entry_size": 40000, "fsync": False}, base_dir=tmp_path
+    )
+    raft = cfg.raft_config()
+    assert raft.self_address == "10.0.0.1:4648"
+    assert raft.peers == ["10.0.0.1:4648"]
+    assert raft.password == PASSWORD
+    assert raft.bind_address == "0.0.0.0:4648"
+    assert raft.max_entry_bytes == 40000 and raft.fsync is False
+    assert str(raft.data_dir) == "/var/lib/caravan"
+    assert cfg.raft_config(fsync=True).fsync is True
 
 
 def test_password_never_in_repr() -> None:
