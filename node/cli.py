@@ -1,0 +1,572 @@
+"""The ``caravan`` command line.
+
+People get tables; scripts get ``--json`` with Nomad's field names. Every
+failure is one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from node.errors import RPCError
+from node.rpc_client import RPCClient
+
+DEFAULT_ADDRESS = "127.0.0.1:4647"
+
+
+# -- plumbing -----------------------------------------------------------------
+class Ctx:
+    def __init__(self, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()]
+        self.token = token
+        self.as_json = as_json
+        self.stale = stale
+
+    def client(self) -> RPCClient:
+        return RPCClient(self.addresses, token=self.token)
+
+    def call(self, method: str, args: dict[str, Any] | None = None) -> Any:
+        args = dict(args or {})
+        if self.stale:
+            args["stale"] = True
+        with self.client() as client:
+            return client.call(method, args)
+
+    def read(self, method: str, args: dict[str, Any] | None = None) -> Any:
+        return self.call(method, args)["data"]
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+class CaravanGroup(click.Group):
+    """Turns our errors into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from node.cluster import ClusterError
+
+        try:
+            return super().invoke(ctx)
+        except RPCError as exc:
+            fail(exc.message, 2 if exc.code == "not_found" else 1)
+        except ClusterError as exc:
+            fail(str(exc))
+        except (OSError, ValueError) as exc:
+            fail(str(exc))
+
+
+def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--stale", is_flag=True, help="Read from this server's local state (may lag the leader).")(fn)
+    fn = click.option("--json", "as_json", is_flag=True, help="Print JSON with Nomad's field names.")(fn)
+    fn = click.option("--token", envvar="CARAVAN_TOKEN", default=None, help="ACL secret (env CARAVAN_TOKEN).")(fn)
+    fn = click.option(
+        "--address",
+        envvar="CARAVAN_ADDRESS",
+        default=DEFAULT_ADDRESS,
+        show_default=True,
+        help="Server RPC address(es), comma-separated (env CARAVAN_ADDRESS).",
+    )(fn)
+    return fn
+
+
+def make_ctx(address: str, token: str | None, as_json: bool, stale: bool = False) -> Ctx:
+    return Ctx(address, token, as_json, stale)
+
+
+def emit(c: Ctx, data: Any, table: Callable[[Any], str]) -> None:
+    if c.as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        click.echo(table(data))
+
+
+def rows(items: Iterable[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    body = [[_cell(item.get(key)) for _, key in columns] for item in items]
+    if not body:
+        return "No results"
+    return tabulate(body, headers=[h for h, _ in columns], tablefmt="plain")
+
+
+def kv(item: dict[str, Any], fields: list[tuple[str, str]]) -> str:
+    return tabulate([[label, _cell(item.get(key))] for label, key in fields], tablefmt="plain")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def short(ident: str) -> str:
+    return ident[:8]
+
+
+def when(ns: int) -> str:
+    if not ns:
+        return ""
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@click.group(cls=CaravanGroup)
+def main() -> None:
+    """Caravan: a Raft-replicated control plane modeled on Nomad's servers."""
+
+
+# -- servers ------------------------------------------------------------------
+@main.command()
+@click.option("--config", "config_file", required=True, type=click.Path(dir_okay=False), help="Server TOML config.")
+def agent(config_file: str) -> None:
+    """Run one server in the foreground."""
+    from node.config import ConfigError, ServerConfig
+    from node.logs import configure_logging
+    from node.server import run_server
+
+    try:
+        config = ServerConfig.load(config_file)
+    except ConfigError as exc:
+        fail(str(exc))
+    configure_logging(config)
+    sys.exit(run_server(config))
+
+
+@main.command()
+@click.option("--dir", "directory", default=".caravan/dev", show_default=True, help="Where servers keep data and logs.")
+@click.option("--nodes", default=3, show_default=True, type=click.Choice(["1", "3", "5"]), help="Number of servers.")
+def dev(directory: str, nodes: str) -> None:
+    """Run a local cluster in the foreground; Ctrl-C stops every server."""
+    from node import cluster as cl
+
+    c = cl.up(directory, int(nodes))
+    addresses = ",".join(c.rpc_addresses)
+    click.echo(f"Caravan dev cluster: {len(c.nodes)} servers in {c.dir}")
+    click.echo(rows([{"id": n.id, "rpc": n.rpc_addr, "raft": n.raft_addr, "log": n.log_file} for n in c.nodes],
+                    [("Server", "id"), ("RPC", "rpc"), ("Raft", "raft"), ("Log", "log")]))
+    click.echo("\nIn another terminal:")
+    click.echo(f"  export CARAVAN_ADDRESS={addresses}")
+    click.echo("  caravan cluster status --dir " + c.dir)
+    click.echo("  caravan job run examples/batch.json")
+    click.echo("  caravan job status")
+    click.echo("\nPress Ctrl-C to stop.")
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop["now"]:
+            time.sleep(0.2)
+    finally:
+        click.echo("\nStopping servers...")
+        cl.down(cl.Cluster.load(c.dir))
+        click.echo("Stopped.")
+
+
+@main.group()
+def cluster() -> None:
+    """Start, inspect and break a local cluster (fault testing by hand)."""
+
+
+def _dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--dir", "directory", default=".caravan/cluster", show_default=True, help="Cluster directory.")(fn)
+
+
+@cluster.command("up")
+@_dir_option
+@click.option("--nodes", default="3", show_default=True, type=click.Choice(["1", "3", "5"]))
+@click.option("--acl", is_flag=True, help="Bootstrap ACLs and print the management token.")
+def cluster_up(directory: str, nodes: str, acl: bool) -> None:
+    """Start servers in the background and wait for a leader."""
+    from node import cluster as cl
+
+    c = cl.up(directory, int(nodes))
+    addresses = ",".join(c.rpc_addresses)
+    click.echo(f"Started {len(c.nodes)} servers in {c.dir} (state in {Path(c.dir) / cl.CLUSTER_FILE})")
+    click.echo(f"export CARAVAN_ADDRESS={addresses}")
+    if acl:
+        with RPCClient(c.rpc_addresses) as client:
+            token = client.call("acl.bootstrap", {})
+        c.acl = True
+        c.save()
+        click.echo(f"export CARAVAN_TOKEN={token['SecretID']}")
+
+
+@cluster.command("status")
+@_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def cluster_status(directory: str, as_json: bool) -> None:
+    """One row per server: role, term, applied index, health."""
+    from node import cluster as cl
+
+    c = cl.Cluster.load(directory)
+    out = []
+    for node in c.nodes:
+        st = cl.status_of(node.rpc_addr) if cl.alive(node.pid) else None
+        out.append(
+            {
+                "Node": node.id,
+                "Address": node.rpc_addr,
+                "PID": node.pid if cl.alive(node.pid) else 0,
+                "Role": (st or {}).get("Role", "down"),
+                "Term": (st or {}).get("Term", ""),
+                "AppliedIndex": (st or {}).get("AppliedIndex", ""),
+                "Healthy": st is not None,
+            }
+        )
+    c2 = make_ctx("", None, as_json)
+    emit(c2, out, lambda d: rows(d, [(k, k) for k in ("Node", "Address", "PID", "Role", "Term", "AppliedIndex", "Healthy")]))
+
+
+@cluster.command("down")
+@_dir_option
+def cluster_down(directory: str) -> None:
+    """Stop every server (SIGTERM, then SIGKILL after 15 s)."""
+    from node import cluster as cl
+
+    cl.down(cl.Cluster.load(directory))
+    click.echo("Stopped.")
+
+
+@cluster.command("kill")
+@_dir_option
+@click.argument("node")
+def cluster_kill(directory: str, node: str) -> None:
+    """SIGKILL one server (as a crash would)."""
+    from node import cluster as cl
+
+    c = cl.Cluster.load(directory)
+    n = cl.kill(c, node)
+    click.echo(f"Killed {n.id} (pid {n.pid})")
+
+
+@cluster.command("restart")
+@_dir_option
+@click.argument("node")
+def cluster_restart(directory: str, node: str) -> None:
+    """Start a killed server again (or restart a running one)."""
+    from node import cluster as cl
+
+    c = cl.Cluster.load(directory)
+    n = cl.restart(c, node)
+    click.echo(f"Started {n.id} (pid {n.pid})")
+
+
+# -- jobs -----------------------------------------------------------------------
+@main.group()
+def job() -> None:
+    """Register, inspect and stop jobs."""
+
+
+def _read_spec(path: str) -> Any:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+
+
+@job.command("run")
+@click.argument("spec")
+@click.option("--check-index", type=int, default=None, help="Register only if the job's modify index equals this (0: only if new).")
+@client_options
+def job_run(spec: str, check_index: int | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Register a job from a JSON jobspec file (or - for stdin)."""
+    c = make_ctx(address, token, as_json)
+    args: dict[str, Any] = {"job": _read_spec(spec)}
+    if check_index is not None:
+        args["enforce_index"] = check_index
+    out = c.call("job.register", args)
+    if as_json:
+        emit(c, out, str)
+        return
+    if out.get("Warnings"):
+        click.echo("Warnings:\n  " + out["Warnings"].replace("\n", "\n  "))
+    click.echo(f"Job registered at index {out['Index']} (job modify index {out['JobModifyIndex']})")
+    if out.get("EvalID"):
+        click.echo(f"Evaluation ID: {out['EvalID']}")
+
+
+@job.command("status")
+@click.argument("job_id", required=False)
+@client_options
+def job_status(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """List jobs, or show one job with its allocations."""
+    c = make_ctx(address, token, as_json, stale)
+    if job_id is None:
+        jobs = c.read("job.list")
+        emit(c, jobs, lambda d: rows(d, [("ID", "ID"), ("Type", "Type"), ("Priority", "Priority"), ("Status", "Status"), ("Version", "Version")]))
+        return
+    data = c.read("job.get", {"job_id": job_id})
+    if as_json:
+        emit(c, data, str)
+        return
+    click.echo(kv(data, [("ID", "ID"), ("Name", "Name"), ("Type", "Type"), ("Priority", "Priority"), ("Status", "Status"),
+                         ("Version", "Version"), ("Stop", "Stop"), ("Datacenters", "Datacenters"), ("ModifyIndex", "ModifyIndex")]))
+    summary = c.read("job.summary", {"job_id": job_id})
+    groups = [{"Group": g, **s} for g, s in sorted(summary.get("Summary", {}).items())]
+    click.echo("\nSummary")
+    click.echo(rows(groups, [(k, k) for k in ("Group", "Queued", "Starting", "Running", "Failed", "Complete", "Lost")]))
+    allocs = c.read("alloc.list", {"job_id": job_id})
+    click.echo("\nAllocations")
+    click.echo(_alloc_rows(allocs))
+
+
+@job.command("stop")
+@click.argument("job_id")
+@click.option("--purge", is_flag=True, help="Remove the job from state instead of marking it stopped.")
+@client_options
+def job_stop(job_id: str, purge: bool, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Stop a job (its allocations are stopped by the scheduler)."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("job.stop", {"job_id": job_id, "purge": purge})
+    emit(c, out, lambda d: f"Job {job_id} {'purged' if purge else 'stopped'} at index {d['Index']}; evaluation {d.get('EvalID', '')}")
+
+
+@job.command("history")
+@click.argument("job_id")
+@client_options
+def job_history(job_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """The job's kept versions, newest first."""
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("job.versions", {"job_id": job_id})
+    emit(c, data, lambda d: rows(
+        [{**v, "Submitted": when(v.get("SubmitTime", 0))} for v in d["Versions"]],
+        [("Version", "Version"), ("Stop", "Stop"), ("Submitted", "Submitted"), ("JobModifyIndex", "JobModifyIndex")]))
+
+
+# -- evals / allocs / deployments / nodes -----------------------------------
+@main.group("eval")
+def eval_() -> None:
+    """Evaluations."""
+
+
+@eval_.command("list")
+@click.option("--job", "job_id", default=None)
+@client_options
+def eval_list(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("eval.list", {"job_id": job_id} if job_id else {})
+    emit(c, data, lambda d: rows([{**e, "ID": short(e["ID"])} for e in d],
+                                 [("ID", "ID"), ("Priority", "Priority"), ("Triggered By", "TriggeredBy"), ("Job ID", "JobID"), ("Status", "Status")]))
+
+
+@eval_.command("status")
+@click.argument("eval_id")
+@client_options
+def eval_status(eval_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("eval.get", {"eval_id": eval_id})
+    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Status", "Status"), ("Status Description", "StatusDescription"),
+                                    ("Type", "Type"), ("TriggeredBy", "TriggeredBy"), ("Job ID", "JobID"),
+                                    ("Priority", "Priority"), ("Placement Failures", "FailedTGAllocs")]))
+
+
+def _alloc_rows(allocs: list[dict[str, Any]]) -> str:
+    return rows([{**a, "ID": short(a["ID"]), "NodeID": short(a["NodeID"])} for a in allocs],
+                [("ID", "ID"), ("Node ID", "NodeID"), ("Task Group", "TaskGroup"), ("Version", "JobVersion"),
+                 ("Desired", "DesiredStatus"), ("Status", "ClientStatus")])
+
+
+@main.group()
+def alloc() -> None:
+    """Allocations."""
+
+
+@alloc.command("list")
+@click.option("--job", "job_id", default=None)
+@click.option("--node", "node_id", default=None)
+@client_options
+def alloc_list(job_id: str | None, node_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    args = {k: v for k, v in (("job_id", job_id), ("node_id", node_id)) if v}
+    emit(c, c.read("alloc.list", args), _alloc_rows)
+
+
+@alloc.command("status")
+@click.argument("alloc_id")
+@client_options
+def alloc_status(alloc_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("alloc.get", {"alloc_id": alloc_id})
+    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Eval ID", "EvalID"), ("Job ID", "JobID"), ("Node ID", "NodeID"),
+                                    ("Task Group", "TaskGroup"), ("Desired Status", "DesiredStatus"),
+                                    ("Client Status", "ClientStatus"), ("Client Description", "ClientDescription"),
+                                    ("Modify Index", "ModifyIndex")]))
+
+
+@main.group()
+def deployment() -> None:
+    """Deployments."""
+
+
+@deployment.command("list")
+@click.option("--job", "job_id", default=None)
+@client_options
+def deployment_list(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("deployment.list", {"job_id": job_id} if job_id else {})
+    emit(c, data, lambda d: rows([{**x, "ID": short(x["ID"])} for x in d],
+                                 [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status")]))
+
+
+@deployment.command("status")
+@click.argument("deployment_id")
+@client_options
+def deployment_status(deployment_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("deployment.get", {"deployment_id": deployment_id})
+    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status"),
+                                    ("Description", "StatusDescription")]))
+
+
+@main.group()
+def node() -> None:
+    """Client nodes."""
+
+
+@node.command("list")
+@client_options
+def node_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("node.list"), lambda d: rows([{**n, "ID": short(n["ID"])} for n in d],
+                                                [("ID", "ID"), ("DC", "Datacenter"), ("Name", "Name"), ("Class", "NodeClass"),
+                                                 ("Drain", "Drain"), ("Eligibility", "SchedulingEligibility"), ("Status", "Status")]))
+
+
+@node.command("status")
+@click.argument("node_id")
+@client_options
+def node_status(node_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    data = c.read("node.get", {"node_id": node_id})
+    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Name", "Name"), ("Datacenter", "Datacenter"), ("Status", "Status"),
+                                    ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]))
+
+
+# -- ACL ----------------------------------------------------------------------------
+@main.group("acl")
+def acl_group() -> None:
+    """ACL bootstrap and tokens."""
+
+
+def _token_table(d: dict[str, Any]) -> str:
+    return kv(d, [("Accessor ID", "AccessorID"), ("Secret ID", "SecretID"), ("Name", "Name"), ("Type", "Type"),
+                  ("Policies", "Policies"), ("Expires", "ExpirationTime"), ("Create Index", "CreateIndex")])
+
+
+@acl_group.command("bootstrap")
+@client_options
+def acl_bootstrap(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Create the initial management token (once per cluster)."""
+    c = make_ctx(address, token, as_json)
+    emit(c, c.call("acl.bootstrap"), _token_table)
+
+
+@acl_group.group("token")
+def acl_token() -> None:
+    """Manage ACL tokens (management token required)."""
+
+
+@acl_token.command("create")
+@click.option("--name", default="")
+@click.option("--type", "kind", type=click.Choice(["client", "management"]), default="client", show_default=True)
+@click.option("--policy", "policies", multiple=True, type=click.Choice(["read", "write"]))
+@click.option("--ttl", "ttl", type=int, default=0, help="Expire after this many seconds (0: never).")
+@client_options
+def acl_token_create(name: str, kind: str, policies: tuple[str, ...], ttl: int, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json)
+    out = c.call("acl.token.create", {"name": name, "type": kind, "policies": list(policies), "ttl_seconds": ttl})
+    emit(c, out, _token_table)
+
+
+@acl_token.command("list")
+@client_options
+def acl_token_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.token.list"), lambda d: rows(d, [("Name", "Name"), ("Type", "Type"), ("Accessor ID", "AccessorID"), ("Policies", "Policies")]))
+
+
+@acl_token.command("info")
+@click.argument("accessor_id")
+@client_options
+def acl_token_info(accessor_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.token.get", {"accessor_id": accessor_id}), _token_table)
+
+
+@acl_token.command("self")
+@client_options
+def acl_token_self(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.token.self"), _token_table)
+
+
+@acl_token.command("delete")
+@click.argument("accessor_id")
+@client_options
+def acl_token_delete(accessor_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json)
+    out = c.call("acl.token.delete", {"accessor_id": accessor_id})
+    emit(c, out, lambda d: f"Token {accessor_id} deleted at index {d['Index']}")
+
+
+# -- operator / debug --------------------------------------------------------------
+@main.group()
+def operator() -> None:
+    """Cluster operations."""
+
+
+@operator.group()
+def raft() -> None:
+    """Raft peers and leadership."""
+
+
+@raft.command("list-peers")
+@client_options
+def raft_list_peers(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json)
+    emit(c, c.call("operator.raft.peers"), lambda d: rows(d, [("Node", "ID"), ("Raft Address", "RaftAddress"), ("RPC Address", "RPCAddress"), ("Leader", "Leader"), ("Voter", "Voter")]))
+
+
+@raft.command("transfer-leadership")
+@click.option("--to", "target", default=None, help="Server id or address to hand leadership to (default: any).")
+@client_options
+def raft_transfer(target: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json)
+    out = c.call("operator.raft.transfer", {"to": target} if target else {})
+    emit(c, out, lambda d: f"Leadership transferred to {d['Leader']}")
+
+
+@main.group()
+def debug() -> None:
+    """Debugging aids."""
+
+
+@debug.command("digest")
+@client_options
+def debug_digest(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """The state digest and the index it reflects (equal on converged replicas)."""
+    c = make_ctx(address, token, as_json, stale)
+    out = c.call("debug.digest")
+    emit(c, {"digest": out["digest"], "index": out["index"]}, lambda d: f"{d['digest']}  index {d['index']}")
+
+
+if __name__ == "__main__":
+    main()

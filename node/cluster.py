@@ -1,0 +1,243 @@
+"""Local cluster control: start, inspect, kill and restart server processes.
+
+``caravan cluster up`` writes one TOML config per server under DIR, starts
+each as ``caravan agent`` in the background, waits for a leader, and keeps
+``DIR/cluster.json`` current (ids, addresses, pids, data dirs, log files) so
+that later commands — and jepsen_like — can find and kill them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.errors import RPCError
+from node.rpc_client import RPCClient
+
+CLUSTER_FILE = "cluster.json"
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation failed; the message says what to do."""
+
+
+@dataclass
+class ClusterNode:
+    id: str
+    rpc_addr: str
+    raft_addr: str
+    data_dir: str
+    log_file: str
+    config_file: str
+    pid: int = 0
+
+
+@dataclass
+class Cluster:
+    dir: str
+    nodes: list[ClusterNode] = field(default_factory=list)
+    acl: bool = False
+
+    @property
+    def rpc_addresses(self) -> list[str]:
+        return [n.rpc_addr for n in self.nodes]
+
+    def node(self, name: str) -> ClusterNode:
+        for node in self.nodes:
+            if name in (node.id, node.rpc_addr):
+                return node
+        raise ClusterError(f"no server {name!r} in {self.dir}; known: {', '.join(n.id for n in self.nodes)}")
+
+    def save(self) -> None:
+        path = Path(self.dir) / CLUSTER_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"dir": self.dir, "acl": self.acl, "nodes": [asdict(n) for n in self.nodes]}, indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, directory: str) -> Cluster:
+        path = Path(directory) / CLUSTER_FILE
+        if not path.exists():
+            raise ClusterError(f"no cluster in {directory}: run 'caravan cluster up --dir {directory}' first")
+        data = json.loads(path.read_text())
+        return cls(dir=data["dir"], acl=data.get("acl", False), nodes=[ClusterNode(**n) for n in data["nodes"]])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)
+
+
+def render_config(node: ClusterNode, members: list[ClusterNode], password_file: str, extra: str = "") -> str:
+    lines = [
+        f"node_id = {_toml_str(node.id)}",
+        f"data_dir = {_toml_str(node.data_dir)}",
+        f"rpc_addr = {_toml_str(node.rpc_addr)}",
+        f"raft_addr = {_toml_str(node.raft_addr)}",
+        f"raft_password_file = {_toml_str(password_file)}",
+        f"log_file = {_toml_str(node.log_file)}",
+        'log_level = "info"',
+        extra,
+    ]
+    for member in members:
+        lines += [
+            "",
+            "[[server]]",
+            f"id = {_toml_str(member.id)}",
+            f"raft_addr = {_toml_str(member.raft_addr)}",
+            f"rpc_addr = {_toml_str(member.rpc_addr)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plan(directory: str, count: int, hosts: list[str] | None = None, extra_config: str = "") -> Cluster:
+    """Lay out ``count`` servers under ``directory`` with free loopback ports and configs."""
+    if count not in (1, 3, 5):
+        raise ClusterError("--nodes must be 1, 3 or 5 (an odd number keeps a majority through one or two failures)")
+    root = Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    password_file = root / "raft-password"
+    if not password_file.exists():
+        password_file.write_text(secrets.token_urlsafe(24) + "\n")
+        password_file.chmod(0o600)
+    hosts = hosts or ["127.0.0.1"] * count
+    nodes = []
+    for i in range(count):
+        host = hosts[i]
+        name = f"server{i + 1}"
+        nodes.append(
+            ClusterNode(
+                id=name,
+                rpc_addr=f"{host}:{free_port(host)}",
+                raft_addr=f"{host}:{free_port(host)}",
+                data_dir=str(root / name / "data"),
+                log_file=str(root / name / "server.log"),
+                config_file=str(root / name / "server.toml"),
+            )
+        )
+    for node in nodes:
+        Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(node.config_file).write_text(render_config(node, nodes, str(password_file), extra_config))
+    return Cluster(dir=str(root), nodes=nodes)
+
+
+def start_node(node: ClusterNode) -> int:
+    """Start one server in the background (its own session, so Ctrl-C of the CLI spares it)."""
+    out = open(Path(node.log_file).with_suffix(".out"), "ab")  # noqa: SIM115 — handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "agent", "--config", node.config_file],
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    out.close()
+    node.pid = proc.pid
+    return proc.pid
+
+
+def alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as dead
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def status_of(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    try:
+        with RPCClient([address], timeout=timeout) as client:
+            return client.call("status", {})
+    except (RPCError, OSError):
+        return None
+
+
+def wait_for_leader(addresses: list[str], timeout: float = 30.0) -> dict[str, Any]:
+    """Poll status until a server reports a leader every asked server agrees on."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        for address in addresses:
+            last = status_of(address) or last
+            if last and last.get("Leader"):
+                leader = status_of(last["Leader"])
+                if leader and leader.get("Role") == "leader":
+                    return leader
+        time.sleep(0.1)
+    raise ClusterError(f"no leader elected within {timeout:g}s; check the server logs in the cluster directory")
+
+
+def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float = 30.0) -> Cluster:
+    path = Path(directory) / CLUSTER_FILE
+    if path.exists():
+        existing = Cluster.load(directory)
+        if any(alive(n.pid) for n in existing.nodes):
+            raise ClusterError(f"a cluster is already running in {directory}: 'caravan cluster down --dir {directory}' first")
+    cluster = plan(directory, count, extra_config=extra_config)
+    for node in cluster.nodes:
+        start_node(node)
+    cluster.save()
+    wait_for_leader(cluster.rpc_addresses, timeout)
+    return cluster
+
+
+def kill(cluster: Cluster, name: str, sig: int = signal.SIGKILL) -> ClusterNode:
+    node = cluster.node(name)
+    if alive(node.pid):
+        os.kill(node.pid, sig)
+        wait_dead(node.pid, 10.0)
+    return node
+
+
+def wait_dead(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"process {pid} did not exit within {timeout:g}s")
+        time.sleep(0.02)
+
+
+def restart(cluster: Cluster, name: str) -> ClusterNode:
+    node = cluster.node(name)
+    if alive(node.pid):
+        kill(cluster, name, signal.SIGTERM)
+    start_node(node)
+    cluster.save()
+    return node
+
+
+def down(cluster: Cluster, timeout: float = 15.0) -> None:
+    for node in cluster.nodes:
+        if alive(node.pid):
+            os.kill(node.pid, signal.SIGTERM)
+    for node in cluster.nodes:
+        try:
+            wait_dead(node.pid, timeout)
+        except ClusterError:
+            os.kill(node.pid, signal.SIGKILL)
+            wait_dead(node.pid, 5.0)
+        node.pid = 0
+    cluster.save()

@@ -1,0 +1,96 @@
+"""Nomad's API JSON shapes (PascalCase field names) for our records.
+
+Users bring jobspecs in the shape of Nomad's ``/v1/jobs`` API and scripts read
+``--json`` output with Nomad's field names (ID, Status, ClientStatus,
+ModifyIndex, ...). Conversion is by field name with a table of Nomad's
+irregular spellings, so a new struct field needs no code here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsm import codec
+
+# snake_case names whose Nomad spelling is not plain PascalCase.
+_SPECIAL = {
+    "id": "ID",
+    "job_id": "JobID",
+    "eval_id": "EvalID",
+    "node_id": "NodeID",
+    "deployment_id": "DeploymentID",
+    "accessor_id": "AccessorID",
+    "secret_id": "SecretID",
+    "cpu": "CPU",
+    "memory_mb": "MemoryMB",
+    "disk_mb": "DiskMB",
+    "l_target": "LTarget",
+    "r_target": "RTarget",
+    "prev_alloc_id": "PrevAllocID",
+    "prev_node_id": "PrevNodeID",
+    "followup_eval_id": "FollowupEvalID",
+    "global_": "Global",
+    "parameterized": "ParameterizedJob",
+    "failed_tg_allocs": "FailedTGAllocs",
+    "reschedule_policy": "ReschedulePolicy",
+    "node_class": "NodeClass",
+}
+_REVERSE = {v: k for k, v in _SPECIAL.items()}
+
+# Maps whose keys are user data (group names, meta keys), not field names.
+_DATA_MAPS = {
+    "meta",
+    "config",
+    "attributes",
+    "task_states",
+    "summary",
+    "queued_allocations",
+    "failed_tg_allocs",
+    "task_groups_deployment",
+}
+
+
+def pascal(name: str) -> str:
+    special = _SPECIAL.get(name)
+    if special is not None:
+        return special
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def snake(name: str) -> str:
+    special = _REVERSE.get(name)
+    if special is not None:
+        return special
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i and (not name[i - 1].isupper() or (i + 1 < len(name) and name[i + 1].islower())):
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+def to_nomad(obj: Any, _data_map: bool = False) -> Any:
+    """A record (dataclass or wire map) in Nomad's JSON shape."""
+    obj = codec.to_wire(obj)
+    if isinstance(obj, list):
+        return [to_nomad(v) for v in obj]
+    if isinstance(obj, dict):
+        if _data_map:
+            return {k: to_nomad(v) for k, v in obj.items()}
+        return {pascal(k): to_nomad(v, k in _DATA_MAPS or k == "task_groups" and isinstance(v, dict)) for k, v in obj.items()}
+    return obj
+
+
+def from_nomad(obj: Any, _data_map: bool = False) -> Any:
+    """Nomad JSON back to our wire shape (strict decoding happens afterwards)."""
+    if isinstance(obj, list):
+        return [from_nomad(v) for v in obj]
+    if isinstance(obj, dict):
+        if _data_map:
+            return {k: from_nomad(v) for k, v in obj.items()}
+        out = {}
+        for k, v in obj.items():
+            name = snake(k)
+            out[name] = from_nomad(v, name in _DATA_MAPS)
+        return out
+    return obj

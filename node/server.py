@@ -1,0 +1,347 @@
+"""One Caravan server process: FSM + raft + RPC, and the leader's loops.
+
+Threads: pysyncobj's tick thread applies entries (and commits one LMDB
+transaction per tick); an asyncio loop serves RPCs; blocking work (reads,
+digests) runs in a thread pool. Writes are forwarded to the leader, which
+stamps them with its wall clock and the client's request id and puts them
+on the log; reads are linearizable (leader + barrier) unless ``stale``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from fsm.machine import FSM, ApplyResult
+from fsm.messages import encode_entry
+from fsm.store import StateReader
+from node import acl
+from node.acl import Need
+from node.config import ServerConfig
+from node.endpoints import METHODS
+from node.errors import (
+    BAD_REQUEST,
+    NO_LEADER,
+    TIMEOUT,
+    UNAVAILABLE,
+    UNKNOWN_OUTCOME,
+    RPCError,
+)
+from node.rpc_client import AsyncRPCClient
+from node.rpc_server import RequestContext, RPCServer
+from raft import errors as raft_errors
+from raft.node import RaftNode
+
+WRITE_TIMEOUT = 10.0
+READ_WAIT_MAX = 300.0
+FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
+
+
+@dataclass
+class Member:
+    node_id: str
+    raft_addr: str
+    rpc_addr: str
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.log = structlog.get_logger("caravan.server").bind(node_id=config.node_id)
+        self.members = [Member(s.id, s.raft_addr, s.rpc_addr) for s in config.servers]
+        self.rpc_of_raft = {m.raft_addr: m.rpc_addr for m in self.members}
+        data = Path(config.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        self.fsm = FSM(str(data / "state"), retention=config.journal)
+        self.rpc = RPCServer(config.rpc_bind, max_frame=config.rpc_max_frame, log=self.log)
+        for name, fn in METHODS.items():
+            self.rpc.register(name, self._handler(name, fn))
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.raft: RaftNode
+        self.forwarder = AsyncRPCClient(timeout=WRITE_TIMEOUT)
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="caravan-read")
+        self._applied_event: asyncio.Event | None = None
+        self._heartbeats: dict[str, float] = {}
+        self._leader_tasks: list[asyncio.Task[Any]] = []
+        self._stopping = threading.Event()
+
+    # -- wiring -------------------------------------------------------------------
+    def _handler(self, name: str, fn: Callable[..., Any]) -> Callable[[RequestContext, dict[str, Any]], Any]:
+        """Wrap an endpoint so that a ``_Forward`` re-sends the request to the leader.
+
+        The follower passes the client's request id and token through, so the
+        leader's answer (and its idempotency) is exactly what the client would
+        have got from the leader directly. A request that arrives already
+        forwarded and still finds no leader here gets ``not_leader``.
+        """
+
+        async def handler(ctx: RequestContext, args: dict[str, Any]) -> Any:
+            try:
+                return await fn(self, ctx, args)
+            except _Forward as fwd:
+                if fwd.leader is None:
+                    raise RPCError(NO_LEADER, "no raft leader is known yet; retry in a moment") from None
+                if args.get(FORWARDED) or fwd.leader == self.rpc.address:
+                    raise RPCError.not_leader(fwd.leader) from None
+                return await self.forwarder.call(
+                    name, {**args, FORWARDED: True}, request_id=ctx.request_id, token=ctx.token, address=fwd.leader
+                )
+
+        return handler
+
+    async def serve(self) -> None:
+        """Run until SIGTERM/SIGINT."""
+        self.loop = asyncio.get_running_loop()
+        self.loop.set_default_executor(self.executor)
+        self._applied_event = asyncio.Event()
+        self.fsm.on_commit(self._on_commit)
+        self.raft = RaftNode(self.config.raft_config(data_dir=str(Path(self.config.data_dir) / "raft")), self.fsm, on_leadership=self._on_leadership)
+        address = await self.rpc.start()
+        self.log.info("server started", rpc=address, raft=self.config.raft_addr)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        self.log.info("server stopping")
+        self._stopping.set()
+        for task in self._leader_tasks:
+            task.cancel()
+        await self.rpc.close()
+        await self.forwarder.close()
+        self.raft.destroy()
+        self.fsm.close()
+
+    # -- events from the tick thread ----------------------------------------------
+    def _on_commit(self, applied_index: int) -> None:
+        loop, event = self.loop, self._applied_event
+        if loop is not None and event is not None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:
+                pass
+
+    def _on_leadership(self, is_leader: bool) -> None:
+        self.log.info("leadership changed", leader=is_leader)
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._leadership_changed, is_leader)
+            except RuntimeError:
+                pass
+
+    def _leadership_changed(self, is_leader: bool) -> None:
+        for task in self._leader_tasks:
+            task.cancel()
+        self._leader_tasks = []
+        if is_leader:
+            self._heartbeats.clear()
+
+    def heartbeat(self, node_id: str) -> None:
+        self._heartbeats[node_id] = time.monotonic()
+
+    # -- status ---------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        raft = self.raft.status()
+        leader_raft = raft.get("leader")
+        servers = []
+        for member in self.members:
+            servers.append(
+                {
+                    "ID": member.node_id,
+                    "RaftAddress": member.raft_addr,
+                    "RPCAddress": member.rpc_addr,
+                    "Leader": member.raft_addr == leader_raft,
+                    "Voter": True,
+                }
+            )
+        return {
+            "NodeID": self.config.node_id,
+            "Role": raft.get("role"),
+            "Term": raft.get("term"),
+            "Leader": self.rpc_of_raft.get(leader_raft or "", ""),
+            "LeaderRaft": leader_raft or "",
+            "CommitIndex": raft.get("commit_index", 0),
+            "AppliedIndex": self.fsm.applied_index,
+            "servers": servers,
+        }
+
+    def leader_rpc(self) -> str | None:
+        leader = self.raft.leader_address
+        return self.rpc_of_raft.get(leader) if leader else None
+
+    # -- auth ---------------------------------------------------------------------------
+    async def local(self, fn: Callable[[StateReader], Any]) -> Any:
+        """Run ``fn`` on this server's committed state, off the loop."""
+
+        def run() -> Any:
+            with self.fsm.read() as reader:
+                return fn(reader)
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+
+    async def authorize(self, ctx: RequestContext, need: Need) -> None:
+        now = time.time_ns()
+        await self.local(lambda r: acl.authorize(r, ctx.token, need, now))
+
+    # -- writes -------------------------------------------------------------------------
+    async def write(self, ctx: RequestContext, need: Need, body: Any) -> dict[str, Any]:
+        """Put ``body`` on the log through the leader; returns {index, value, duplicate}.
+
+        A follower forwards the whole request (same request id and token), so
+        the leader validates and stamps it, and a retry of a request that
+        already committed returns the first result (the FSM remembers ids).
+        """
+        await self.authorize(ctx, need)
+        if not self.raft.is_leader:
+            raise _Forward(self.leader_rpc())
+        entry = encode_entry(body, time=time.time_ns(), rid=ctx.request_id)
+        result, index = await self._submit(entry)
+        if not result.ok:
+            raise RPCError(result.code or BAD_REQUEST, result.error)
+        return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
+
+    async def _submit(self, entry: bytes) -> tuple[ApplyResult, int]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[Any, Any]] = loop.create_future()
+
+        def done(result: Any, index: Any, error: Any) -> None:
+            def settle() -> None:
+                if not future.done():
+                    future.set_result(((result, index), error))
+
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass
+
+        try:
+            self.raft.submit(entry, done)
+        except raft_errors.NotLeaderError as exc:
+            raise RPCError.not_leader(self.rpc_of_raft.get(exc.leader_address or "")) from None
+        except raft_errors.EntryTooLargeError as exc:
+            raise RPCError(BAD_REQUEST, str(exc)) from None
+        except raft_errors.RaftError as exc:
+            raise RPCError(UNAVAILABLE, str(exc)) from None
+        try:
+            result, error = await asyncio.wait_for(asyncio.shield(future), WRITE_TIMEOUT)
+        except TimeoutError:
+            raise RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id") from None
+        if error is not None:
+            if isinstance(error, raft_errors.OverloadedError):
+                raise RPCError(UNAVAILABLE, str(error))
+            if isinstance(error, raft_errors.NotLeaderError):
+                raise RPCError(UNKNOWN_OUTCOME, "leadership changed while the write was in flight; retry with the same request id")
+            raise RPCError(UNKNOWN_OUTCOME, f"write outcome unknown ({error}); retry with the same request id")
+        return result
+
+    # -- reads ----------------------------------------------------------------------------
+    async def linearize(self, ctx: RequestContext) -> None:
+        """Make a following local read linearizable: be the leader and pass a barrier."""
+        if not self.raft.is_leader:
+            raise _Forward(self.leader_rpc())
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.executor, self.raft.barrier, WRITE_TIMEOUT)
+        except raft_errors.NotLeaderError:
+            raise _Forward(self.leader_rpc()) from None
+        except raft_errors.RaftError as exc:
+            raise RPCError(TIMEOUT, f"could not confirm leadership for a consistent read ({exc}); retry or use stale") from None
+
+    async def read(
+        self,
+        ctx: RequestContext,
+        args: dict[str, Any],
+        tables: tuple[str, ...],
+        fn: Callable[[StateReader], Any],
+        *,
+        need: Need = Need.READ,
+    ) -> dict[str, Any]:
+        """{"index": N, "data": fn(state)} — linearizable, stale, and/or blocking."""
+        await self.authorize(ctx, need)
+        stale = bool(args.get("stale"))
+        if not stale:
+            await self.linearize(ctx)
+        min_index = args.get("min_index") or 0
+        wait = min(float(args.get("wait") or 0), READ_WAIT_MAX)
+        if min_index and wait > 0:
+            await self._wait_tables(tables, int(min_index), wait)
+
+        def run(reader: StateReader) -> dict[str, Any]:
+            index = max([reader.table_index(t) for t in tables] + [1])
+            return {"index": index, "applied_index": reader.applied_index, "data": fn(reader)}
+
+        return await self.local(run)
+
+    async def _wait_tables(self, tables: tuple[str, ...], min_index: int, wait: float) -> None:
+        """Blocking query: return once any of ``tables`` moves past ``min_index``, or at the deadline."""
+        deadline = time.monotonic() + wait
+        event = self._applied_event
+        assert event is not None
+        while True:
+            index = await self.local(lambda r: max(r.table_index(t) for t in tables))
+            remaining = deadline - time.monotonic()
+            if index > min_index or remaining <= 0:
+                return
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def fsm_digest(self) -> tuple[str, int]:
+        with self.fsm.read() as reader:
+            return reader.digest(), reader.applied_index
+
+    async def transfer_leadership(self, ctx: RequestContext, target: str | None) -> dict[str, Any]:
+        if not self.raft.is_leader:
+            raise _Forward(self.leader_rpc())
+        raft_target = None
+        if target:
+            for member in self.members:
+                if target in (member.node_id, member.rpc_addr, member.raft_addr):
+                    raft_target = member.raft_addr
+            if raft_target is None:
+                raise RPCError(BAD_REQUEST, f"unknown server {target!r}; see 'caravan operator raft list-peers'")
+        if raft_target is None:
+            others = [m.raft_addr for m in self.members if m.raft_addr != self.config.raft_addr]
+            status = self.raft.status()
+            match = {p["address"]: p.get("match_index") or 0 for p in status["peers"]}
+            raft_target = max(others, key=lambda a: match.get(a, 0))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.executor, self.raft.transfer_leadership, raft_target, WRITE_TIMEOUT)
+        except raft_errors.RaftError as exc:
+            raise RPCError(UNAVAILABLE, f"leadership transfer failed: {exc}") from None
+        return {"Leader": self.rpc_of_raft.get(raft_target, raft_target)}
+
+
+class _Forward(Exception):
+    """Raised inside a handler to send the whole request to the leader instead."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(leader)
+        self.leader = leader
+
+
+def run_server(config: ServerConfig) -> int:
+    """Entry point of ``caravan agent``: run until a signal; return the exit code."""
+    server = Server(config)
+    try:
+        asyncio.run(server.serve())
+    except OSError as exc:
+        print(f"caravan agent: cannot start: {exc}", flush=True)
+        return 1
+    return 0
+
+
