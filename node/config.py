@@ -110,7 +110,7 @@ def parse_duration(text: str) -> float:
     unit. Raises ValueError with the reason.
     """
     if not isinstance(text, str):
-        raise ValueError(f"expected a duration string like \"5m\", got {text!r}")
+        raise ValueError(f'expected a duration string like "5m", got {text!r}')
     rest = text
     sign = 1.0
     if rest[:1] in ("+", "-"):
@@ -119,13 +119,13 @@ def parse_duration(text: str) -> float:
     if rest == "0":
         return 0.0
     if not rest:
-        raise ValueError(f"invalid duration {text!r}: expected a number and a unit, like \"5m\"")
+        raise ValueError(f'invalid duration {text!r}: expected a number and a unit, like "5m"')
     total = 0.0
     pos = 0
     while pos < len(rest):
         match = _DURATION_PART.match(rest, pos)
         if match is None:
-            raise ValueError(f"invalid duration {text!r}: expected number+unit pairs like \"1h30m\"")
+            raise ValueError(f'invalid duration {text!r}: expected number+unit pairs like "1h30m"')
         number, unit = match.groups()
         if unit not in _DURATION_UNITS:
             units = ", ".join(u for u in _DURATION_UNITS if u.isascii())
@@ -152,14 +152,14 @@ _SIZE_UNITS = {
 def parse_size(value: int | str) -> int:
     """Bytes from an integer or a string like "48KiB", "4MiB", "1GB". Raises ValueError."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a size like \"4MiB\" or a number of bytes, got {value!r}")
+        raise ValueError(f'expected a size like "4MiB" or a number of bytes, got {value!r}')
     if isinstance(value, int):
         return value
     if isinstance(value, str):
         match = _SIZE.match(value)
         if match:
             return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
-    raise ValueError(f"expected a size like \"4MiB\" or a number of bytes, got {value!r}")
+    raise ValueError(f'expected a size like "4MiB" or a number of bytes, got {value!r}')
 
 
 # ---- records -------------------------------------------------------------------
@@ -271,7 +271,9 @@ class ServerConfig:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}; pass the path of the server's TOML config") from None
+            raise ConfigError(
+                f"cannot read {path}: {exc.strerror or exc}; pass the path of the server's TOML config"
+            ) from None
         try:
             return cls.loads(text, base_dir=path.parent)
         except ConfigError as exc:
@@ -339,7 +341,9 @@ class _Parser:
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from None
         if port == 0:
-            raise ConfigError(f"{name}: port 0 is not a fixed address; give the port other servers dial")
+            raise ConfigError(
+                f"{name}: port 0 is not a fixed address; give the port other servers dial"
+            )
         return value
 
     def size(self, value: Any, name: str) -> int:
@@ -358,7 +362,7 @@ class _Parser:
 
     def duration(self, value: Any, name: str, *, allow_zero: bool) -> float:
         if not isinstance(value, str):
-            raise ConfigError(f"{name} must be a duration string like \"5m\", not {value!r}")
+            raise ConfigError(f'{name} must be a duration string like "5m", not {value!r}')
         try:
             seconds = parse_duration(value)
         except ValueError as exc:
@@ -370,7 +374,9 @@ class _Parser:
 
     def servers(self, value: Any) -> tuple[ServerEntry, ...]:
         if not isinstance(value, list) or not value:
-            raise ConfigError("no [[server]] entries; list every cluster member (this one included) as a [[server]] table")
+            raise ConfigError(
+                "no [[server]] entries; list every cluster member (this one included) as a [[server]] table"
+            )
         entries: list[ServerEntry] = []
         for n, table in enumerate(value, 1):
             where = f"[[server]] #{n}"
@@ -379,10 +385,14 @@ class _Parser:
             _check_keys(table, _SERVER_KEYS, f" in {where}")
             for key in _SERVER_KEYS:
                 if key not in table:
-                    raise ConfigError(f"{where} has no {key}; every [[server]] needs id, rpc_addr and raft_addr")
+                    raise ConfigError(
+                        f"{where} has no {key}; every [[server]] needs id, rpc_addr and raft_addr"
+                    )
             server_id = table["id"]
             if not isinstance(server_id, str) or not _NODE_ID.match(server_id):
-                raise ConfigError(f"{where}: id {server_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
+                raise ConfigError(
+                    f"{where}: id {server_id!r} must be 1-64 letters, digits, '.', '_' or '-'"
+                )
             entries.append(
                 ServerEntry(
                     id=server_id,
@@ -395,7 +405,9 @@ class _Parser:
             for entry in entries:
                 value = getattr(entry, key)
                 if value in seen:
-                    raise ConfigError(f"two [[server]] entries share {key} {value!r}; each member needs its own")
+                    raise ConfigError(
+                        f"two [[server]] entries share {key} {value!r}; each member needs its own"
+                    )
                 seen.add(value)
         return tuple(entries)
 
@@ -410,7 +422,11 @@ class _Parser:
             try:
                 secret = path.read_text(encoding="utf-8").strip()
             except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+                reason = (
+                    exc.strerror
+                    if isinstance(exc, OSError) and exc.strerror
+                    else type(exc).__name__
+                )
                 raise ConfigError(f"cannot read raft_password_file {path}: {reason}") from None
             source = f"raft_password_file {path}"
         else:
@@ -454,7 +470,9 @@ class _Parser:
         _check_keys(data, _TOP_KEYS, "")
         node_id = data.get("node_id")
         if node_id is None:
-            raise ConfigError("node_id is required; set it to this server's id in the [[server]] list")
+            raise ConfigError(
+                "node_id is required; set it to this server's id in the [[server]] list"
+            )
         if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
             raise ConfigError(f"node_id {node_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
         if "data_dir" not in data:
@@ -464,7 +482,9 @@ class _Parser:
         me = next((s for s in servers if s.id == node_id), None)
         if me is None:
             ids = ", ".join(s.id for s in servers)
-            raise ConfigError(f"node_id {node_id!r} is not among the [[server]] ids ({ids}); add an entry for it or fix node_id")
+            raise ConfigError(
+                f"node_id {node_id!r} is not among the [[server]] ids ({ids}); add an entry for it or fix node_id"
+            )
         for key in ("rpc_addr", "raft_addr"):
             if key in data and data[key] != getattr(me, key):
                 raise ConfigError(
@@ -496,7 +516,9 @@ class _Parser:
             raft_password=self.password(data),
             rpc_bind=self.address(data.get("rpc_bind", me.rpc_addr), "rpc_bind"),
             raft_bind=self.address(data.get("raft_bind", me.raft_addr), "raft_bind"),
-            log_file=self.path(data["log_file"], "log_file") if "log_file" in data else data_dir / "server.log",
+            log_file=self.path(data["log_file"], "log_file")
+            if "log_file" in data
+            else data_dir / "server.log",
             log_level=log_level.lower(),
             raft_profile=raft_profile,
             max_entry_size=max_entry_size,

@@ -100,8 +100,14 @@ class RPCError(Exception):
     @classmethod
     def not_leader(cls, leader: str | None) -> RPCError:
         if leader:
-            return cls(NOT_LEADER, f"this server is not the leader; send the request to {leader}", leader=leader)
-        return cls(NOT_LEADER, "this server is not the leader; retry on another server", leader=None)
+            return cls(
+                NOT_LEADER,
+                f"this server is not the leader; send the request to {leader}",
+                leader=leader,
+            )
+        return cls(
+            NOT_LEADER, "this server is not the leader; retry on another server", leader=None
+        )
 
     @classmethod
     def reset_required(cls, requested: int, oldest_index: int) -> RPCError:

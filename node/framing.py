@@ -43,7 +43,9 @@ def parse_address(address: str) -> tuple[str, int]:
         if not sep:
             raise ValueError(f"invalid address {address!r}: missing :port")
         if ":" in host:
-            raise ValueError(f"invalid address {address!r}: put IPv6 hosts in brackets, e.g. [::1]:4647")
+            raise ValueError(
+                f"invalid address {address!r}: put IPv6 hosts in brackets, e.g. [::1]:4647"
+            )
     if not host:
         raise ValueError(f"invalid address {address!r}: missing host")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
@@ -81,7 +83,10 @@ def unpack_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise RPCError(MALFORMED, f"frame is not valid msgpack ({type(exc).__name__}); send one msgpack map per frame") from None
+        raise RPCError(
+            MALFORMED,
+            f"frame is not valid msgpack ({type(exc).__name__}); send one msgpack map per frame",
+        ) from None
 
 
 def _check_length(header: bytes, max_frame: int) -> int:

@@ -74,7 +74,9 @@ def _addresses(addresses: Sequence[str] | str) -> list[str]:
     return found
 
 
-def _request(request_id: str, method: str, args: dict[str, Any] | None, token: str | None) -> dict[str, Any]:
+def _request(
+    request_id: str, method: str, args: dict[str, Any] | None, token: str | None
+) -> dict[str, Any]:
     return {"id": request_id, "method": method, "args": args or {}, "token": token}
 
 
@@ -82,9 +84,15 @@ def _response(body: bytes) -> dict[str, Any]:
     try:
         message = unpack_body(body)
     except RPCError:
-        raise RPCError(INTERNAL, "server sent a frame that is not valid msgpack; check server and client versions") from None
+        raise RPCError(
+            INTERNAL,
+            "server sent a frame that is not valid msgpack; check server and client versions",
+        ) from None
     if not isinstance(message, dict) or "id" not in message:
-        raise RPCError(INTERNAL, "server sent a response that is not a map with an id; check server and client versions")
+        raise RPCError(
+            INTERNAL,
+            "server sent a response that is not a map with an id; check server and client versions",
+        )
     return message
 
 
@@ -185,7 +193,10 @@ class _Attempt:
             )
         if self.last_error is not None:
             return self.last_error
-        tried = "; ".join(f"{addr}: {why}" for addr, why in self.failures.items()) or "no attempt in time"
+        tried = (
+            "; ".join(f"{addr}: {why}" for addr, why in self.failures.items())
+            or "no attempt in time"
+        )
         return RPCError(
             UNAVAILABLE,
             f"could not reach any server within {self.timeout:g}s ({tried}); check that the servers are "
@@ -205,7 +216,9 @@ def _still_open(sock: socket.socket) -> bool:
     try:
         sock.setblocking(False)
         try:
-            return sock.recv(1, socket.MSG_PEEK) != b""  # b"": the peer closed; data: a stale answer, still open
+            return (
+                sock.recv(1, socket.MSG_PEEK) != b""
+            )  # b"": the peer closed; data: a stale answer, still open
         finally:
             sock.setblocking(True)
     except BlockingIOError:
@@ -294,11 +307,16 @@ class RPCClient:
         instead of a resend. Pass ``request_id`` to retry an earlier call.
         """
         attempt = _Attempt(
-            method, request_id or new_request_id(), idempotent,
-            self.timeout if timeout is None else timeout, self._order(),
+            method,
+            request_id or new_request_id(),
+            idempotent,
+            self.timeout if timeout is None else timeout,
+            self._order(),
         )
         frame = pack_frame(
-            _request(attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token),
+            _request(
+                attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token
+            ),
             self.max_frame,
             "request",
         )
@@ -329,7 +347,9 @@ class RPCClient:
         detected here, before sending: otherwise a non-idempotent call would
         report ``unknown_outcome`` for a request no server ever saw.
         """
-        if self._sock is not None and (self._sock_address != address or not _still_open(self._sock)):
+        if self._sock is not None and (
+            self._sock_address != address or not _still_open(self._sock)
+        ):
             self._drop()
         if self._sock is None:
             self._sock = self._open(address, timeout)
@@ -349,7 +369,10 @@ class RPCClient:
                 continue  # a late answer to an earlier call on this connection
             if "stream" in message:
                 self._drop()
-                raise RPCError(BAD_REQUEST, f"{attempt.method} streams its result; use stream() instead of call()")
+                raise RPCError(
+                    BAD_REQUEST,
+                    f"{attempt.method} streams its result; use stream() instead of call()",
+                )
             if message["id"] is None and message.get("ok") is not True:
                 self._drop()  # the server could not tell which request failed: framing-level trouble
             return _outcome(message)
@@ -368,8 +391,12 @@ class RPCClient:
         timeout; ``math.inf`` waits forever).
         """
         idle = self.timeout if idle_timeout is None else idle_timeout
-        attempt = _Attempt(method, request_id or new_request_id(), True, self.timeout, self._order())
-        frame = pack_frame(_request(attempt.request_id, method, args, self.token), self.max_frame, "request")
+        attempt = _Attempt(
+            method, request_id or new_request_id(), True, self.timeout, self._order()
+        )
+        frame = pack_frame(
+            _request(attempt.request_id, method, args, self.token), self.max_frame, "request"
+        )
         sock = None
         while sock is None:
             if attempt.remaining() <= 0:
@@ -405,7 +432,13 @@ class RPCClient:
 class _AsyncConnection:
     """One pipelined connection: many requests in flight, answers matched by id."""
 
-    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int) -> None:
+    def __init__(
+        self,
+        address: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_frame: int,
+    ) -> None:
         self.address = address
         self.reader = reader
         self.writer = writer
@@ -424,7 +457,9 @@ class _AsyncConnection:
                 message = _response(body)
                 if "stream" in message:
                     continue  # streams have connections of their own
-                for future in self.pending.pop(message["id"], []) if message["id"] is not None else []:
+                for future in (
+                    self.pending.pop(message["id"], []) if message["id"] is not None else []
+                ):
                     if not future.done():
                         future.set_result(message)
         except (OSError, ConnectionError, RPCError) as exc:
@@ -458,7 +493,9 @@ class _AsyncConnection:
         self.writer.close()
 
 
-async def _open_stream(address: str, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open_stream(
+    address: str, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = parse_address(address)
     return await asyncio.wait_for(asyncio.open_connection(host, port), max(timeout, 0.001))
 
@@ -541,11 +578,16 @@ class AsyncRPCClient:
     ) -> Any:
         """As ``RPCClient.call``; ``address`` pins the call to one server (plus any leader it names)."""
         attempt = _Attempt(
-            method, request_id or new_request_id(), idempotent,
-            self.timeout if timeout is None else timeout, self._order(address),
+            method,
+            request_id or new_request_id(),
+            idempotent,
+            self.timeout if timeout is None else timeout,
+            self._order(address),
         )
         frame = pack_frame(
-            _request(attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token),
+            _request(
+                attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token
+            ),
             self.max_frame,
             "request",
         )
@@ -557,13 +599,18 @@ class AsyncRPCClient:
                 attempt.connect_failed(exc)
             else:
                 try:
-                    result = _outcome(await conn.request(attempt.request_id, frame, attempt.remaining()))
+                    result = _outcome(
+                        await conn.request(attempt.request_id, frame, attempt.remaining())
+                    )
                     if address is None and target in self.addresses:
                         self._preferred = self.addresses.index(target)
                     return result
                 except RPCError as err:
                     attempt.answered(err)
-                except (OSError, ConnectionError) as exc:  # TimeoutError included: the deadline passed
+                except (
+                    OSError,
+                    ConnectionError,
+                ) as exc:  # TimeoutError included: the deadline passed
                     attempt.lost(exc)
             await asyncio.sleep(attempt.pause())
         raise attempt.give_up()
@@ -580,9 +627,13 @@ class AsyncRPCClient:
     ) -> AsyncIterator[Any]:
         """As ``RPCClient.stream``; an async generator on a connection of its own."""
         idle = self.timeout if idle_timeout is None else idle_timeout
-        attempt = _Attempt(method, request_id or new_request_id(), True, self.timeout, self._order(address))
+        attempt = _Attempt(
+            method, request_id or new_request_id(), True, self.timeout, self._order(address)
+        )
         frame = pack_frame(
-            _request(attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token),
+            _request(
+                attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token
+            ),
             self.max_frame,
             "request",
         )

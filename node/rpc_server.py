@@ -95,18 +95,24 @@ class Completion:
         else:
             self._future.set_result(value)
 
-    async def wait(self, timeout: float | None = None, *, on_timeout: RPCError | None = None) -> Any:
+    async def wait(
+        self, timeout: float | None = None, *, on_timeout: RPCError | None = None
+    ) -> Any:
         """The value (or raised exception); ``on_timeout`` (default: a ``timeout`` error) after ``timeout`` s."""
         return await _wait(self._future, timeout, on_timeout)
 
 
-async def _wait(future: asyncio.Future[Any], timeout: float | None, on_timeout: RPCError | None) -> Any:
+async def _wait(
+    future: asyncio.Future[Any], timeout: float | None, on_timeout: RPCError | None
+) -> Any:
     # shield: a caller that gives up must not cancel the source, whose
     # producer on another thread would then fail when it sets the result.
     try:
         return await asyncio.wait_for(asyncio.shield(future), timeout)
     except TimeoutError:
-        raise on_timeout or RPCError(TIMEOUT, f"no result within {timeout:g}s; retry later") from None
+        raise on_timeout or RPCError(
+            TIMEOUT, f"no result within {timeout:g}s; retry later"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -199,7 +205,9 @@ def _parse_request(message: Any) -> tuple[str, str, dict[str, Any], str | None]:
         )
     method = message.get("method")
     if not isinstance(method, str) or not method:
-        raise RPCError(BAD_REQUEST, "request 'method' must be a non-empty string naming the method to call")
+        raise RPCError(
+            BAD_REQUEST, "request 'method' must be a non-empty string naming the method to call"
+        )
     args = message.get("args")
     if args is None:
         args = {}
@@ -235,7 +243,9 @@ class RPCServer:
         self._connections: set[asyncio.Task[Any]] = set()
         self._address: str | None = None
 
-    def register(self, method: str, handler: Handler | StreamHandler, *, streaming: bool = False) -> None:
+    def register(
+        self, method: str, handler: Handler | StreamHandler, *, streaming: bool = False
+    ) -> None:
         """Serve ``method`` with ``async def handler(ctx, args)``.
 
         A streaming handler is an async generator (or returns an async
@@ -260,7 +270,9 @@ class RPCServer:
         return self._address
 
     async def start(self) -> str:
-        self._server = await asyncio.start_server(self._on_connect, self._host, self._port, reuse_address=True)
+        self._server = await asyncio.start_server(
+            self._on_connect, self._host, self._port, reuse_address=True
+        )
         host, port = self._server.sockets[0].getsockname()[:2]
         self._address = format_address(host, port)
         self.log.info("rpc server listening", address=self._address, methods=len(self._methods))
@@ -292,7 +304,9 @@ class RPCServer:
         finally:
             self._connections.discard(task)
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         peername = writer.get_extra_info("peername")
         peer = format_address(peername[0], peername[1]) if peername else "unknown"
         conn = _Connection(writer, peer, self.max_frame)
@@ -331,15 +345,26 @@ class RPCServer:
             request_id, method, args, token = _parse_request(message)
             entry = self._methods.get(method)
             if entry is None:
-                raise RPCError(UNKNOWN_METHOD, f"unknown method {method!r}; check the method name and the server version")
+                raise RPCError(
+                    UNKNOWN_METHOD,
+                    f"unknown method {method!r}; check the method name and the server version",
+                )
         except RPCError as err:
-            self.log.info("rpc request rejected", peer=conn.peer, request_id=request_id, code=err.code, error=err.message)
+            self.log.info(
+                "rpc request rejected",
+                peer=conn.peer,
+                request_id=request_id,
+                code=err.code,
+                error=err.message,
+            )
             with contextlib.suppress(ConnectionError):
                 await conn.send(_error(request_id, err))
             return
         transport = conn.writer.transport
         log = self.log.bind(request_id=request_id, method=method, peer=conn.peer)
-        ctx = RequestContext(request_id, method, token, conn.peer, asyncio.get_running_loop(), log, transport)
+        ctx = RequestContext(
+            request_id, method, token, conn.peer, asyncio.get_running_loop(), log, transport
+        )
         started = time.monotonic()
         try:
             if entry.streaming:
@@ -364,13 +389,23 @@ class RPCServer:
             )
             await self._send_error(conn, ctx, err)
 
-    async def _run_stream(self, conn: _Connection, ctx: RequestContext, handler: Callable[..., Any], args: dict[str, Any]) -> None:
+    async def _run_stream(
+        self,
+        conn: _Connection,
+        ctx: RequestContext,
+        handler: Callable[..., Any],
+        args: dict[str, Any],
+    ) -> None:
         items = handler(ctx, args)
         if inspect.isawaitable(items):
             items = await items
         if not hasattr(items, "__aiter__"):
             raise TypeError(f"streaming handler for {ctx.method!r} must return an async iterator")
-        closing = contextlib.aclosing(items) if hasattr(items, "aclose") else contextlib.nullcontext(items)
+        closing = (
+            contextlib.aclosing(items)
+            if hasattr(items, "aclose")
+            else contextlib.nullcontext(items)
+        )
         async with closing:
             async for item in items:
                 await conn.send({"id": ctx.request_id, "stream": item})
@@ -389,7 +424,9 @@ class RPCServer:
                 await conn.send(_error(ctx.request_id, fallback))
 
 
-def _request_done(tasks: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+def _request_done(
+    tasks: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]
+) -> None:
     tasks.discard(task)
     slots.release()
 

@@ -135,7 +135,10 @@ def test_top_level_addresses_must_repeat_the_own_entry(tmp_path: Path) -> None:
     same = base() | {"rpc_addr": "10.0.0.1:4647", "raft_addr": "10.0.0.1:4648"}
     assert ServerConfig.from_dict(same).rpc_addr == "10.0.0.1:4647"
     message = error_of(base() | {"rpc_addr": "10.0.0.9:4647"})
-    assert "rpc_addr '10.0.0.9:4647' differs from the [[server]] entry of 's1' ('10.0.0.1:4647')" in message
+    assert (
+        "rpc_addr '10.0.0.9:4647' differs from the [[server]] entry of 's1' ('10.0.0.1:4647')"
+        in message
+    )
 
 
 def test_load_config_function(tmp_path: Path) -> None:
@@ -147,7 +150,8 @@ def test_load_config_function(tmp_path: Path) -> None:
 def test_raft_config_bridge(tmp_path: Path) -> None:
     pytest.importorskip("raft.config")
     cfg = ServerConfig.from_dict(
-        base() | {"raft_bind": "0.0.0.0:4648", "max_entry_size": 40000, "fsync": False}, base_dir=tmp_path
+        base() | {"raft_bind": "0.0.0.0:4648", "max_entry_size": 40000, "fsync": False},
+        base_dir=tmp_path,
     )
     raft = cfg.raft_config()
     assert raft.self_address == "10.0.0.1:4648"
@@ -170,7 +174,10 @@ def test_password_never_in_repr() -> None:
 def test_missing_password_message() -> None:
     data = base()
     del data["raft_password"]
-    assert error_of(data) == "config error: raft_password is required (set raft_password or raft_password_file)"
+    assert (
+        error_of(data)
+        == "config error: raft_password is required (set raft_password or raft_password_file)"
+    )
 
 
 def test_password_both_ways() -> None:
@@ -208,9 +215,15 @@ def test_password_file_contents_never_in_errors(tmp_path: Path) -> None:
         ({"data_dir": None}, "data_dir is required"),
         ({"server": None}, "no [[server]] entries"),
         ({"server": [{"id": "s1", "rpc_addr": "10.0.0.1:1"}]}, "[[server]] #1 has no raft_addr"),
-        ({"server": [{"id": "s1", "rpc_addr": "10.0.0.1", "raft_addr": "10.0.0.1:2"}]}, "[[server]] #1 rpc_addr: invalid address"),
+        (
+            {"server": [{"id": "s1", "rpc_addr": "10.0.0.1", "raft_addr": "10.0.0.1:2"}]},
+            "[[server]] #1 rpc_addr: invalid address",
+        ),
         ({"server": [{"id": "s1", "rpc_addr": "10.0.0.1:0", "raft_addr": "10.0.0.1:2"}]}, "port 0"),
-        ({"server": [{"id": "s1", "rpc_adr": "x:1", "raft_addr": "x:2"}]}, "unknown key 'rpc_adr' in [[server]] #1; did you mean 'rpc_addr'?"),
+        (
+            {"server": [{"id": "s1", "rpc_adr": "x:1", "raft_addr": "x:2"}]},
+            "unknown key 'rpc_adr' in [[server]] #1; did you mean 'rpc_addr'?",
+        ),
         (
             {
                 "server": [
@@ -226,12 +239,18 @@ def test_password_file_contents_never_in_errors(tmp_path: Path) -> None:
         ({"max_entry_size": "5MiB"}, "max_entry_size (5242880 bytes) must be below rpc_max_frame"),
         ({"rpc_max_frame": "lots"}, "rpc_max_frame: expected a size"),
         ({"raft_pasword": "x"}, "unknown key 'raft_pasword'; did you mean 'raft_password'?"),
-        ({"gc": {"job_threshold": 14400}}, 'gc.job_threshold must be a duration string like "5m", not 14400'),
+        (
+            {"gc": {"job_threshold": 14400}},
+            'gc.job_threshold must be a duration string like "5m", not 14400',
+        ),
         ({"gc": {"job_interval": "0"}}, "gc.job_interval must be positive"),
         ({"gc": {"job_threshold": "-1h"}}, "gc.job_threshold must be zero or positive"),
         ({"gc": {"job_threshold": "4 hours"}}, "gc.job_threshold: invalid duration '4 hours'"),
         ({"gc": {"job_batch": 0}}, "gc.job_batch must be a positive integer"),
-        ({"gc": {"jobs_threshold": "1h"}}, "unknown key 'jobs_threshold' in [gc]; did you mean 'job_threshold'?"),
+        (
+            {"gc": {"jobs_threshold": "1h"}},
+            "unknown key 'jobs_threshold' in [gc]; did you mean 'job_threshold'?",
+        ),
         ({"journal": {"retention": "1h"}}, "unknown key 'retention' in [journal]"),
         ({"journal": {"max_batches": -1}}, "journal.max_batches must be a positive integer"),
     ],
@@ -284,13 +303,21 @@ def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "5", "m", "1d", "1h 30m", "1.2.3s", "-", "five minutes", "5M", ".s"])
+@pytest.mark.parametrize(
+    "text", ["", "5", "m", "1d", "1h 30m", "1.2.3s", "-", "five minutes", "5M", ".s"]
+)
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
 
 
-@given(st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(["h", "m", "s", "ms"])), min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.sampled_from(["h", "m", "s", "ms"])),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_parse_duration_sums_its_parts(parts: list[tuple[int, str]]) -> None:
     scale = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
     text = "".join(f"{n}{unit}" for n, unit in parts)
@@ -299,7 +326,15 @@ def test_parse_duration_sums_its_parts(parts: list[tuple[int, str]]) -> None:
 
 @pytest.mark.parametrize(
     ("value", "size"),
-    [(1234, 1234), ("1234", 1234), ("48KiB", 48 * 1024), ("4MiB", 4 * 2**20), ("1GB", 10**9), ("1 kb", 1000), ("7B", 7)],
+    [
+        (1234, 1234),
+        ("1234", 1234),
+        ("48KiB", 48 * 1024),
+        ("4MiB", 4 * 2**20),
+        ("1GB", 10**9),
+        ("1 kb", 1000),
+        ("7B", 7),
+    ],
 )
 def test_parse_size(value: int | str, size: int) -> None:
     assert parse_size(value) == size

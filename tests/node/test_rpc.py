@@ -63,7 +63,12 @@ class Harness:
         return args
 
     async def whoami(self, ctx: RequestContext, args: dict[str, Any]) -> Any:
-        return {"request_id": ctx.request_id, "token": ctx.token, "peer": ctx.peer, "method": ctx.method}
+        return {
+            "request_id": ctx.request_id,
+            "token": ctx.token,
+            "peer": ctx.peer,
+            "method": ctx.method,
+        }
 
     async def wait(self, ctx: RequestContext, args: dict[str, Any]) -> Any:
         await self.gate(args["gate"]).wait()
@@ -201,14 +206,20 @@ def assert_still_serving(address: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "parsed"),
-    [("127.0.0.1:4647", ("127.0.0.1", 4647)), ("[::1]:80", ("::1", 80)), ("node-1.local:0", ("node-1.local", 0))],
+    [
+        ("127.0.0.1:4647", ("127.0.0.1", 4647)),
+        ("[::1]:80", ("::1", 80)),
+        ("node-1.local:0", ("node-1.local", 0)),
+    ],
 )
 def test_parse_address(text: str, parsed: tuple[str, int]) -> None:
     assert parse_address(text) == parsed
     assert format_address(*parsed) == text
 
 
-@pytest.mark.parametrize("text", ["", "host", "::1:80", "[::1]80", ":80", "host:", "host:65536", "host:x"])
+@pytest.mark.parametrize(
+    "text", ["", "host", "::1:80", "[::1]80", ":80", "host:", "host:65536", "host:x"]
+)
 def test_parse_address_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="invalid address"):
         parse_address(text)
@@ -218,7 +229,11 @@ def test_parse_address_rejects(text: str) -> None:
 
 
 def test_round_trip_and_context(client: RPCClient, server: RPCServerThread) -> None:
-    assert client.call("echo", {"a": 1, "b": [1, "x", None], "c": b"\x00"}) == {"a": 1, "b": [1, "x", None], "c": b"\x00"}
+    assert client.call("echo", {"a": 1, "b": [1, "x", None], "c": b"\x00"}) == {
+        "a": 1,
+        "b": [1, "x", None],
+        "c": b"\x00",
+    }
     me = client.call("whoami", request_id="req-1")
     assert me["request_id"] == "req-1"
     assert me["token"] == "tok"
@@ -363,7 +378,11 @@ def test_async_client_forwards_request_id_and_token(harness: Harness) -> None:
 
     async def forward(ctx: RequestContext, args: dict[str, Any]) -> Any:
         return await forwarder.call(
-            "whoami", args, request_id=ctx.request_id, token=ctx.token, address=leader.server.address
+            "whoami",
+            args,
+            request_id=ctx.request_id,
+            token=ctx.token,
+            address=leader.server.address,
         )
 
     follower_server.register("whoami", forward)
@@ -397,7 +416,9 @@ def test_stream_error_after_items_raises_with_details(client: RPCClient) -> None
     assert info.value.details["oldest_index"] == 50
 
 
-def test_stream_closed_early_leaves_server_serving(client: RPCClient, server: RPCServerThread) -> None:
+def test_stream_closed_early_leaves_server_serving(
+    client: RPCClient, server: RPCServerThread
+) -> None:
     items = client.stream("endless")
     assert [next(items) for _ in range(10)] == list(range(10))
     items.close()
@@ -482,7 +503,9 @@ def test_unknown_method(client: RPCClient) -> None:
     assert client.call("echo", {"x": 2}) == {"x": 2}
 
 
-def test_oversized_frame_is_answered_then_closed_without_reading_the_body(server: RPCServerThread) -> None:
+def test_oversized_frame_is_answered_then_closed_without_reading_the_body(
+    server: RPCServerThread,
+) -> None:
     with raw_connect(server.server.address) as sock:
         # Announce a frame over the limit and send none of its body: the
         # server must answer from the header alone.
@@ -502,7 +525,9 @@ def test_truncated_frame_then_close(server: RPCServerThread, partial: bytes) -> 
     assert_still_serving(server.server.address)
 
 
-def test_connection_closed_with_requests_in_flight(server: RPCServerThread, harness: Harness) -> None:
+def test_connection_closed_with_requests_in_flight(
+    server: RPCServerThread, harness: Harness
+) -> None:
     with raw_connect(server.server.address) as sock:
         send_msg(sock, {"id": "w", "method": "wait", "args": {"gate": "never"}})
         send_msg(sock, {"id": "e", "method": "echo", "args": {}})
@@ -530,18 +555,24 @@ def test_no_server_reachable_is_unavailable_naming_each_address() -> None:
         assert address in info.value.message
 
 
-def test_retry_after_a_lost_reply_uses_the_same_request_id(client: RPCClient, harness: Harness) -> None:
+def test_retry_after_a_lost_reply_uses_the_same_request_id(
+    client: RPCClient, harness: Harness
+) -> None:
     assert client.call("drop_first", {}, request_id="write-1") == {"attempts": 2}
     assert [s["request_id"] for s in harness.seen] == ["write-1", "write-1"]
     assert harness.seen[0]["peer"] != harness.seen[1]["peer"]  # it came back on a new connection
 
 
-def test_retry_without_explicit_request_id_reuses_the_generated_one(client: RPCClient, harness: Harness) -> None:
+def test_retry_without_explicit_request_id_reuses_the_generated_one(
+    client: RPCClient, harness: Harness
+) -> None:
     assert client.call("drop_first", {}) == {"attempts": 2}
     assert len(harness.attempts) == 1
 
 
-def test_async_retry_after_a_lost_reply_uses_the_same_request_id(server: RPCServerThread, harness: Harness) -> None:
+def test_async_retry_after_a_lost_reply_uses_the_same_request_id(
+    server: RPCServerThread, harness: Harness
+) -> None:
     async def scenario() -> Any:
         async with AsyncRPCClient([server.server.address], timeout=WAIT) as c:
             return await c.call("drop_first", {}, request_id="write-2")
@@ -550,7 +581,9 @@ def test_async_retry_after_a_lost_reply_uses_the_same_request_id(server: RPCServ
     assert harness.attempts["write-2"] == 2
 
 
-def test_lost_reply_of_a_non_idempotent_call_is_unknown_outcome(client: RPCClient, harness: Harness) -> None:
+def test_lost_reply_of_a_non_idempotent_call_is_unknown_outcome(
+    client: RPCClient, harness: Harness
+) -> None:
     with pytest.raises(RPCError) as info:
         client.call("drop_first", {}, request_id="once-1", idempotent=False)
     assert info.value.code == "unknown_outcome"
