@@ -14,6 +14,7 @@ import concurrent.futures
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import structlog
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
 from fsm.store import StateReader
-from node import acl
+from node import acl, features
 from node.acl import Need
 from node.config import ServerConfig
 from node.endpoints import METHODS
@@ -63,6 +64,7 @@ class Server:
         data.mkdir(parents=True, exist_ok=True)
         self.fsm = FSM(str(data / "state"), retention=config.journal)
         self.rpc = RPCServer(config.rpc_bind, max_frame=config.rpc_max_frame, log=self.log)
+        self.leader_loops = features.load()
         for name, fn in METHODS.items():
             self.rpc.register(name, self._handler(name, fn))
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -144,8 +146,22 @@ class Server:
         for task in self._leader_tasks:
             task.cancel()
         self._leader_tasks = []
-        if is_leader:
+        if is_leader and not self._stopping.is_set():
             self._heartbeats.clear()
+            self._leader_tasks = [asyncio.ensure_future(self._run_leader_loop(loop)) for loop in self.leader_loops]
+
+    async def _run_leader_loop(self, loop: features.LeaderLoop) -> None:
+        """Run one leader loop; a crash is logged and the loop restarted, never silently lost."""
+        name = getattr(loop, "__qualname__", repr(loop))
+        while self.raft.is_leader and not self._stopping.is_set():
+            try:
+                await loop(self)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep leader duties alive
+                self.log.error("leader loop failed; restarting it", loop=name, error=repr(exc))
+                await asyncio.sleep(1.0)
 
     def heartbeat(self, node_id: str) -> None:
         self._heartbeats[node_id] = time.monotonic()
@@ -195,6 +211,20 @@ class Server:
         await self.local(lambda r: acl.authorize(r, ctx.token, need, now))
 
     # -- writes -------------------------------------------------------------------------
+    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
+        """Leader-internal write (GC reaps, plans): {index, value}; raises RPCError.
+
+        Raises ``not_leader`` when this server lost leadership: callers are
+        leader loops, which are cancelled then anyway.
+        """
+        if not self.raft.is_leader:
+            raise RPCError.not_leader(self.leader_rpc())
+        entry = encode_entry(body, time=time.time_ns(), rid=rid or uuid.uuid4().hex)
+        result, index = await self._submit(entry)
+        if not result.ok:
+            raise RPCError(result.code or BAD_REQUEST, result.error)
+        return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
+
     async def write(self, ctx: RequestContext, need: Need, body: Any) -> dict[str, Any]:
         """Put ``body`` on the log through the leader; returns {index, value, duplicate}.
 
@@ -205,11 +235,7 @@ class Server:
         await self.authorize(ctx, need)
         if not self.raft.is_leader:
             raise _Forward(self.leader_rpc())
-        entry = encode_entry(body, time=time.time_ns(), rid=ctx.request_id)
-        result, index = await self._submit(entry)
-        if not result.ok:
-            raise RPCError(result.code or BAD_REQUEST, result.error)
-        return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
+        return await self.propose(body, ctx.request_id)
 
     async def _submit(self, entry: bytes) -> tuple[ApplyResult, int]:
         loop = asyncio.get_running_loop()

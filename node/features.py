@@ -1,0 +1,31 @@
+"""Where optional server features plug in.
+
+Each feature module registers its RPC methods with ``node.endpoints.method``
+when imported, and may offer leader loops: coroutines ``loop(server)`` that
+run only while this server is the raft leader (started when it wins,
+cancelled when it loses leadership). Adding a feature is one line here, so
+features do not edit the server's core.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.server import Server
+
+LeaderLoop = Callable[["Server"], Awaitable[Any]]
+
+# Modules imported for their endpoint registrations and LEADER_LOOPS.
+FEATURE_MODULES: tuple[str, ...] = ()
+
+
+def load() -> list[LeaderLoop]:
+    """Import every feature module; return their leader loops."""
+    loops: list[LeaderLoop] = []
+    for name in FEATURE_MODULES:
+        module = importlib.import_module(name)
+        loops.extend(getattr(module, "LEADER_LOOPS", ()))
+    return loops
