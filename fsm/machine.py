@@ -162,6 +162,31 @@ class FSM:
         self.commit()
         self.store.close()
 
+    def reopen(self, replace: Callable[[str], None] | None = None) -> None:
+        """Close the store, let ``replace(path)`` swap its files, and open it again.
+
+        Snapshot restore swaps a fully written LMDB file in with one rename
+        while the environment is closed (LMDB must not be opened twice in one
+        process). Applied index and time are re-read from whatever is there
+        afterwards; if ``replace`` raises, the old store is reopened unchanged
+        and the error propagates. Reads still open on the old environment fail.
+        """
+        self.commit()
+        path = self.store.path
+        map_size = self.store.env.info()["map_size"]
+        sync = self.store.env.flags()["sync"]
+        self.store.close()
+        try:
+            if replace is not None:
+                replace(path)
+        finally:
+            self.store = StateStore(path, map_size=map_size, sync=sync)
+            with self.store.read() as r:
+                self._applied = r.applied_index
+                self._last_time = r.last_time
+        for listener in list(self._listeners):
+            listener(self._applied)
+
     # -- internals -----------------------------------------------------------
     def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
