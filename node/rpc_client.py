@@ -233,7 +233,65 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-class RPCClient:
+class _Client:
+    """What both clients share: addresses, token, and how a call starts."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str] | str,
+        token: str | None,
+        timeout: float,
+        max_frame: int,
+    ) -> None:
+        self.addresses = _addresses(addresses)
+        self.token = token
+        self.timeout = timeout
+        self.max_frame = max_frame
+        self._preferred = 0
+
+    def __repr__(self) -> str:  # keep the token out of reprs and tracebacks
+        return f"{type(self).__name__}(addresses={self.addresses!r}, timeout={self.timeout!r})"
+
+    def _start(
+        self,
+        method: str,
+        args: dict[str, Any] | None,
+        *,
+        idempotent: bool,
+        timeout: float | None,
+        request_id: str | None,
+        token: str | None,
+        address: str | None,
+    ) -> tuple[_Attempt, bytes]:
+        """The call's retry state and its encoded request (oversize fails here, before any I/O)."""
+        if address is not None:
+            parse_address(address)
+            order = [address]
+        else:
+            order = self.addresses[self._preferred :] + self.addresses[: self._preferred]
+        attempt = _Attempt(
+            method,
+            request_id or new_request_id(),
+            idempotent,
+            self.timeout if timeout is None else timeout,
+            order,
+        )
+        token = self.token if token is DEFAULT_TOKEN else token
+        frame = pack_frame(
+            _request(attempt.request_id, method, args, token), self.max_frame, "request"
+        )
+        return attempt, frame
+
+    def _remember(self, address: str, pinned: bool) -> None:
+        """Stick to the server that answered (unless the caller pinned one)."""
+        if pinned:
+            return
+        if address not in self.addresses:
+            self.addresses.append(address)  # a leader named by a not_leader answer
+        self._preferred = self.addresses.index(address)
+
+
+class RPCClient(_Client):
     """Blocking client; safe to share between threads (calls are serialized).
 
     ``addresses`` are the servers to try, in order; the client sticks to the
@@ -248,17 +306,10 @@ class RPCClient:
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
     ) -> None:
-        self.addresses = _addresses(addresses)
-        self.token = token
-        self.timeout = timeout
-        self.max_frame = max_frame
+        super().__init__(addresses, token, timeout, max_frame)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._sock_address: str | None = None
-        self._preferred = 0
-
-    def __repr__(self) -> str:  # keep the token out of reprs and tracebacks
-        return f"RPCClient(addresses={self.addresses!r}, timeout={self.timeout!r})"
 
     def __enter__(self) -> RPCClient:
         return self
@@ -276,14 +327,6 @@ class RPCClient:
                 self._sock.close()
         self._sock = None
         self._sock_address = None
-
-    def _order(self) -> list[str]:
-        return self.addresses[self._preferred :] + self.addresses[: self._preferred]
-
-    def _remember(self, address: str) -> None:
-        if address not in self.addresses:
-            self.addresses.append(address)  # a leader named by a not_leader answer
-        self._preferred = self.addresses.index(address)
 
     def _open(self, address: str, timeout: float) -> socket.socket:
         host, port = parse_address(address)
@@ -306,19 +349,14 @@ class RPCClient:
         ``idempotent=False`` turns a lost answer into ``unknown_outcome``
         instead of a resend. Pass ``request_id`` to retry an earlier call.
         """
-        attempt = _Attempt(
+        attempt, frame = self._start(
             method,
-            request_id or new_request_id(),
-            idempotent,
-            self.timeout if timeout is None else timeout,
-            self._order(),
-        )
-        frame = pack_frame(
-            _request(
-                attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token
-            ),
-            self.max_frame,
-            "request",
+            args,
+            idempotent=idempotent,
+            timeout=timeout,
+            request_id=request_id,
+            token=token,
+            address=None,
         )
         with self._lock:
             while attempt.remaining() > 0:
@@ -330,7 +368,7 @@ class RPCClient:
                 else:
                     try:
                         result = self._exchange(sock, attempt, frame)
-                        self._remember(address)
+                        self._remember(address, pinned=False)
                         return result
                     except RPCError as err:
                         attempt.answered(err)
@@ -384,6 +422,7 @@ class RPCClient:
         *,
         idle_timeout: float | None = None,
         request_id: str | None = None,
+        token: str | None = DEFAULT_TOKEN,
     ) -> Iterator[Any]:
         """Yield the items of a streaming method; raises its final error, if any.
 
@@ -391,11 +430,14 @@ class RPCClient:
         timeout; ``math.inf`` waits forever).
         """
         idle = self.timeout if idle_timeout is None else idle_timeout
-        attempt = _Attempt(
-            method, request_id or new_request_id(), True, self.timeout, self._order()
-        )
-        frame = pack_frame(
-            _request(attempt.request_id, method, args, self.token), self.max_frame, "request"
+        attempt, frame = self._start(
+            method,
+            args,
+            idempotent=True,
+            timeout=None,
+            request_id=request_id,
+            token=token,
+            address=None,
         )
         sock = None
         while sock is None:
@@ -500,7 +542,7 @@ async def _open_stream(
     return await asyncio.wait_for(asyncio.open_connection(host, port), max(timeout, 0.001))
 
 
-class AsyncRPCClient:
+class AsyncRPCClient(_Client):
     """asyncio client keeping one pipelined connection per server.
 
     Followers use it to forward writes to the leader: pass the client's own
@@ -517,16 +559,9 @@ class AsyncRPCClient:
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
     ) -> None:
-        self.addresses = _addresses(addresses)
-        self.token = token
-        self.timeout = timeout
-        self.max_frame = max_frame
+        super().__init__(addresses, token, timeout, max_frame)
         self._pool: dict[str, _AsyncConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
-        self._preferred = 0
-
-    def __repr__(self) -> str:
-        return f"AsyncRPCClient(addresses={self.addresses!r}, timeout={self.timeout!r})"
 
     async def __aenter__(self) -> AsyncRPCClient:
         return self
@@ -559,12 +594,6 @@ class AsyncRPCClient:
             self._pool[address] = conn
             return conn
 
-    def _order(self, address: str | None) -> list[str]:
-        if address is not None:
-            parse_address(address)
-            return [address]
-        return self.addresses[self._preferred :] + self.addresses[: self._preferred]
-
     async def call(
         self,
         method: str,
@@ -577,19 +606,14 @@ class AsyncRPCClient:
         address: str | None = None,
     ) -> Any:
         """As ``RPCClient.call``; ``address`` pins the call to one server (plus any leader it names)."""
-        attempt = _Attempt(
+        attempt, frame = self._start(
             method,
-            request_id or new_request_id(),
-            idempotent,
-            self.timeout if timeout is None else timeout,
-            self._order(address),
-        )
-        frame = pack_frame(
-            _request(
-                attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token
-            ),
-            self.max_frame,
-            "request",
+            args,
+            idempotent=idempotent,
+            timeout=timeout,
+            request_id=request_id,
+            token=token,
+            address=address,
         )
         while attempt.remaining() > 0:
             target = attempt.address
@@ -602,15 +626,11 @@ class AsyncRPCClient:
                     result = _outcome(
                         await conn.request(attempt.request_id, frame, attempt.remaining())
                     )
-                    if address is None and target in self.addresses:
-                        self._preferred = self.addresses.index(target)
+                    self._remember(target, pinned=address is not None)
                     return result
                 except RPCError as err:
                     attempt.answered(err)
-                except (
-                    OSError,
-                    ConnectionError,
-                ) as exc:  # TimeoutError included: the deadline passed
+                except (OSError, ConnectionError) as exc:  # TimeoutError too: deadline passed
                     attempt.lost(exc)
             await asyncio.sleep(attempt.pause())
         raise attempt.give_up()
@@ -627,15 +647,14 @@ class AsyncRPCClient:
     ) -> AsyncIterator[Any]:
         """As ``RPCClient.stream``; an async generator on a connection of its own."""
         idle = self.timeout if idle_timeout is None else idle_timeout
-        attempt = _Attempt(
-            method, request_id or new_request_id(), True, self.timeout, self._order(address)
-        )
-        frame = pack_frame(
-            _request(
-                attempt.request_id, method, args, self.token if token is DEFAULT_TOKEN else token
-            ),
-            self.max_frame,
-            "request",
+        attempt, frame = self._start(
+            method,
+            args,
+            idempotent=True,
+            timeout=None,
+            request_id=request_id,
+            token=token,
+            address=address,
         )
         while True:
             if attempt.remaining() <= 0:
