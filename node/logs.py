@@ -28,10 +28,13 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 from structlog.typing import EventDict, Processor
+
+if TYPE_CHECKING:
+    from node.config import ServerConfig
 
 REDACTED = "<redacted>"
 # Keys are compared lowercased with separators removed, so "secretID",
@@ -116,7 +119,7 @@ class LogSettings:
     secret_values: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> LogSettings:
+    def from_config(cls, config: ServerConfig, **overrides: Any) -> LogSettings:
         """From a ``node.config.ServerConfig``; the raft password becomes a scrubbed value."""
         settings = cls(
             node_id=config.node_id,
@@ -204,7 +207,7 @@ def _handlers(settings: LogSettings, shared: list[Processor]) -> list[logging.Ha
     return handlers
 
 
-def configure_logging(settings: Any, **overrides: Any) -> LogHandle:
+def configure_logging(settings: LogSettings | ServerConfig, **overrides: Any) -> LogHandle:
     """Set up logging for this process from a ``LogSettings`` or a ``ServerConfig``.
 
     Replaces handlers that an earlier call installed; other root handlers
