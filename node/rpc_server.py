@@ -189,6 +189,14 @@ def _error(request_id: str | None, err: RPCError) -> dict[str, Any]:
     return {"id": request_id, "ok": False, "error": err.to_wire()}
 
 
+def _request_id(message: Any) -> str | None:
+    """The request's id if it is a valid one; errors about the rest of the request carry it."""
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LENGTH:
+        return request_id
+    return None
+
+
 def _parse_request(message: Any) -> tuple[str, str, dict[str, Any], str | None]:
     """Check a request's shape; unknown extra keys are ignored for forward compatibility."""
     if not isinstance(message, dict):
@@ -196,8 +204,8 @@ def _parse_request(message: Any) -> tuple[str, str, dict[str, Any], str | None]:
             MALFORMED,
             f"request must be a msgpack map with id, method, args and token, not {type(message).__name__}",
         )
-    request_id = message.get("id")
-    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_LENGTH:
+    request_id = _request_id(message)
+    if request_id is None:
         raise RPCError(
             BAD_REQUEST,
             f"request 'id' must be a non-empty string of at most {MAX_REQUEST_ID_LENGTH} characters; "
@@ -340,8 +348,7 @@ class RPCServer:
         request_id: str | None = None
         try:
             message = unpack_body(body)
-            if isinstance(message, dict) and isinstance(message.get("id"), str):
-                request_id = message["id"]
+            request_id = _request_id(message)
             request_id, method, args, token = _parse_request(message)
             entry = self._methods.get(method)
             if entry is None:

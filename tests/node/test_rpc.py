@@ -489,8 +489,7 @@ def test_request_with_bad_fields_is_bad_request(
         assert answer["ok"] is False
         assert answer["error"]["code"] == "bad_request"
         assert field_name in answer["error"]["message"]
-        if expect_id is not None:
-            assert answer["id"] == expect_id
+        assert answer["id"] == expect_id
         send_msg(sock, {"id": "next", "method": "echo"})  # args may be omitted
         assert recv_msg(sock) == {"id": "next", "ok": True, "result": {}}
 
