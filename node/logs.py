@@ -137,6 +137,7 @@ class LogHandle:
     logger: logging.Logger
     handlers: list[logging.Handler]
     global_config: bool
+    previous_level: int | None = None
 
     def close(self) -> None:
         for handler in self.handlers:
@@ -145,6 +146,8 @@ class LogHandle:
         self.handlers.clear()
         if self.global_config:
             structlog.reset_defaults()
+            if self.previous_level is not None:
+                self.logger.setLevel(self.previous_level)
 
 
 def _level(name: str) -> int:
@@ -227,6 +230,7 @@ def configure_logging(settings: LogSettings | ServerConfig, **overrides: Any) ->
     for handler in handlers:
         handler._caravan = True  # type: ignore[attr-defined]  # ours to replace on reconfigure
         root.addHandler(handler)
+    previous_level = root.level
     root.setLevel(_level(settings.level))
     structlog.configure(
         processors=[
@@ -238,7 +242,7 @@ def configure_logging(settings: LogSettings | ServerConfig, **overrides: Any) ->
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,  # reconfigurable (tests); lookups are cheap
     )
-    return LogHandle(root, handlers, global_config=True)
+    return LogHandle(root, handlers, global_config=True, previous_level=previous_level)
 
 
 def build_logger(settings: LogSettings, name: str = "caravan") -> tuple[Any, LogHandle]:

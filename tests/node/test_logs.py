@@ -190,6 +190,13 @@ def test_configure_logging_from_server_config_covers_stdlib_and_structlog(tmp_pa
     assert not any(line["event"] == "below the level" for line in lines)
 
 
+def test_close_restores_the_root_logger(tmp_path: Path) -> None:
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    configure_logging(LogSettings(node_id="a", level="debug", log_file=tmp_path / "a.log")).close()
+    assert root.level == level and root.handlers == handlers
+
+
 def test_configure_twice_replaces_its_own_handlers(tmp_path: Path) -> None:
     first = configure_logging(LogSettings(node_id="a", log_file=tmp_path / "a.log", console=False))
     second = configure_logging(LogSettings(node_id="b", log_file=tmp_path / "b.log", console=False))
