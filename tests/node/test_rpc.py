@@ -135,7 +135,17 @@ def harness() -> Harness:
     return Harness()
 
 
+def quiet_log(captured: CapturingLogger | None = None) -> Any:
+    """A logger that records instead of printing (server threads escape pytest's capture)."""
+    return structlog.wrap_logger(
+        captured if captured is not None else CapturingLogger(),
+        processors=[structlog.processors.format_exc_info],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+    )
+
+
 def start_server(harness: Harness, **kwargs: Any) -> RPCServerThread:
+    kwargs.setdefault("log", quiet_log())
     server = RPCServer("127.0.0.1:0", **kwargs)
     harness.register(server)
     thread = RPCServerThread(server)
@@ -252,12 +262,7 @@ def test_error_answer_keeps_code_message_and_details(client: RPCClient) -> None:
 
 def test_handler_crash_is_internal_and_hides_the_exception(harness: Harness) -> None:
     captured = CapturingLogger()
-    log = structlog.wrap_logger(
-        captured,
-        processors=[structlog.processors.format_exc_info],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-    )
-    thread = start_server(harness, log=log)
+    thread = start_server(harness, log=quiet_log(captured))
     try:
         with RPCClient([thread.server.address], timeout=WAIT) as c:
             with pytest.raises(RPCError) as info:
@@ -373,7 +378,7 @@ def test_async_client_pipelines_on_one_connection(server: RPCServerThread) -> No
 def test_async_client_forwards_request_id_and_token(harness: Harness) -> None:
     """The follower-forwarding shape: a handler on one server calls another, keeping id and token."""
     leader = start_server(harness)
-    follower_server = RPCServer("127.0.0.1:0")
+    follower_server = RPCServer("127.0.0.1:0", log=quiet_log())
     forwarder = AsyncRPCClient(timeout=WAIT)
 
     async def forward(ctx: RequestContext, args: dict[str, Any]) -> Any:
@@ -596,7 +601,7 @@ def test_not_executed_answers_are_retried(client: RPCClient, harness: Harness) -
 
 def test_not_leader_redirects_to_the_named_leader(harness: Harness) -> None:
     leader = start_server(harness)
-    follower_server = RPCServer("127.0.0.1:0")
+    follower_server = RPCServer("127.0.0.1:0", log=quiet_log())
 
     async def not_me(ctx: RequestContext, args: dict[str, Any]) -> Any:
         raise RPCError.not_leader(leader.server.address)
@@ -627,7 +632,7 @@ def test_kept_connection_closed_by_a_restart_is_not_an_unknown_outcome(harness: 
     with RPCClient([address], timeout=WAIT) as c:
         assert c.call("echo", {"n": 1}) == {"n": 1}
         first.stop()
-        second = RPCServer(address)
+        second = RPCServer(address, log=quiet_log())
         harness.register(second)
         restarted = RPCServerThread(second)
         restarted.start()
@@ -640,7 +645,7 @@ def test_kept_connection_closed_by_a_restart_is_not_an_unknown_outcome(harness: 
 def test_ipv6_loopback(harness: Harness) -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6")
-    server = RPCServer("[::1]:0")
+    server = RPCServer("[::1]:0", log=quiet_log())
     harness.register(server)
     thread = RPCServerThread(server)
     try:
