@@ -399,10 +399,14 @@ class RPCClient(_Client):
         sock.sendall(frame)
         while True:
             sock.settimeout(max(attempt.remaining(), 0.001))
-            body = recv_frame(sock, self.max_frame)
-            if body is None:
-                raise ConnectionLost("server closed the connection")
-            message = _response(body)
+            try:
+                body = recv_frame(sock, self.max_frame)
+                if body is None:
+                    raise ConnectionLost("server closed the connection")
+                message = _response(body)
+            except RPCError:
+                self._drop()  # an oversized or garbled frame leaves the stream unusable
+                raise
             if message["id"] != attempt.request_id and message["id"] is not None:
                 continue  # a late answer to an earlier call on this connection
             if "stream" in message:

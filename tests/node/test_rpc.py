@@ -323,6 +323,19 @@ def test_response_too_large_is_an_error_and_the_connection_survives(harness: Har
         thread.stop()
 
 
+def test_answer_over_the_client_limit_drops_the_connection(
+    client: RPCClient, server: RPCServerThread
+) -> None:
+    small = RPCClient([server.server.address], timeout=WAIT, max_frame=1024)
+    try:
+        with pytest.raises(RPCError) as info:
+            small.call("big", {"size": 4096})
+        assert info.value.code == "frame_too_large"
+        assert small.call("echo", {"next": 1}) == {"next": 1}  # not reading the old body
+    finally:
+        small.close()
+
+
 def test_request_too_large_fails_locally(client: RPCClient, server: RPCServerThread) -> None:
     small = RPCClient([server.server.address], timeout=WAIT, max_frame=1024)
     with pytest.raises(RPCError) as info:
