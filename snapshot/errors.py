@@ -18,6 +18,10 @@ class SnapshotError(Exception):
         self.message = message
 
 
+class SnapshotIOError(SnapshotError):
+    """The file cannot be opened or read (missing, permissions, I/O error)."""
+
+
 class NotASnapshotError(SnapshotError):
     """The file does not start with the snapshot magic bytes."""
 

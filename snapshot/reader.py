@@ -32,6 +32,7 @@ from snapshot.errors import (
     CorruptError,
     NewerVersionError,
     NotASnapshotError,
+    SnapshotIOError,
     TruncatedError,
     UnknownRecordTypeError,
 )
@@ -107,6 +108,13 @@ class _Hashing:
 
 def _name(path: str) -> str:
     return os.path.basename(path) or path
+
+
+def _open(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise SnapshotIOError(f"{_name(path)}: cannot open snapshot: {exc.strerror or exc}") from exc
 
 
 def read_layout(f: BinaryIO, path: str) -> _Layout:
@@ -319,7 +327,7 @@ def inspect(path: str) -> SnapshotInfo:
     sequential hash pass plus two small reads. Works on operator snapshots
     and on a server's own raft dump alike.
     """
-    with open(path, "rb") as f:
+    with _open(path) as f:
         layout = read_layout(f, path)
         check_digest(f, layout, path)
         r = _Hashing(f, layout.size - DIGEST_SIZE, _name(path))
@@ -348,7 +356,7 @@ def scan(
     so a corrupt file is reported as such and the consumer never sees it.
     """
     name = _name(path)
-    with open(path, "rb") as f:
+    with _open(path) as f:
         layout = read_layout(f, path)
         if check_first:
             check_digest(f, layout, path)
