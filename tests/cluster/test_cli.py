@@ -1,0 +1,100 @@
+"""The caravan CLI against a live cluster, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import ClusterHandle
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def caravan(c: ClusterHandle, *args: str, token: str | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CARAVAN_ADDRESS": ",".join(c.addresses)}
+    env.pop("CARAVAN_TOKEN", None)
+    if token:
+        env["CARAVAN_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, input=stdin, timeout=60
+    )
+
+
+def test_job_lifecycle_commands(cluster: ClusterHandle, tmp_path: Path) -> None:
+    spec = ROOT / "examples" / "batch.json"
+    out = caravan(cluster, "job", "run", str(spec))
+    assert out.returncode == 0, out.stderr
+    assert "Evaluation ID" in out.stdout
+    listing = caravan(cluster, "job", "status")
+    assert "example" in listing.stdout
+    detail = json.loads(caravan(cluster, "job", "status", "example", "--json").stdout)
+    assert detail["ID"] == "example" and detail["Type"] == "batch" and "ModifyIndex" in detail
+    # stdin, bare (unwrapped) spec
+    bare = json.dumps(json.loads(spec.read_text())["Job"] | {"ID": "from-stdin"})
+    assert caravan(cluster, "job", "run", "-", stdin=bare).returncode == 0
+    assert caravan(cluster, "job", "stop", "example").returncode == 0
+    history = json.loads(caravan(cluster, "job", "history", "example", "--json").stdout)
+    assert [v["Version"] for v in history["Versions"]] == [1, 0] and history["Versions"][0]["Stop"] is True
+    evals = json.loads(caravan(cluster, "eval", "list", "--job", "example", "--json").stdout)
+    assert {e["TriggeredBy"] for e in evals} == {"job-register", "job-deregister"}
+    digest = json.loads(caravan(cluster, "debug", "digest", "--json").stdout)
+    assert set(digest) == {"digest", "index"}
+
+
+def test_errors_are_one_line_and_non_zero(cluster: ClusterHandle, tmp_path: Path) -> None:
+    missing = caravan(cluster, "job", "status", "nope")
+    assert missing.returncode != 0 and missing.stderr.strip() == "Error: job nope not found"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"ID": "x", "TaskGroups": [{"Name": "g", "Count": -2, "Tasks": [{"Name": "t"}]}]}')
+    out = caravan(cluster, "job", "run", str(bad))
+    assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1 and "count -2" in out.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{nope")
+    out = caravan(cluster, "job", "run", str(broken))
+    assert out.returncode != 0 and "not valid JSON" in out.stderr and "Traceback" not in out.stderr
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "node.cli", "job", "status", "--address", "127.0.0.1:1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
+
+
+def test_acl_commands(cluster: ClusterHandle) -> None:
+    boot = json.loads(caravan(cluster, "acl", "bootstrap", "--json").stdout)
+    token = boot["SecretID"]
+    denied = caravan(cluster, "job", "status")
+    assert denied.returncode != 0 and "token" in denied.stderr
+    created = json.loads(caravan(cluster, "acl", "token", "create", "--name", "ci", "--policy", "write", "--json", token=token).stdout)
+    assert created["Name"] == "ci" and created["SecretID"]
+    listing = caravan(cluster, "acl", "token", "list", token=token)
+    assert "ci" in listing.stdout and created["SecretID"] not in listing.stdout
+    assert caravan(cluster, "acl", "token", "delete", created["AccessorID"], token=token).returncode == 0
+    peers = json.loads(caravan(cluster, "operator", "raft", "list-peers", "--json", token=token).stdout)
+    assert len(peers) == 3 and sum(p["Leader"] for p in peers) == 1
+
+
+def test_cluster_commands(tmp_path: Path) -> None:
+    directory = str(tmp_path / "c")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "node.cli", *a], capture_output=True, text=True, cwd=ROOT, timeout=120)  # noqa: E731
+    try:
+        up = run("cluster", "up", "--dir", directory)
+        assert up.returncode == 0, up.stderr
+        assert "export CARAVAN_ADDRESS=" in up.stdout
+        state = json.loads((Path(directory) / "cluster.json").read_text())
+        assert {"id", "rpc_addr", "raft_addr", "pid", "data_dir", "log_file"} <= set(state["nodes"][0])
+        status = json.loads(run("cluster", "status", "--dir", directory, "--json").stdout)
+        assert sorted(s["Role"] for s in status) == ["follower", "follower", "leader"]
+        assert run("cluster", "kill", "server2", "--dir", directory).returncode == 0
+        status = json.loads(run("cluster", "status", "--dir", directory, "--json").stdout)
+        assert [s["Healthy"] for s in status if s["Node"] == "server2"] == [False]
+        assert run("cluster", "restart", "server2", "--dir", directory).returncode == 0
+        again = run("cluster", "up", "--dir", directory)
+        assert again.returncode != 0 and "already running" in again.stderr
+    finally:
+        run("cluster", "down", "--dir", directory)
