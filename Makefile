@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(BIN)/caravan dev --dir $(DIR) --nodes 3
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
