@@ -15,7 +15,7 @@ import lmdb
 
 from fsm import codec
 from fsm.keys import from_u64, u64
-from fsm.store import META_JOURNAL_BYTES
+from fsm.store import META_JOURNAL_BYTES, META_JOURNAL_TRIMMED
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,13 @@ class Retention:
 
 
 def append(txn: lmdb.Transaction, dbs: dict[str, Any], index: int, records: list, retention: Retention) -> None:
-    """Write one batch and trim the oldest batches past the retention bounds."""
+    """Write one batch and trim the oldest batches past the retention bounds.
+
+    The highest trimmed index is kept in ``meta`` (``journal_trimmed``): the
+    oldest retained batch alone cannot tell a subscriber at index N whether
+    batches after N were trimmed (indexes without records have no batch), so
+    followers compare N with this mark to know they must reset.
+    """
     if not records:
         return
     journal, meta = dbs["journal"], dbs["meta"]
@@ -39,8 +45,12 @@ def append(txn: lmdb.Transaction, dbs: dict[str, Any], index: int, records: list
     if count > retention.max_batches or size > retention.max_bytes:
         cursor = txn.cursor(db=journal)
         cursor.first()
+        trimmed = 0
         while (count > retention.max_batches or size > retention.max_bytes) and count > 1:
+            trimmed = from_u64(cursor.key())
             size -= len(cursor.value())
             cursor.delete()
             count -= 1
+        if trimmed:
+            txn.put(META_JOURNAL_TRIMMED, u64(trimmed), db=meta)
     txn.put(META_JOURNAL_BYTES, u64(size), db=meta)

@@ -74,6 +74,7 @@ META_LAST_TIME = b"last_time"
 META_SCHEMA = b"schema_version"
 META_ACL_BOOTSTRAP = b"acl_bootstrap_index"
 META_JOURNAL_BYTES = b"journal_bytes"
+META_JOURNAL_TRIMMED = b"journal_trimmed"  # highest batch index ever trimmed by retention
 STORE_SCHEMA = 1
 
 DEFAULT_MAP_SIZE = 64 << 30  # sparse; LMDB grows the file as needed
@@ -301,6 +302,13 @@ class StateReader:
             n += 1
             if limit is not None and n >= limit:
                 return
+
+    def journal_trimmed(self) -> int:
+        """Highest batch index retention has removed (0: nothing ever trimmed).
+
+        A follower positioned at index N has lost batches iff N < this mark.
+        """
+        return self.meta_int(META_JOURNAL_TRIMMED)
 
     def journal_bounds(self) -> tuple[int, int]:
         """(oldest, newest) retained batch index; (0, 0) when empty."""
