@@ -147,7 +147,11 @@ class RaftData:
         return self.last[2]
 
     def to_wire(self) -> dict[str, Any]:
-        return {"last": list(self.last), "prev": list(self.prev), "cluster": [list(n) for n in self.cluster]}
+        return {
+            "last": list(self.last),
+            "prev": list(self.prev),
+            "cluster": [list(n) for n in self.cluster],
+        }
 
     @classmethod
     def from_wire(cls, data: Any) -> RaftData:

@@ -62,7 +62,10 @@ class SnapshotInfo:
             "ClusterID": self.cluster_id,
             "RaftIndex": self.raft_index,
             "SHA256": self.sha256,
-            "Types": [{"Name": t.name, "Code": t.code, "Count": t.count, "Size": t.size} for t in self.types],
+            "Types": [
+                {"Name": t.name, "Code": t.code, "Count": t.count, "Size": t.size}
+                for t in self.types
+            ],
             "TotalCount": self.total_count,
             "TotalSize": self.total_size,
         }

@@ -69,7 +69,9 @@ def make_serializer(fsm: FSM, *, cluster_id: str = "") -> Callable[[str, tuple],
     return serializer
 
 
-def make_deserializer(fsm: FSM, *, before_restore: Callable[[], None] | None = None) -> Callable[[str], tuple]:
+def make_deserializer(
+    fsm: FSM, *, before_restore: Callable[[], None] | None = None
+) -> Callable[[str], tuple]:
     """A ``deserializer(file_name) -> raft_data`` for ``SyncObjConf``.
 
     Verifies the file; restores it into ``fsm`` only if its applied index is
@@ -84,14 +86,22 @@ def make_deserializer(fsm: FSM, *, before_restore: Callable[[], None] | None = N
             info = verify(file_name)
             meta = info.meta
             if meta is None or meta.raft is None:
-                raise SnapshotError(f"{os.path.basename(file_name)}: not a raft dump (no raft data)")
+                raise SnapshotError(
+                    f"{os.path.basename(file_name)}: not a raft dump (no raft data)"
+                )
             if info.index > fsm.applied_index:
                 if before_restore is not None:
                     before_restore()
-                log.info("restoring raft dump", dump_index=info.index, store_index=fsm.applied_index)
+                log.info(
+                    "restoring raft dump", dump_index=info.index, store_index=fsm.applied_index
+                )
                 restore(file_name, fsm, verified=info)
             else:
-                log.info("keeping store; raft dump is not newer", dump_index=info.index, store_index=fsm.applied_index)
+                log.info(
+                    "keeping store; raft dump is not newer",
+                    dump_index=info.index,
+                    store_index=fsm.applied_index,
+                )
             return meta.raft.to_pysyncobj()
         except SnapshotError as exc:
             log.error("raft dump rejected", error=exc.message)

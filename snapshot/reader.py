@@ -97,7 +97,9 @@ class _Hashing:
 
     def read(self, n: int, what: str) -> bytes:
         if self.offset + n > self.limit:
-            raise CorruptError(f"{self.name}: {what} at offset {self.offset} runs past the end of the data")
+            raise CorruptError(
+                f"{self.name}: {what} at offset {self.offset} runs past the end of the data"
+            )
         data = self.f.read(n)
         if len(data) != n:
             raise TruncatedError(f"{self.name}: file ends inside {what} at offset {self.offset}")
@@ -114,7 +116,9 @@ def _open(path: str) -> BinaryIO:
     try:
         return open(path, "rb")
     except OSError as exc:
-        raise SnapshotIOError(f"{_name(path)}: cannot open snapshot: {exc.strerror or exc}") from exc
+        raise SnapshotIOError(
+            f"{_name(path)}: cannot open snapshot: {exc.strerror or exc}"
+        ) from exc
 
 
 def read_layout(f: BinaryIO, path: str) -> _Layout:
@@ -139,12 +143,16 @@ def read_layout(f: BinaryIO, path: str) -> _Layout:
     if major < 1:
         raise CorruptError(f"{name}: invalid snapshot format version {major}.{minor}")
     if size < HEADER.size + META_LEN.size + CHUNK.size + TRAILER.size:
-        raise TruncatedError(f"{name}: file is {size} bytes, too short to hold a snapshot (truncated)")
+        raise TruncatedError(
+            f"{name}: file is {size} bytes, too short to hold a snapshot (truncated)"
+        )
     f.seek(size - TRAILER.size)
     tail = f.read(TRAILER.size)
     magic, end_offset, recorded, digest = TRAILER.unpack(tail)
     if magic != TRAILER_MAGIC:
-        raise TruncatedError(f"{name}: no snapshot trailer at the end of the file (truncated or damaged end)")
+        raise TruncatedError(
+            f"{name}: no snapshot trailer at the end of the file (truncated or damaged end)"
+        )
     if recorded != size:
         raise TruncatedError(
             f"{name}: file is {size} bytes but its trailer records {recorded} (truncated or damaged trailer)"
@@ -203,7 +211,9 @@ def _decode_records(raw: bytes, count: int, name: str, code: int) -> list[tuple[
     except Exception:  # struct.error on a short buffer
         off = end + 1
     if off != end:
-        raise CorruptError(f"{name}: records of type {code} do not fill their chunk exactly (bad framing)")
+        raise CorruptError(
+            f"{name}: records of type {code} do not fill their chunk exactly (bad framing)"
+        )
     return out
 
 
@@ -228,9 +238,13 @@ def iter_chunks(
             r.end_at = r.offset - CHUNK.size
             return
         if kind != KIND_RECORDS:
-            raise CorruptError(f"{r.name}: unknown chunk kind {kind} at offset {r.offset - CHUNK.size}")
+            raise CorruptError(
+                f"{r.name}: unknown chunk kind {kind} at offset {r.offset - CHUNK.size}"
+            )
         if raw_len > MAX_CHUNK_RAW or stored_len > MAX_CHUNK_RAW or count > MAX_RECORDS_PER_CHUNK:
-            raise CorruptError(f"{r.name}: chunk at offset {r.offset - CHUNK.size} exceeds the size limits")
+            raise CorruptError(
+                f"{r.name}: chunk at offset {r.offset - CHUNK.size} exceeds the size limits"
+            )
         if code not in TYPE_NAMES and not ignorable(code):
             label = meta.types.get(code, "?")
             raise UnknownRecordTypeError(
@@ -241,7 +255,9 @@ def iter_chunks(
         want = code in TYPE_NAMES and decode(code)
         if codec_id == CODEC_RAW:
             if stored_len != raw_len:
-                raise CorruptError(f"{r.name}: raw chunk with stored length {stored_len} != {raw_len}")
+                raise CorruptError(
+                    f"{r.name}: raw chunk with stored length {stored_len} != {raw_len}"
+                )
             raw = body
         elif codec_id == CODEC_ZLIB:
             if not want:
@@ -251,9 +267,13 @@ def iter_chunks(
             try:
                 raw = d.decompress(body, raw_len + 1)
             except zlib.error as exc:
-                raise CorruptError(f"{r.name}: chunk of type {code} does not decompress: {exc}") from None
+                raise CorruptError(
+                    f"{r.name}: chunk of type {code} does not decompress: {exc}"
+                ) from None
             if len(raw) != raw_len or not d.eof or d.unused_data:
-                raise CorruptError(f"{r.name}: chunk of type {code} decompresses to the wrong length")
+                raise CorruptError(
+                    f"{r.name}: chunk of type {code} decompresses to the wrong length"
+                )
         else:
             raise CorruptError(f"{r.name}: unknown chunk codec {codec_id}")
         if not want:
@@ -268,7 +288,9 @@ def read_end(r: _Hashing, layout: _Layout) -> dict[int, tuple[int, int]]:
         r.end_at = r.offset
         r.end_head = CHUNK.unpack(r.read(CHUNK.size, "the end chunk"))
     if r.end_at != layout.end_offset:
-        raise CorruptError(f"{r.name}: end chunk found at offset {r.end_at}, trailer says {layout.end_offset}")
+        raise CorruptError(
+            f"{r.name}: end chunk found at offset {r.end_at}, trailer says {layout.end_offset}"
+        )
     kind, _code, codec_id, _count, raw_len, stored_len = r.end_head
     if kind != KIND_END or codec_id != CODEC_RAW or raw_len != stored_len or raw_len > MAX_META:
         raise CorruptError(f"{r.name}: malformed end chunk")
@@ -279,12 +301,16 @@ def read_end(r: _Hashing, layout: _Layout) -> dict[int, tuple[int, int]]:
     except (CodecError, KeyError, TypeError, ValueError) as exc:
         raise CorruptError(f"{r.name}: bad end summary: {exc}") from None
     if r.offset != layout.size - TRAILER.size:
-        raise CorruptError(f"{r.name}: {layout.size - TRAILER.size - r.offset} stray bytes before the trailer")
+        raise CorruptError(
+            f"{r.name}: {layout.size - TRAILER.size - r.offset} stray bytes before the trailer"
+        )
     r.read(TRAILER.size - DIGEST_SIZE, "the trailer")
     return types
 
 
-def _info(path: str, layout: _Layout, meta: SnapshotMeta, types: dict[int, tuple[int, int]]) -> SnapshotInfo:
+def _info(
+    path: str, layout: _Layout, meta: SnapshotMeta, types: dict[int, tuple[int, int]]
+) -> SnapshotInfo:
     stats = [
         TypeStat(code, TYPE_NAMES.get(code) or meta.types.get(code) or f"unknown({code})", n, b)
         for code, (n, b) in types.items()
@@ -316,7 +342,9 @@ def _check_counts(name: str, meta: SnapshotMeta, end: dict[int, tuple[int, int]]
     for code, label in meta.types.items():
         known = TYPE_NAMES.get(code)
         if known is not None and known != label:
-            raise CorruptError(f"{name}: record type {code} is {label!r} in the file but {known!r} here")
+            raise CorruptError(
+                f"{name}: record type {code} is {label!r} in the file but {known!r} here"
+            )
 
 
 def inspect(path: str) -> SnapshotInfo:
@@ -376,7 +404,9 @@ def scan(
             nbytes = 0
             for k, v in chunk.records:
                 if k <= prev:
-                    raise CorruptError(f"{name}: keys of type {chunk.code} are not strictly increasing")
+                    raise CorruptError(
+                        f"{name}: keys of type {chunk.code} are not strictly increasing"
+                    )
                 prev = k
                 nbytes += len(k) + len(v)
             last_key[chunk.code] = prev
@@ -385,7 +415,9 @@ def scan(
                 consume(chunk.code, chunk.records)
         end = read_end(r, layout)
         if r.hash.digest() != layout.digest:
-            raise ChecksumError(f"{name}: checksum mismatch, the file is corrupt or changed while being read")
+            raise ChecksumError(
+                f"{name}: checksum mismatch, the file is corrupt or changed while being read"
+            )
     _check_counts(name, meta, end)
     for code, (n, b) in seen.items():
         want = end.get(code)
@@ -393,7 +425,9 @@ def scan(
             raise CorruptError(f"{name}: records of type {code} do not match the end summary")
     for code, (n, _) in end.items():
         if n and code not in seen:
-            raise CorruptError(f"{name}: end summary lists {n} records of type {code} that are missing")
+            raise CorruptError(
+                f"{name}: end summary lists {n} records of type {code} that are missing"
+            )
     return _info(path, layout, meta, end)
 
 

@@ -77,7 +77,9 @@ def build_store(path: str, dest_dir: str, *, map_size: int = DEFAULT_MAP_SIZE) -
             db = store.dbs[TYPE_NAMES[code]]
             consumed, added = txn.cursor(db=db).putmulti(records, append=True)
             if consumed != len(records) or added != len(records):
-                raise RestoreError(f"{name}: records of {TYPE_NAMES[code]} could not be appended in order")
+                raise RestoreError(
+                    f"{name}: records of {TYPE_NAMES[code]} could not be appended in order"
+                )
             pending += sum(len(k) + len(v) for k, v in records)
             if pending >= _COMMIT_BYTES:
                 txn.commit()
@@ -109,7 +111,9 @@ def _remove_stale(store_dir: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def restore(path: str, target: FSM | str | os.PathLike, *, verified: SnapshotInfo | None = None) -> SnapshotInfo:
+def restore(
+    path: str, target: FSM | str | os.PathLike, *, verified: SnapshotInfo | None = None
+) -> SnapshotInfo:
     """Replace the state of ``target`` (an open FSM, or a store directory nobody has open) with the snapshot's.
 
     Verifies the file fully first (skip with ``verified=`` if the caller just

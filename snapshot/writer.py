@@ -244,7 +244,14 @@ def write_file(
     try:
         with open(path, "wb", buffering=1 << 20) as f:
             info = write_stream(
-                reader, f, raft=raft, term=term, cluster_id=cluster_id, path=path, cancel=cancel, on_ready=on_ready
+                reader,
+                f,
+                raft=raft,
+                term=term,
+                cluster_id=cluster_id,
+                path=path,
+                cancel=cancel,
+                on_ready=on_ready,
             )
             f.flush()
             os.fsync(f.fileno())

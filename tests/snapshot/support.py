@@ -68,8 +68,13 @@ def new_fsm(path: str) -> FSM:
 
 
 def _job(job_id: str, groups: int, count: int, priority: int, stop: bool, meta: str) -> Job:
-    tgs = [TaskGroup(name=f"g{i}", count=count, tasks=[Task(name="t", config={"cmd": meta})]) for i in range(groups)]
-    return Job(id=job_id, task_groups=tgs, priority=priority, stop=stop, meta={"m": meta} if meta else {})
+    tgs = [
+        TaskGroup(name=f"g{i}", count=count, tasks=[Task(name="t", config={"cmd": meta})])
+        for i in range(groups)
+    ]
+    return Job(
+        id=job_id, task_groups=tgs, priority=priority, stop=stop, meta={"m": meta} if meta else {}
+    )
 
 
 def _token(accessor: str, type_: str, expiry: int) -> ACLToken:
@@ -110,7 +115,9 @@ _plan = st.builds(
         eval_id=eid,
         job_id=jid,
         allocs_to_place=[
-            Allocation(id=a, eval_id=eid, job_id=jid, node_id=nid, task_group=group, name=f"{jid}.{group}")
+            Allocation(
+                id=a, eval_id=eid, job_id=jid, node_id=nid, task_group=group, name=f"{jid}.{group}"
+            )
             for a in place
         ],
         allocs_to_stop=[m.AllocStop(id=a) for a in stop],
@@ -128,7 +135,9 @@ _client_update = st.builds(
     ids(CLIENT_STATUSES),
 )
 _node_register = st.builds(
-    lambda nid, status, attr: m.NodeRegister(node=Node(id=nid, status=status, attributes={"a": attr})),
+    lambda nid, status, attr: m.NodeRegister(
+        node=Node(id=nid, status=status, attributes={"a": attr})
+    ),
     ids(NODES),
     ids(NODE_STATUSES),
     small_text,
@@ -150,7 +159,9 @@ _eval_reap = st.builds(
     st.lists(ids(EVALS), max_size=2, unique=True),
     st.integers(0, 40),
 )
-_node_reap = st.builds(lambda nid, mi: m.NodeReap(nodes=[m.Reap(nid, mi)]), ids(NODES), st.integers(0, 40))
+_node_reap = st.builds(
+    lambda nid, mi: m.NodeReap(nodes=[m.Reap(nid, mi)]), ids(NODES), st.integers(0, 40)
+)
 
 payloads = st.one_of(
     _job_register,
@@ -203,24 +214,54 @@ def example_entries(seed: int = 7, n: int = 60) -> list[tuple[Any, int, bool, bo
     for nid in NODES:
         out.append((m.NodeRegister(node=Node(id=nid, status="ready")), 1, True, False))
     for i, jid in enumerate(JOBS):
-        out.append((m.JobRegister(job=_job(jid, 2, 2, 50, False, "x"), eval=Evaluation(id=EVALS[i], job_id=jid)), 1, True, True))
+        out.append(
+            (
+                m.JobRegister(
+                    job=_job(jid, 2, 2, 50, False, "x"), eval=Evaluation(id=EVALS[i], job_id=jid)
+                ),
+                1,
+                True,
+                True,
+            )
+        )
     for i in range(n):
         a = ALLOCS[i % len(ALLOCS)]
         jid = JOBS[i % len(JOBS)]
-        out.append((
-            m.PlanApply(
-                eval_id=EVALS[i % 4],
-                job_id=jid,
-                allocs_to_place=[Allocation(id=a, eval_id=EVALS[i % 4], job_id=jid, node_id=rng.choice(NODES), task_group="g0")],
-            ),
-            rng.randint(0, 2),
-            bool(i % 2),
-            i % 5 == 0,
-        ))
+        out.append(
+            (
+                m.PlanApply(
+                    eval_id=EVALS[i % 4],
+                    job_id=jid,
+                    allocs_to_place=[
+                        Allocation(
+                            id=a,
+                            eval_id=EVALS[i % 4],
+                            job_id=jid,
+                            node_id=rng.choice(NODES),
+                            task_group="g0",
+                        )
+                    ],
+                ),
+                rng.randint(0, 2),
+                bool(i % 2),
+                i % 5 == 0,
+            )
+        )
         if i % 3 == 0:
-            out.append((m.AllocClientUpdate(allocs=[m.AllocClientState(id=a, client_status=rng.choice(CLIENT_STATUSES))]), 1, True, False))
+            out.append(
+                (
+                    m.AllocClientUpdate(
+                        allocs=[m.AllocClientState(id=a, client_status=rng.choice(CLIENT_STATUSES))]
+                    ),
+                    1,
+                    True,
+                    False,
+                )
+            )
     out.append((m.ACLTokenUpsert(tokens=[_token("tok-0", "management", 0)]), 1, True, True))
-    out.append((m.DeploymentUpsert(deployment=Deployment(id="dep-0", job_id="job-0")), 1, True, True))
+    out.append(
+        (m.DeploymentUpsert(deployment=Deployment(id="dep-0", job_id="job-0")), 1, True, True)
+    )
     return out
 
 
@@ -251,7 +292,11 @@ def forge(
         acc[0] += len(records)
         acc[1] += sum(len(k) + len(v) for k, v in records)
     if summary is None:
-        summary = {"types": [[c, n, b] for c, (n, b) in totals.items()], "records": 0, "chunks": len(chunks)}
+        summary = {
+            "types": [[c, n, b] for c, (n, b) in totals.items()],
+            "records": 0,
+            "chunks": len(chunks),
+        }
     raw_summary = codec.pack(summary)
     end_offset = len(out)
     out += CHUNK.pack(KIND_END, 0, CODEC_RAW, 0, len(raw_summary), len(raw_summary)) + raw_summary

@@ -84,7 +84,9 @@ def test_every_single_byte_change_is_rejected(small, tmp_path) -> None:
             problem = _attempt(path, live, _expected(offset, len(data)))
             if problem:
                 failures.append(f"offset {offset} ^0x{mask:02x}: {problem}")
-    assert not failures, f"{len(failures)} damaged files not cleanly rejected:\n" + "\n".join(failures[:40])
+    assert not failures, f"{len(failures)} damaged files not cleanly rejected:\n" + "\n".join(
+        failures[:40]
+    )
     assert live.digest() == before
     assert tree(str(tmp_path / "live")) == []
 
@@ -105,7 +107,9 @@ def test_every_truncation_point_is_rejected(small, tmp_path) -> None:
         problem = _attempt(path, live, allowed)
         if problem:
             failures.append(f"length {length}: {problem}")
-    assert not failures, f"{len(failures)} truncated files not cleanly rejected:\n" + "\n".join(failures[:40])
+    assert not failures, f"{len(failures)} truncated files not cleanly rejected:\n" + "\n".join(
+        failures[:40]
+    )
     assert live.digest() == before
     assert tree(str(tmp_path / "live")) == []
 
@@ -123,10 +127,18 @@ def test_error_messages_name_the_problem(small, tmp_path) -> None:
     _, data, _ = small
     cases = {
         "magic": (b"XX" + data[2:], NotASnapshotError, "bad magic"),
-        "flip": (data[:100] + bytes([data[100] ^ 1]) + data[101:], ChecksumError, "checksum mismatch"),
+        "flip": (
+            data[:100] + bytes([data[100] ^ 1]) + data[101:],
+            ChecksumError,
+            "checksum mismatch",
+        ),
         "cut": (data[:-10], TruncatedError, "truncated"),
         "empty": (b"", TruncatedError, "shorter than a snapshot header"),
-        "newer": (data[:12] + b"\x00\x02" + data[14:], NewerVersionError, "newer than this build reads"),
+        "newer": (
+            data[:12] + b"\x00\x02" + data[14:],
+            NewerVersionError,
+            "newer than this build reads",
+        ),
     }
     for name, (content, exc_type, words) in cases.items():
         path = str(tmp_path / f"{name}.snap")

@@ -47,7 +47,11 @@ def test_every_lmdb_database_has_a_stable_code() -> None:
     assert all(0 < c < IGNORE_FLAG for c in TYPE_CODES.values())
     # Codes are part of the file format: changing one breaks every existing snapshot.
     assert TYPE_CODES["jobs"] == 1 and TYPE_CODES["acl_tokens"] == 8
-    assert TYPE_CODES["evals_by_job"] == 32 and TYPE_CODES["index"] == 64 and TYPE_CODES["journal"] == 68
+    assert (
+        TYPE_CODES["evals_by_job"] == 32
+        and TYPE_CODES["index"] == 64
+        and TYPE_CODES["journal"] == 68
+    )
 
 
 def test_unknown_ignorable_type_is_skipped_on_restore(source, live, tmp_path) -> None:
@@ -73,7 +77,9 @@ def test_unknown_type_without_ignore_flag_is_refused(source, live, tmp_path) -> 
     forged = str(tmp_path / "unknown.snap")
     forge(forged, meta, chunks + [(100, [(b"k", b"v")])])
     before = live.digest()
-    with pytest.raises(UnknownRecordTypeError, match=r"record type 100 \(future_table\) is unknown"):
+    with pytest.raises(
+        UnknownRecordTypeError, match=r"record type 100 \(future_table\) is unknown"
+    ):
         verify(forged)
     with pytest.raises(UnknownRecordTypeError):
         restore(forged, live)
@@ -121,7 +127,9 @@ def test_newer_store_schema_is_refused(source, live, tmp_path) -> None:
         ("renamed", "is 'allocs' in the file but 'jobs' here"),
     ],
 )
-def test_structural_damage_with_a_valid_checksum_is_refused(source, live, tmp_path, damage, words) -> None:
+def test_structural_damage_with_a_valid_checksum_is_refused(
+    source, live, tmp_path, damage, words
+) -> None:
     _, path = source
     meta, chunks = read_back(path)
     summary = None
@@ -216,7 +224,17 @@ def test_inspect_output(source) -> None:
     listed = [row.split()[0] for row in table[1:-1]]
     assert listed == [t.name for t in info.types if t.count]  # sorted by size, empty types left out
     data = json.loads(json.dumps(info.to_json()))
-    assert {"ID", "Size", "Index", "Term", "Version", "Created", "Types", "TotalCount", "TotalSize"} <= set(data)
+    assert {
+        "ID",
+        "Size",
+        "Index",
+        "Term",
+        "Version",
+        "Created",
+        "Types",
+        "TotalCount",
+        "TotalSize",
+    } <= set(data)
     assert data["Types"][0]["Size"] >= data["Types"][-1]["Size"]
     assert data["TotalSize"] == sum(t["Size"] for t in data["Types"])
     assert TYPE_NAMES[TYPE_CODES["allocs"]] == "allocs"

@@ -68,7 +68,9 @@ def test_inspect_matches_what_was_written(tmp_path) -> None:
         assert info.sha256 == written.sha256
         assert info.size == written.size == os.path.getsize(path)
         assert info.id == written.id
-        assert [(t.name, t.count, t.size) for t in info.types] == [(t.name, t.count, t.size) for t in written.types]
+        assert [(t.name, t.count, t.size) for t in info.types] == [
+            (t.name, t.count, t.size) for t in written.types
+        ]
     with src.read() as r:
         for t in seen.types:
             assert t.count == r.count(t.name)

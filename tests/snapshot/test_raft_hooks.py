@@ -1,0 +1,262 @@
+"""pysyncobj hooks: serializer/deserializer round trip, the safe restore rule, background compaction.
+
+The background path is exercised through pysyncobj's own ``Serializer`` (the
+class that calls our hooks and renames the file) and through a real
+single-node ``SyncObj`` that compacts, restarts from its dump and replays.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.node import TCPNode
+from pysyncobj.serializer import Serializer
+
+import snapshot.writer as writer_mod
+from fsm import messages as m
+from snapshot import (
+    BackgroundSnapshotter,
+    SnapshotError,
+    SnapshotWriteError,
+    inspect,
+    make_deserializer,
+    make_serializer,
+    write_file,
+)
+from tests.snapshot.support import T0, apply_entries, example_entries, new_fsm
+
+LAST = (b"\x13last", 120, 3)
+PREV = (b"\x13prev", 119, 3)
+CLUSTER = {TCPNode("127.0.0.1:4001"), TCPNode("127.0.0.1:4002"), TCPNode("127.0.0.1:4003")}
+RAFT = (LAST, PREV, CLUSTER)
+
+
+def _same_raft(got: tuple, want: tuple) -> None:
+    assert got[0] == want[0] and got[1] == want[1]
+    assert got[2] == want[2] and all(isinstance(n, TCPNode) for n in got[2])
+    assert {n.address for n in got[2]} == {n.address for n in want[2]}
+
+
+def test_sync_serializer_round_trip(tmp_path) -> None:
+    src = new_fsm(str(tmp_path / "src"))
+    apply_entries(src, example_entries())
+    src.apply(
+        10_000, m.encode_entry(m.Barrier(), time=T0, rid="")
+    )  # left pending: the serializer commits it
+    dump = str(tmp_path / "dump.bin.tmp")
+    make_serializer(src, cluster_id="c1")(dump, RAFT)
+    info = inspect(dump)
+    assert (
+        info.raft_index == 120
+        and info.term == 3
+        and info.index == 10_000
+        and info.cluster_id == "c1"
+    )
+    assert "Raft Index" in __import__("snapshot").format_info(info)
+
+    dst = new_fsm(str(tmp_path / "dst"))
+    _same_raft(make_deserializer(dst)(dump), RAFT)
+    assert dst.digest() == src.digest()
+
+
+def test_deserializer_keeps_a_store_that_is_not_older(tmp_path) -> None:
+    fsm = new_fsm(str(tmp_path / "s"))
+    nxt = apply_entries(fsm, example_entries(n=10))
+    dump = str(tmp_path / "dump.bin")
+    make_serializer(fsm)(dump, RAFT)
+    reopened: list[int] = []
+    fsm.on_commit(reopened.append)
+    deserialize = make_deserializer(fsm)
+
+    # equal index (a restart right after compaction): nothing to do
+    before = fsm.digest()
+    _same_raft(deserialize(dump), RAFT)
+    assert fsm.digest() == before and reopened == []
+
+    # store ahead of the dump (restart later: the journal replay will be skipped)
+    apply_entries(fsm, example_entries(seed=4, n=5), start=nxt)
+    ahead = fsm.digest()
+    reopened.clear()
+    _same_raft(deserialize(dump), RAFT)
+    assert fsm.digest() == ahead and reopened == []
+
+    # a store behind the dump (snapshot install on a lagging follower) is replaced
+    behind = new_fsm(str(tmp_path / "behind"))
+    apply_entries(behind, example_entries(n=2))
+    _same_raft(make_deserializer(behind)(dump), RAFT)
+    assert behind.digest() == before
+
+
+def test_deserializer_refuses_a_damaged_dump(tmp_path) -> None:
+    src = new_fsm(str(tmp_path / "src"))
+    apply_entries(src, example_entries(n=5))
+    dump = str(tmp_path / "dump.bin")
+    make_serializer(src)(dump, RAFT)
+    data = bytearray(open(dump, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(dump, "wb").write(data)
+    dst = new_fsm(str(tmp_path / "dst"))
+    before = dst.digest()
+    with pytest.raises(SnapshotError, match="checksum mismatch"):
+        make_deserializer(dst)(dump)
+    assert dst.digest() == before
+
+
+def test_operator_snapshot_is_not_a_raft_dump(tmp_path) -> None:
+    src = new_fsm(str(tmp_path / "src"))
+    path = str(tmp_path / "op.snap")
+    with src.read() as r:
+        write_file(r, path)
+    with pytest.raises(SnapshotError, match="not a raft dump"):
+        make_deserializer(new_fsm(str(tmp_path / "dst")))(path)
+
+
+def test_background_serializer_through_pysyncobj_serializer(tmp_path) -> None:
+    fsm = new_fsm(str(tmp_path / "src"))
+    nxt = apply_entries(fsm, example_entries())
+    at_dump = fsm.digest()
+    dump = str(tmp_path / "dump.bin")
+    bg = BackgroundSnapshotter(fsm, dump, cluster_id="c1")
+    ser = Serializer(dump, 1 << 16, False, bg.serializer, bg.deserializer, bg.serialize_checker)
+    assert ser.checkSerializing()[0] == SERIALIZER_STATE.NOT_SERIALIZING
+
+    ser.serialize((None, LAST, PREV, CLUSTER), LAST[1])
+    # The tick goes on applying while the writer runs: none of it may leak into the dump.
+    apply_entries(fsm, example_entries(seed=8, n=20), start=nxt)
+    assert bg.wait(60)
+    assert ser.checkSerializing() == (SERIALIZER_STATE.SUCCESS, LAST[1])
+    assert ser.checkSerializing()[0] == SERIALIZER_STATE.NOT_SERIALIZING
+    assert not os.path.exists(dump + ".tmp") and not os.path.exists(bg.partial)
+    assert inspect(dump).index == at_dump[1]
+    assert bg.last_stall < 1.0 and bg.last_error == ""
+    first = ser.getTransmissionData("follower")  # transmissions resume after SUCCESS
+    assert first is not None and first[1] is True
+
+    other = new_fsm(str(tmp_path / "other"))
+    bg2 = BackgroundSnapshotter(other, dump)
+    data = Serializer(
+        dump, 1 << 16, False, bg2.serializer, bg2.deserializer, bg2.serialize_checker
+    ).deserialize()
+    assert data[0] is None
+    _same_raft(data[1:], RAFT)
+    assert other.digest() == at_dump
+
+
+def test_cancel_stops_a_write_and_removes_the_file(tmp_path, monkeypatch) -> None:
+    fsm = new_fsm(str(tmp_path / "src"))
+    apply_entries(fsm, example_entries())
+    monkeypatch.setattr(writer_mod, "CHUNK_TARGET", 64)  # many chunk boundaries in a small state
+    cancel = threading.Event()
+    cancel.set()
+    path = str(tmp_path / "x.snap")
+    with fsm.read() as r, pytest.raises(SnapshotWriteError, match="cancelled"):
+        write_file(r, path, cancel=cancel)
+    assert not os.path.exists(path)
+
+
+# -- a real single-node pysyncobj cluster ------------------------------------------
+class _Node(SyncObj):
+    def __init__(self, addr: str, fsm, conf: SyncObjConf) -> None:
+        self.fsm = fsm  # before SyncObj starts ticking
+        super().__init__(addr, [], conf)
+
+    @replicated
+    def submit(self, entry: bytes) -> bool:
+        result = self.fsm.apply(self.raftLastApplied + 1, entry)
+        self.fsm.commit()
+        return result.ok
+
+
+class _Watched(BackgroundSnapshotter):
+    """Signals when pysyncobj has been told a dump succeeded (it then drops log entries)."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.succeeded = threading.Event()
+
+    def serialize_checker(self) -> int:
+        state = super().serialize_checker()
+        if state == SERIALIZER_STATE.SUCCESS:
+            self.succeeded.set()
+        return state
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _conf(bg: BackgroundSnapshotter, journal: str, addr: str) -> SyncObjConf:
+    return SyncObjConf(
+        bindAddress=addr,
+        journalFile=journal,
+        logCompactionMinEntries=10**9,
+        logCompactionMinTime=10**9,
+        **bg.conf_kwargs(),
+    )
+
+
+def _restart(tmp_path, name: str, store: str, addr: str) -> tuple[str, int]:
+    """Start a node on ``store`` with a private copy of the first run's journal and dump; barrier; digest."""
+    files = tmp_path / name
+    files.mkdir()
+    for f in (tmp_path / "run1").iterdir():
+        shutil.copy(f, files / f.name)
+    fsm = new_fsm(store)
+    node = _Node(
+        addr,
+        fsm,
+        _conf(
+            BackgroundSnapshotter(fsm, str(files / "raft.dump")), str(files / "raft.journal"), addr
+        ),
+    )
+    try:
+        node.waitReady()
+        # A barrier commits after everything replayed from the journal.
+        node.submit(m.encode_entry(m.Barrier(), time=T0 + 1000, rid=""), sync=True, timeout=10)
+        return fsm.digest()
+    finally:
+        node.destroy_synchronous()
+        fsm.close()
+
+
+def test_single_node_syncobj_compacts_restarts_and_replays(tmp_path) -> None:
+    addr = f"127.0.0.1:{_free_port()}"
+    run1 = tmp_path / "run1"
+    run1.mkdir()
+    dump = str(run1 / "raft.dump")
+    fsm = new_fsm(str(tmp_path / "a"))
+    bg = _Watched(fsm, dump)
+    node = _Node(addr, fsm, _conf(bg, str(run1 / "raft.journal"), addr))
+    try:
+        node.waitReady()
+        for i, (body, _, _, _) in enumerate(example_entries(n=12)):
+            assert (
+                node.submit(m.encode_entry(body, time=T0 + i, rid=f"r{i}"), sync=True, timeout=10)
+                is not None
+            )
+        node.forceLogCompaction()
+        assert bg.succeeded.wait(30), bg.last_error
+        assert node._getRaftLogSize() <= 3  # pysyncobj dropped the compacted entries
+        for i, (body, _, _, _) in enumerate(example_entries(seed=3, n=4)):
+            node.submit(m.encode_entry(body, time=T0 + 100 + i, rid=f"s{i}"), sync=True, timeout=10)
+        final = fsm.digest()
+    finally:
+        node.destroy_synchronous()
+        fsm.close()
+    info = inspect(dump)
+    assert info.raft_index is not None and info.index < final[1]
+
+    # Fresh store: the dump is restored, then the journal tail replayed.
+    fresh = _restart(tmp_path, "run2", str(tmp_path / "b"), addr)
+    # Original store, ahead of the dump: kept, and the replayed entries are skipped.
+    kept = _restart(tmp_path, "run3", str(tmp_path / "a"), addr)
+    assert fresh == kept
+    assert fresh[1] > final[1]
