@@ -9,6 +9,7 @@ error naming the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import typing
@@ -25,6 +26,7 @@ class JobSpecError(ValueError):
     """An invalid jobspec; the message names the field and what to change."""
 
 
+@functools.cache
 def _nested_class(hint: Any) -> type | None:
     for arg in (hint, *typing.get_args(hint)):
         if dataclasses.is_dataclass(arg):
@@ -35,12 +37,16 @@ def _nested_class(hint: Any) -> type | None:
     return None
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def _prune(cls: type, data: Any, path: str, warnings: list[str]) -> Any:
     """Drop fields ``cls`` does not model, recursively, noting each in ``warnings``."""
     if not isinstance(data, dict):
         return data
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _fields_of(cls)
     out = {}
     for key, value in data.items():
         if key not in names:
