@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fsm import codec
@@ -48,6 +48,20 @@ METHODS: dict[str, Method] = {}
 def method(name: str) -> Callable[[Method], Method]:
     def register(fn: Method) -> Method:
         METHODS[name] = fn
+        return fn
+
+    return register
+
+
+StreamMethod = Callable[["Server", RequestContext, dict[str, Any]], AsyncIterator[Any]]
+STREAMS: dict[str, StreamMethod] = {}
+
+
+def stream_method(name: str) -> Callable[[StreamMethod], StreamMethod]:
+    """Register a streaming method: an async generator, served locally by every server (never forwarded)."""
+
+    def register(fn: StreamMethod) -> StreamMethod:
+        STREAMS[name] = fn
         return fn
 
     return register

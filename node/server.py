@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import signal
 import threading
 import time
@@ -28,7 +29,7 @@ from fsm.store import StateReader
 from node import acl, features
 from node.acl import Need
 from node.config import ServerConfig
-from node.endpoints import METHODS
+from node.endpoints import METHODS, STREAMS
 from node.errors import (
     BAD_REQUEST,
     NO_LEADER,
@@ -67,6 +68,8 @@ class Server:
         self.leader_loops = features.load()
         for name, fn in METHODS.items():
             self.rpc.register(name, self._handler(name, fn))
+        for name, stream in STREAMS.items():
+            self.rpc.register(name, functools.partial(stream, self), streaming=True)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.raft: RaftNode
         self.forwarder = AsyncRPCClient(timeout=WRITE_TIMEOUT)
@@ -127,12 +130,23 @@ class Server:
 
     # -- events from the tick thread ----------------------------------------------
     def _on_commit(self, applied_index: int) -> None:
-        loop, event = self.loop, self._applied_event
-        if loop is not None and event is not None:
+        loop = self.loop
+        if loop is not None:
             try:
-                loop.call_soon_threadsafe(event.set)
+                loop.call_soon_threadsafe(self._committed)
             except RuntimeError:
                 pass
+
+    def _committed(self) -> None:
+        """Wake every blocking query that waits for a commit.
+
+        Each commit sets the current event and installs a fresh one, instead
+        of waiters clearing a shared event: a waiter that cleared it after its
+        read would lose a commit that landed during the read.
+        """
+        event, self._applied_event = self._applied_event, asyncio.Event()
+        if event is not None:
+            event.set()
 
     def _on_leadership(self, is_leader: bool) -> None:
         self.log.info("leadership changed", leader=is_leader)
@@ -315,14 +329,13 @@ class Server:
     async def _wait_tables(self, tables: tuple[str, ...], min_index: int, wait: float) -> None:
         """Blocking query: return once any of ``tables`` moves past ``min_index``, or at the deadline."""
         deadline = time.monotonic() + wait
-        event = self._applied_event
-        assert event is not None
         while True:
+            event = self._applied_event  # taken before the read: a commit after it sets this one
+            assert event is not None
             index = await self.local(lambda r: max(r.table_index(t) for t in tables))
             remaining = deadline - time.monotonic()
             if index > min_index or remaining <= 0:
                 return
-            event.clear()
             try:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
