@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 LeaderLoop = Callable[["Server"], Awaitable[Any]]
 
 # Modules imported for their endpoint registrations and LEADER_LOOPS.
-FEATURE_MODULES: tuple[str, ...] = ()
+FEATURE_MODULES: tuple[str, ...] = ("node.stream",)
 
 
 def load() -> list[LeaderLoop]:

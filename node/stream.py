@@ -1,0 +1,505 @@
+"""``event.stream``: the change journal, streamed to subscribers of any server.
+
+Every replica writes the identical journal (it is written by the
+deterministic FSM), so a subscriber may follow any server — leader or
+follower — and move to another one (or to the same one after a restart) by
+resubscribing with the last index it received.
+
+Protocol (streaming RPC ``event.stream``)
+-----------------------------------------
+
+Arguments:
+
+``index`` (int, default 0)
+    **Exclusive**: the stream delivers the batches whose raft index is
+    *greater than* ``index``. Pass the last index you received (from a batch
+    or a progress notification) to resume exactly where you stopped; 0 means
+    "from the beginning of the retained journal".
+``topics`` (list of str, default all)
+    ``"Topic"``, ``"Topic:Key"`` or ``"*"``. Topics: Job, Evaluation,
+    Allocation, Deployment, Node, ACLToken. A key matches the record's key
+    exactly (the object's id). With ACLs on, ACLToken needs a management
+    token; without one the default/``*`` subscription leaves it out.
+``heartbeat`` (seconds, default 10)
+    After this long without sending anything, the server sends a progress
+    notification.
+``buffer`` (batches, default and maximum ``MAX_BUFFER``)
+    How many batches may wait for this subscriber before it is cut off.
+
+Items:
+
+``{"index": N, "events": [[topic, type, key, object-or-None], ...]}``
+    The records of batch N that match the filter, in apply order; a batch is
+    never split across items, and batches come in increasing index order,
+    each once. Objects are in the store's wire shape (``codec.to_wire``);
+    ACL tokens never carry their secret.
+``{"progress": N}``
+    Everything up to index N that matches the filter has been delivered
+    (a bookmark: resubscribing with ``index=N`` loses nothing). Sent once when
+    the subscriber has caught up with the live tail, and whenever the stream
+    was idle for ``heartbeat``.
+
+Endings (the stream never ends on its own):
+
+``reset_required`` (details ``requested_index``, ``oldest_index``)
+    ``index`` is older than the retention window (batches after it were
+    trimmed). Reload the full state with a read, and resubscribe with the
+    index that read reflects. Never a silent jump to the oldest batch.
+``unavailable`` with ``reason="slow_subscriber"`` and ``resume_index``
+    The subscriber fell more than ``buffer`` batches behind; resubscribe with
+    ``index=resume_index``. A slow subscriber never slows apply: the FSM
+    only posts "committed up to N" to the event loop; this module reads the
+    journal from LMDB (read transactions, off the loop) and buffers at most
+    ``buffer`` batches per subscriber.
+A lost connection (server stopped or killed)
+    Resubscribe (to any server) with the last index received.
+
+Design: one ``Hub`` per server. Woken by FSM commits, it reads new batches
+once and fans them out to the *live* subscribers (those at the tail). A new
+subscriber first catches up by reading LMDB itself, paced by its own
+connection, and joins the live set when it reaches the hub's tail; batches
+are deduplicated by index at the hand-over, so it is gapless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsm.machine import FSM
+from fsm.store import StateReader
+from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_JOB, TOPIC_NODE, TOPIC_TOKEN
+from node.acl import Need
+from node.endpoints import stream_method
+from node.errors import BAD_REQUEST, PERMISSION_DENIED, UNAVAILABLE, RPCError
+from node.rpc_server import RequestContext
+
+if TYPE_CHECKING:
+    from node.server import Server
+
+TOPICS = (TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN)
+WILDCARD = "*"
+
+DEFAULT_HEARTBEAT = 10.0
+MIN_HEARTBEAT = 0.05
+MAX_HEARTBEAT = 300.0
+MAX_BUFFER = 4096  # batches waiting for one subscriber before it is cut off
+CHUNK_BATCHES = 256  # batches per LMDB read (catch-up and fan-out)
+CHUNK_RECORDS = 20_000  # ... or this many records, whichever comes first
+OVERFLOW_GRACE = 30.0  # a cut-off subscriber that reads nothing is dropped after this
+
+Item = dict[str, Any]
+
+
+class StreamError(Exception):
+    """Misuse of this module's API (not an RPC answer)."""
+
+
+# -- filters ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Filter:
+    """Which records a subscriber wants: whole topics and/or single keys of a topic."""
+
+    topics: frozenset[str] = frozenset()  # every record of these
+    keys: frozenset[tuple[str, str]] = frozenset()  # (topic, key) pairs
+
+    @property
+    def everything(self) -> bool:
+        return self.topics >= frozenset(TOPICS)
+
+    def select(self, records: list[Any]) -> list[Any]:
+        if self.everything:
+            return records
+        topics, keys = self.topics, self.keys
+        return [r for r in records if r[0] in topics or (r[0], r[2]) in keys]
+
+    def wants(self, topic: str) -> bool:
+        return topic in self.topics or any(t == topic for t, _ in self.keys)
+
+    def without(self, topic: str) -> Filter:
+        return Filter(self.topics - {topic}, frozenset(k for k in self.keys if k[0] != topic))
+
+
+def parse_topics(specs: Any) -> tuple[Filter, bool]:
+    """(filter, explicit) from the ``topics`` argument; raises bad_request.
+
+    ``explicit`` is False for the default / wildcard subscription, which may
+    quietly leave out topics the caller is not allowed to see.
+    """
+    if specs is None or specs == []:
+        return Filter(frozenset(TOPICS)), False
+    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+        raise RPCError(BAD_REQUEST, "argument 'topics' must be a list of strings like Job or Job:web")
+    topics: set[str] = set()
+    keys: set[tuple[str, str]] = set()
+    explicit = True
+    for spec in specs:
+        topic, sep, key = spec.partition(":")
+        if topic == WILDCARD and not key:
+            topics.update(TOPICS)
+            explicit = False
+            continue
+        if topic not in TOPICS:
+            raise RPCError(BAD_REQUEST, f"unknown topic {topic!r} in {spec!r}; topics: {', '.join(TOPICS)} or *")
+        if sep and not key:
+            raise RPCError(BAD_REQUEST, f"empty key in topic filter {spec!r}; use {topic} or {topic}:ID")
+        if not sep or key == WILDCARD:
+            topics.add(topic)
+        else:
+            keys.add((topic, key))
+    keys = {k for k in keys if k[0] not in topics}
+    return Filter(frozenset(topics), frozenset(keys)), explicit
+
+
+# -- reading the journal (executor threads) -----------------------------------------
+@dataclass
+class Chunk:
+    """What one read transaction saw after some index."""
+
+    batches: list[tuple[int, list[Any]]]
+    through: int  # every batch <= through is in ``batches`` or before the start
+    applied: int
+    trimmed: int
+    oldest: int
+
+
+def read_chunk(reader: StateReader, after: int) -> Chunk:
+    """Batches after ``after`` (bounded), and how far they reach, from one read txn."""
+    applied = reader.applied_index
+    trimmed = reader.journal_trimmed()
+    oldest, _ = reader.journal_bounds()
+    batches: list[tuple[int, list[Any]]] = []
+    if trimmed > after or after > applied:
+        return Chunk(batches, after, applied, trimmed, oldest)
+    records = 0
+    for index, batch in reader.journal_batches(after=after):
+        batches.append((index, batch))
+        records += len(batch)
+        if len(batches) >= CHUNK_BATCHES or records >= CHUNK_RECORDS:
+            return Chunk(batches, index, applied, trimmed, oldest)
+    return Chunk(batches, applied, applied, trimmed, oldest)
+
+
+def reset_error(requested: int, chunk: Chunk) -> RPCError:
+    return RPCError.reset_required(requested, chunk.oldest or chunk.applied + 1)
+
+
+# -- subscribers ----------------------------------------------------------------------
+@dataclass(eq=False)
+class Subscription:
+    """One subscriber's position and (once live) its bounded queue."""
+
+    filter: Filter
+    position: int  # all matching batches <= position have been handed to the connection
+    max_buffer: int
+    through: int = 0  # all matching batches <= through are handed over or queued
+    queue: collections.deque[tuple[int, list[Any]]] = field(default_factory=collections.deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    error: RPCError | None = None
+    overflowed: bool = False
+
+    def offer(self, batches: list[tuple[int, list[Any]]], through: int) -> bool:
+        """Queue the matching batches after ``through``-so-far; False on overflow."""
+        for index, records in batches:
+            if index <= self.through:
+                continue  # already caught up past it (hand-over from catch-up)
+            selected = self.filter.select(records)
+            if selected:
+                self.queue.append((index, selected))
+        self.through = max(self.through, through)
+        self.wake.set()
+        if len(self.queue) > self.max_buffer:
+            self.queue.clear()
+            self.overflowed = True
+            return False
+        return True
+
+    def fail(self, error: RPCError) -> None:
+        self.error = error
+        self.queue.clear()
+        self.wake.set()
+
+
+class Hub:
+    """The journal fan-out of one server; all methods run on its event loop.
+
+    ``fsm`` may be an ``FSM`` or anything with ``read()`` and
+    ``on_commit(listener)``; the listener only posts to the loop, so apply
+    never waits for a subscriber.
+    """
+
+    def __init__(self, fsm: FSM, loop: asyncio.AbstractEventLoop) -> None:
+        self.fsm = fsm
+        self.loop = loop
+        self.live: set[Subscription] = set()
+        self.subscribers = 0
+        self.tail = 0  # every batch <= tail has been fanned out to the live set
+        self._target = 0  # newest committed index we were told about
+        self._wake = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
+        self.stats = {"reads": 0, "fanned_batches": 0, "overflows": 0, "resets": 0}
+        fsm.on_commit(self._committed_from_thread)
+
+    # -- commits (called on the tick thread) -----------------------------------------
+    def _committed_from_thread(self, index: int) -> None:
+        with contextlib.suppress(RuntimeError):  # loop closed: the server is stopping
+            self.loop.call_soon_threadsafe(self._committed, index)
+
+    def _committed(self, index: int) -> None:
+        if index < self.tail and self.live:
+            # The store went backwards (an older snapshot was restored): the
+            # live subscribers hold batches that no longer exist.
+            for sub in self.live:
+                sub.fail(RPCError.reset_required(sub.through, index + 1))
+                self.stats["resets"] += 1
+            self.live.clear()
+        if index < self.tail:
+            self.tail = index
+        if index != self._target:
+            self._target = index
+            self._wake.set()
+
+    def start(self) -> None:
+        if self._pump_task is None or self._pump_task.done():
+            self._pump_task = self.loop.create_task(self._pump(), name="journal-hub")
+
+    async def close(self) -> None:
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
+
+    # -- reads ------------------------------------------------------------------------------
+    async def read(self, after: int) -> Chunk:
+        def run() -> Chunk:
+            with self.fsm.read() as reader:
+                return read_chunk(reader, after)
+
+        self.stats["reads"] += 1
+        return await self.loop.run_in_executor(None, run)
+
+    # -- fan-out ----------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._target > self.tail:
+                if not self.live:
+                    self.tail = self._target  # nobody at the tail: nothing to read
+                    break
+                start = self.tail
+                try:
+                    chunk = await self.read(start)
+                except Exception:  # store being swapped (snapshot restore): retry on next commit
+                    await asyncio.sleep(0.05)
+                    continue
+                if chunk.trimmed > start or start > chunk.applied:
+                    # The journal moved past the live set (a restored snapshot):
+                    # every live subscriber must reset, explicitly.
+                    for sub in self.live:
+                        sub.fail(reset_error(sub.through, chunk))
+                        self.stats["resets"] += 1
+                    self.live.clear()
+                    self.tail = chunk.applied
+                    continue
+                for sub in list(self.live):
+                    if not sub.offer(chunk.batches, chunk.through):
+                        self.live.discard(sub)
+                        self.stats["overflows"] += 1
+                self.stats["fanned_batches"] += len(chunk.batches)
+                self.tail = max(self.tail, chunk.through)
+                if chunk.through >= chunk.applied and self._target < chunk.applied:
+                    self._target = chunk.applied
+
+    def join(self, sub: Subscription) -> bool:
+        """Move a caught-up subscriber to the live set if nothing lies between it and the tail.
+
+        With nobody live the tail may simply move to the newcomer (backwards
+        too): the pump then reads what lies between it and the newest commit.
+        """
+        if self.live and sub.position < self.tail:
+            return False
+        if not self.live:
+            self.tail = sub.position
+            if self._target > self.tail:
+                self._wake.set()
+        sub.through = sub.position
+        self.live.add(sub)
+        return True
+
+    def leave(self, sub: Subscription) -> None:
+        self.live.discard(sub)
+
+    # -- one subscriber -------------------------------------------------------------------
+    async def subscribe(
+        self,
+        after: int,
+        filter: Filter,
+        *,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        buffer: int = MAX_BUFFER,
+        recheck: Callable[[], Awaitable[None]] | None = None,
+    ) -> AsyncIterator[Item]:
+        """Yield stream items for one subscriber (see the module docstring)."""
+        if after < 0:
+            raise StreamError("index must be >= 0")
+        self.start()
+        sub = Subscription(filter, after, max(1, buffer))
+        self.subscribers += 1
+        last_sent = time.monotonic()
+        try:
+            # Catch-up: read LMDB directly, paced by this connection.
+            while True:
+                chunk = await self.read(sub.position)
+                if chunk.trimmed > sub.position:
+                    raise reset_error(sub.position, chunk)
+                for index, records in chunk.batches:
+                    selected = filter.select(records)
+                    sub.position = index
+                    if selected:
+                        yield {"index": index, "events": selected}
+                        last_sent = time.monotonic()
+                sub.position = max(sub.position, chunk.through)
+                if chunk.through >= chunk.applied and self.join(sub):
+                    break
+                if time.monotonic() - last_sent >= heartbeat:
+                    yield {"progress": sub.position}
+                    last_sent = time.monotonic()
+            yield {"progress": sub.position}  # caught up: a bookmark at the live tail
+            last_sent = time.monotonic()
+            # Live: batches come from the hub's fan-out.
+            while True:
+                if sub.queue:
+                    index, records = sub.queue.popleft()
+                    yield {"index": index, "events": records}
+                    sub.position = index
+                    last_sent = time.monotonic()
+                    continue
+                if sub.error is not None:
+                    raise sub.error
+                if sub.overflowed:
+                    raise RPCError(
+                        UNAVAILABLE,
+                        f"subscriber fell more than {sub.max_buffer} batches behind; "
+                        f"resubscribe with index={sub.position}",
+                        reason="slow_subscriber",
+                        resume_index=sub.position,
+                    )
+                sub.position = max(sub.position, sub.through)
+                remaining = heartbeat - (time.monotonic() - last_sent)
+                if remaining <= 0:
+                    if recheck is not None:
+                        await recheck()
+                    yield {"progress": sub.position}
+                    last_sent = time.monotonic()
+                    continue
+                sub.wake.clear()
+                if sub.queue or sub.error is not None or sub.overflowed:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await sub.wake.wait()
+        finally:
+            self.leave(sub)
+            self.subscribers -= 1
+
+
+# -- the RPC method ------------------------------------------------------------------------
+_HUBS: weakref.WeakKeyDictionary[Any, Hub] = weakref.WeakKeyDictionary()
+
+
+def hub_of(server: Server) -> Hub:
+    """The server's hub, created on first use (on the server's loop)."""
+    hub = _HUBS.get(server)
+    if hub is None:
+        hub = _HUBS[server] = Hub(server.fsm, asyncio.get_running_loop())
+    return hub
+
+
+def _number(args: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = args.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise RPCError(BAD_REQUEST, f"argument {name!r} must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def parse_args(args: dict[str, Any]) -> tuple[int, Filter, bool, float, int]:
+    """(index, filter, explicit topics, heartbeat, buffer) from the RPC args; raises bad_request."""
+    index = args.get("index", 0)
+    if index is None:
+        index = 0
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise RPCError(BAD_REQUEST, "argument 'index' must be an integer >= 0 (the last index you received)")
+    flt, explicit = parse_topics(args.get("topics"))
+    heartbeat = _number(args, "heartbeat", DEFAULT_HEARTBEAT, MIN_HEARTBEAT, MAX_HEARTBEAT)
+    buffer = int(_number(args, "buffer", MAX_BUFFER, 1, MAX_BUFFER))
+    return index, flt, explicit, heartbeat, buffer
+
+
+async def _allowed_filter(server: Server, ctx: RequestContext, flt: Filter, explicit: bool) -> Filter:
+    """Check the token; ACLToken events need management (dropped from a default subscription)."""
+    await server.authorize(ctx, Need.READ)
+    if flt.wants(TOPIC_TOKEN):
+        try:
+            await server.authorize(ctx, Need.MANAGEMENT)
+        except RPCError as err:
+            if err.code != PERMISSION_DENIED or explicit:
+                raise
+            flt = flt.without(TOPIC_TOKEN)
+    return flt
+
+
+@stream_method("event.stream")
+async def event_stream(server: Server, ctx: RequestContext, args: dict[str, Any]) -> AsyncIterator[Item]:
+    """Stream journal batches after ``index`` (exclusive); see the module docstring."""
+    index, flt, explicit, heartbeat, buffer = parse_args(args)
+    flt = await _allowed_filter(server, ctx, flt, explicit)
+    need = Need.MANAGEMENT if flt.wants(TOPIC_TOKEN) else Need.READ
+
+    async def recheck() -> None:  # a revoked or expired token ends the stream
+        await server.authorize(ctx, need)
+
+    items = hub_of(server).subscribe(index, flt, heartbeat=heartbeat, buffer=buffer, recheck=recheck)
+    try:
+        async for item in items:
+            yield item
+    except RPCError as err:
+        if err.details.get("reason") == "slow_subscriber":
+            # The final answer goes out only once the client reads what is
+            # already buffered; a client that never reads is dropped.
+            ctx.loop.call_later(OVERFLOW_GRACE, _drop_if_stuck, ctx)
+        raise
+    finally:
+        await items.aclose()
+
+
+def _drop_if_stuck(ctx: RequestContext) -> None:
+    transport = getattr(ctx, "_transport", None)
+    if transport is not None and not transport.is_closing() and transport.get_write_buffer_size() > 0:
+        ctx.abort_connection()
+
+
+def record_events(index: int, records: Iterable[Any]) -> list[dict[str, Any]]:
+    """Records in Nomad's event shape (Topic, Type, Key, Index, Payload{Topic: object})."""
+    from node.nomadjson import to_nomad
+
+    out = []
+    for topic, type_, key, obj in records:
+        out.append(
+            {
+                "Topic": topic,
+                "Type": type_,
+                "Key": key,
+                "Index": index,
+                "Payload": None if obj is None else {topic: to_nomad(obj)},
+            }
+        )
+    return out
