@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fsm import codec
+from fsm import gc as gc_rules
 from fsm import messages as m
 from fsm.errors import ApplyRejected
 from fsm.keys import u64
@@ -251,11 +252,19 @@ def eval_reap(w: StateWriter, msg: m.EvalReap) -> dict[str, Any]:
     """Delete unchanged terminal allocs, then unchanged terminal evals with their terminal allocs.
 
     An eval that still has a non-terminal alloc stays, so no alloc is orphaned.
+    Each alloc is also re-checked against its job as it is now
+    (``fsm.gc.alloc_reapable``): a job re-registered after the leader planned
+    the reap changes no alloc's modify index, yet may make a failed alloc
+    reschedulable again or protect a live batch job's current allocs.
     """
     reaped_allocs, reaped_evals, skipped = [], [], []
     for reap in msg.allocs:
         alloc = w.alloc(reap.id)
-        if alloc is None or alloc.modify_index != reap.modify_index or not alloc.terminal():
+        if (
+            alloc is None
+            or alloc.modify_index != reap.modify_index
+            or not _alloc_reapable(w, alloc, None)
+        ):
             skipped.append(reap.id)
             continue
         _delete_alloc(w, alloc)
@@ -266,7 +275,7 @@ def eval_reap(w: StateWriter, msg: m.EvalReap) -> dict[str, Any]:
             skipped.append(reap.id)
             continue
         allocs = w.allocs_by_eval(ev.id)
-        if any(not a.terminal() for a in allocs):
+        if any(not _alloc_reapable(w, a, ev) for a in allocs):
             skipped.append(reap.id)
             continue
         for alloc in allocs:
@@ -275,6 +284,13 @@ def eval_reap(w: StateWriter, msg: m.EvalReap) -> dict[str, Any]:
         w.delete_eval(ev)
         reaped_evals.append(ev.id)
     return {"evals": reaped_evals, "allocs": reaped_allocs, "skipped": skipped}
+
+
+def _alloc_reapable(w: StateWriter, alloc: Allocation, ev: Evaluation | None) -> bool:
+    if ev is None:
+        ev = w.eval(alloc.eval_id)
+    eval_type = ev.type if ev is not None else ""
+    return gc_rules.alloc_reapable(alloc, w.job(alloc.job_id), eval_type, w.now)
 
 
 # -- allocs --------------------------------------------------------------------

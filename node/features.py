@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 LeaderLoop = Callable[["Server"], Awaitable[Any]]
 
 # Modules imported for their endpoint registrations and LEADER_LOOPS.
-FEATURE_MODULES: tuple[str, ...] = ("node.stream",)
+FEATURE_MODULES: tuple[str, ...] = ("node.stream", "node.gc", "node.worker_endpoints")
 
 
 def load() -> list[LeaderLoop]:

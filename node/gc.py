@@ -1,0 +1,395 @@
+"""Leader-only garbage collection: periodic sweeps and the force-GC admin RPC.
+
+Only the leader collects. While it leads, one loop per kind (evals, jobs,
+deployments, nodes, expired ACL tokens) sleeps its configured interval, plans
+a sweep with ``fsm.gc`` on the committed state (reading only the GC-mark
+index up to ``now - threshold`` and what the marks name), splits the plan
+into reap entries, and puts them on the log one at a time through
+``Server.propose``. The loops are cancelled when leadership is lost; a sweep
+cut short is simply planned again by the next leader, because every reaped
+id carries the ``modify_index`` the leader saw and apply skips whatever is
+gone or changed since (so nothing is deleted twice, and an object touched
+after the read survives).
+
+An entry is bounded twice: by the configured id caps (Nomad's 7,281 ids per
+reap, 2,048 jobs per job reap) and by the raft entry limit
+(``server.raft.max_entry_bytes``, measured on the encoded, pickled entry as
+the raft adapter stores it), whichever is hit first.
+
+``system.gc`` (``caravan system gc``) runs every collector at once with all
+time thresholds zero and every other rule kept, node GC last; it waits for
+the reaps to commit and answers counts per kind with the last reap's raft
+index. ``detach`` returns at once; ``dry_run`` plans on one snapshot and
+writes nothing. Sweeps of one server never overlap (one lock), so a forced
+run and a periodic sweep do not plan the same objects twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsm import messages as m
+from fsm.gc import FORCE_ORDER, EvalUnit, Plan, Thresholds, plan_all, plan_kind
+from fsm.messages import encode_entry
+from fsm.store import StateReader
+from fsm.structs import SECOND
+from fsm.writer import GC_DEPLOYMENT, GC_EVAL, GC_JOB, GC_KINDS, GC_NODE, GC_TOKEN
+from node.acl import Need
+from node.config import GCConfig
+from node.endpoints import method
+from node.errors import BAD_REQUEST, INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
+from node.rpc_server import RequestContext
+from raft.node import encoded_entry_size
+
+if TYPE_CHECKING:
+    from node.server import Server
+
+# Bytes of each entry left for what differs between measuring and proposing
+# (the envelope's time and request id).
+ENTRY_MARGIN = 256
+# Allocs of one eval reaped in the same entry as the eval; more go first in
+# entries of their own so no single unit outgrows an entry.
+UNIT_ALLOCS = 256
+# Ids listed per table in a dry run's answer (counts are always complete).
+DRY_RUN_IDS = 1000
+
+# Names of the per-kind counts in answers and logs (Nomad's API nouns).
+NAMES = {
+    "jobs": "Jobs",
+    "evals": "Evals",
+    "allocs": "Allocs",
+    "deployments": "Deployments",
+    "nodes": "Nodes",
+    "acl_tokens": "ACLTokens",
+}
+LEADERSHIP_LOST = frozenset({NOT_LEADER, NO_LEADER, UNKNOWN_OUTCOME})
+
+
+class GCError(Exception):
+    """A plan could not be turned into entries (an item larger than one entry)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How big one reap entry may be."""
+
+    reap_batch: int = 7281
+    job_batch: int = 2048
+    token_batch: int = 4096
+    max_entry_bytes: int = 48 * 1024
+
+    @classmethod
+    def of(cls, cfg: GCConfig, max_entry_bytes: int) -> Limits:
+        return cls(cfg.reap_batch, cfg.job_batch, cfg.token_batch, max_entry_bytes)
+
+
+def thresholds_of(cfg: GCConfig) -> Thresholds:
+    """The configured thresholds (seconds) in the FSM's nanoseconds."""
+
+    def ns(seconds: float) -> int:
+        return int(round(seconds * SECOND))
+
+    return Thresholds(
+        eval=ns(cfg.eval_threshold),
+        batch_eval=ns(cfg.batch_eval_threshold),
+        job=ns(cfg.job_threshold),
+        deployment=ns(cfg.deployment_threshold),
+        node=ns(cfg.node_threshold),
+        token=ns(cfg.token_threshold),
+    )
+
+
+def entry_size(body: Any) -> int:
+    """Bytes ``body`` takes in the raft log (what ``max_entry_bytes`` limits)."""
+    return encoded_entry_size(encode_entry(body, time=time.time_ns(), rid=uuid.uuid4().hex))
+
+
+# -- splitting a plan into entries --------------------------------------------------
+def _split_units(units: list[EvalUnit]) -> list[EvalUnit]:
+    """Break evals with many allocs into alloc-only units followed by the eval itself."""
+    out: list[EvalUnit] = []
+    for unit in units:
+        if len(unit.allocs) <= UNIT_ALLOCS:
+            out.append(unit)
+            continue
+        for i in range(0, len(unit.allocs), UNIT_ALLOCS):
+            out.append(EvalUnit(unit.job_id, None, unit.allocs[i : i + UNIT_ALLOCS]))
+        if unit.eval is not None:
+            out.append(EvalUnit(unit.job_id, unit.eval, []))
+    return out
+
+
+def _pack(
+    items: list[Any],
+    cap: int,
+    count: Callable[[Any], int],
+    make: Callable[[list[Any]], Any],
+    limit: int,
+    measure: Callable[[Any], int],
+) -> list[Any]:
+    """Greedy batches of ``items`` with at most ``cap`` ids and ``limit`` encoded bytes each."""
+    bodies: list[Any] = []
+    i, guess = 0, 0
+    while i < len(items):
+        n, ids = 0, 0
+        while i + n < len(items) and (n == 0 or ids + count(items[i + n]) <= cap):
+            ids += count(items[i + n])
+            n += 1
+        if guess:
+            n = min(n, guess)
+        while True:
+            body = make(items[i : i + n])
+            size = measure(body)
+            if size <= limit:
+                break
+            if n == 1:
+                raise GCError(f"one reap item encodes to {size} bytes, over the {limit} byte entry limit")
+            n = max(1, min(n - 1, n * limit // size))
+        bodies.append(body)
+        i += n
+        guess = n + n // 4 + 1 if size > limit * 3 // 4 else 0
+    return bodies
+
+
+def reap_bodies(plan: Plan, limits: Limits, measure: Callable[[Any], int] = entry_size) -> list[Any]:
+    """The reap entries (message bodies) that carry out ``plan``, in order."""
+    limit = limits.max_entry_bytes - ENTRY_MARGIN
+    if plan.kind == GC_EVAL:
+        return _pack(
+            _split_units(plan.units),
+            limits.reap_batch,
+            EvalUnit.ids,
+            lambda units: m.EvalReap(
+                evals=[u.eval for u in units if u.eval is not None],
+                allocs=[a for u in units for a in u.allocs],
+            ),
+            limit,
+            measure,
+        )
+    makers: dict[str, tuple[int, Callable[[list[m.Reap]], Any]]] = {
+        GC_JOB: (limits.job_batch, lambda rs: m.JobBatchDeregister(jobs=rs)),
+        GC_DEPLOYMENT: (limits.reap_batch, lambda rs: m.DeploymentReap(deployments=rs)),
+        GC_NODE: (limits.reap_batch, lambda rs: m.NodeReap(nodes=rs)),
+        GC_TOKEN: (limits.token_batch, lambda rs: m.ACLTokenDelete(reaps=rs)),
+    }
+    cap, make = makers[plan.kind]
+    return _pack(plan.reaps, cap, lambda _: 1, make, limit, measure)
+
+
+def tally(plan: Plan, body: Any, value: dict[str, Any]) -> tuple[dict[str, int], int]:
+    """(objects removed per table, ids skipped) from one reap entry's apply result."""
+    counts: dict[str, int] = {}
+    if isinstance(body, m.EvalReap):
+        counts = {"evals": len(value.get("evals", [])), "allocs": len(value.get("allocs", []))}
+    elif isinstance(body, m.JobBatchDeregister):
+        reaped = value.get("reaped", [])
+        counts = {"jobs": len(reaped), "evals": 0, "allocs": 0, "deployments": 0}
+        for job_id in reaped:
+            cascade = plan.cascade.get(job_id)
+            if cascade is not None:
+                counts["evals"] += len(cascade.evals)
+                counts["allocs"] += len(cascade.allocs)
+                counts["deployments"] += len(cascade.deployments)
+    elif isinstance(body, m.DeploymentReap):
+        counts = {"deployments": len(value.get("reaped", []))}
+    elif isinstance(body, m.NodeReap):
+        counts = {"nodes": len(value.get("reaped", []))}
+    elif isinstance(body, m.ACLTokenDelete):
+        counts = {"acl_tokens": len(value.get("deleted", []))}
+    return counts, len(value.get("skipped", []))
+
+
+# -- the collector ------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What one run (a sweep of some kinds) did."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NAMES, 0))
+    skipped: int = 0
+    entries: int = 0
+    index: int = 0
+    planned: int = 0
+    reads: int = 0
+
+    def add(self, counts: dict[str, int]) -> None:
+        for table, n in counts.items():
+            self.counts[table] = self.counts.get(table, 0) + n
+
+    def to_nomad(self) -> dict[str, Any]:
+        return {
+            "Index": self.index,
+            "Collected": {NAMES[t]: n for t, n in self.counts.items()},
+            "Entries": self.entries,
+            "Skipped": self.skipped,
+        }
+
+
+def _now(r: StateReader) -> int:
+    """The leader's clock, never behind the time the FSM has already seen."""
+    return max(time.time_ns(), r.last_time)
+
+
+class Collector:
+    """One server's GC: plans on committed state and proposes reaps (leader only)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.lock = asyncio.Lock()
+        self.log = server.log.bind(component="gc")
+        self.background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def limits(self) -> Limits:
+        return Limits.of(self.server.config.gc, self.server.raft.max_entry_bytes)
+
+    async def run(self, kinds: tuple[str, ...], th: Thresholds, *, forced: bool) -> Outcome:
+        """Sweep ``kinds`` in order, each planned on state that includes the previous one's reaps."""
+        outcome = Outcome()
+        async with self.lock:
+            for kind in kinds:
+                await self._sweep(kind, th, forced, outcome)
+        if outcome.index == 0:
+            outcome.index = self.server.fsm.applied_index
+        return outcome
+
+    async def _sweep(self, kind: str, th: Thresholds, forced: bool, outcome: Outcome) -> None:
+        limits = self.limits
+
+        def plan_it(r: StateReader) -> tuple[Plan, list[Any]]:
+            plan = plan_kind(r, kind, _now(r), th, token_limit=limits.token_batch)
+            return plan, reap_bodies(plan, limits)
+
+        started = time.monotonic()
+        plan, bodies = await self.server.local(plan_it)
+        outcome.reads += plan.marks + plan.reads
+        if not bodies:
+            self.log.debug("gc sweep found nothing", kind=kind, marks=plan.marks, forced=forced)
+            return
+        planned = plan.counts()
+        outcome.planned += sum(planned.values())
+        counts: dict[str, int] = {}
+        skipped, index = 0, 0
+        for body in bodies:
+            result = await self.server.propose(body)
+            got, skip = tally(plan, body, result["value"])
+            for table, n in got.items():
+                counts[table] = counts.get(table, 0) + n
+            skipped += skip
+            index = max(index, result["index"])
+            outcome.entries += 1
+        outcome.add(counts)
+        outcome.skipped += skipped
+        outcome.index = max(outcome.index, index)
+        self.log.info(
+            "gc reaped",
+            kind=kind,
+            forced=forced,
+            index=index,
+            entries=len(bodies),
+            skipped=skipped,
+            marks=plan.marks,
+            seconds=round(time.monotonic() - started, 3),
+            **{t: n for t, n in counts.items() if n},
+        )
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+_COLLECTORS: weakref.WeakKeyDictionary[Any, Collector] = weakref.WeakKeyDictionary()
+
+
+def collector(server: Server) -> Collector:
+    found = _COLLECTORS.get(server)
+    if found is None:
+        found = _COLLECTORS[server] = Collector(server)
+    return found
+
+
+# -- leader loops -------------------------------------------------------------------
+def _sweep_loop(kind: str) -> Callable[[Server], Any]:
+    async def loop(server: Server) -> None:
+        gc = collector(server)
+        interval = getattr(server.config.gc, f"{kind}_interval")
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await gc.run((kind,), thresholds_of(server.config.gc), forced=False)
+            except RPCError as exc:
+                # Losing leadership cancels this loop anyway; anything else is
+                # retried next interval (a reap that did commit is skipped then).
+                level = gc.log.info if exc.code in LEADERSHIP_LOST else gc.log.warning
+                level("gc sweep cut short; the next sweep plans again", kind=kind, error=str(exc))
+            except GCError as exc:
+                gc.log.error("gc sweep could not batch its reaps", kind=kind, error=str(exc))
+
+    loop.__qualname__ = f"gc_{kind}_sweep"
+    return loop
+
+
+LEADER_LOOPS = [_sweep_loop(kind) for kind in GC_KINDS]
+
+
+# -- the admin RPC ------------------------------------------------------------------
+async def _force(gc: Collector) -> Outcome:
+    try:
+        outcome = await gc.run(FORCE_ORDER, Thresholds.zero(), forced=True)
+    except GCError as exc:
+        raise RPCError(INTERNAL, f"garbage collection could not batch its reaps: {exc}") from None
+    gc.log.info(
+        "forced gc done",
+        index=outcome.index,
+        entries=outcome.entries,
+        skipped=outcome.skipped,
+        **{t: n for t, n in outcome.counts.items() if n},
+    )
+    return outcome
+
+
+async def _detached(gc: Collector) -> None:
+    try:
+        await _force(gc)
+    except RPCError as exc:
+        gc.log.warning("detached forced gc stopped", error=str(exc))
+
+
+def _dry_run(r: StateReader, token_limit: int) -> dict[str, Any]:
+    plans = plan_all(r, _now(r), Thresholds.zero(), token_limit=token_limit)
+    ids: dict[str, list[str]] = {t: [] for t in NAMES}
+    for plan in plans:
+        for table, found in plan.ids().items():
+            ids[table].extend(found)
+    return {
+        "DryRun": True,
+        "Index": r.applied_index,
+        "Collected": {NAMES[t]: len(v) for t, v in ids.items()},
+        "IDs": {NAMES[t]: sorted(v)[:DRY_RUN_IDS] for t, v in ids.items()},
+        "Truncated": any(len(v) > DRY_RUN_IDS for v in ids.values()),
+    }
+
+
+@method("system.gc")
+async def system_gc(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Force a garbage collection now (Nomad's ``PUT /v1/system/gc``); management token."""
+    for flag in ("detach", "dry_run"):
+        if flag in args and not isinstance(args[flag], bool):
+            raise RPCError(BAD_REQUEST, f"argument {flag!r} must be true or false")
+    await server.authorize(ctx, Need.MANAGEMENT)
+    await server.linearize(ctx)  # the leader runs it; followers forward
+    gc = collector(server)
+    if args.get("dry_run"):
+        limit = gc.limits.token_batch
+        return await server.local(lambda r: _dry_run(r, limit))
+    if args.get("detach"):
+        gc.spawn(_detached(gc))
+        return {"Detached": True, "Index": server.fsm.applied_index}
+    outcome = await _force(gc)
+    return outcome.to_nomad()
