@@ -32,18 +32,28 @@ class Ctx:
         self.as_json = as_json
         self.stale = stale
 
-    def client(self) -> RPCClient:
-        return RPCClient(self.addresses, token=self.token)
+    def client(self, timeout: float | None = None) -> RPCClient:
+        if timeout is None:
+            return RPCClient(self.addresses, token=self.token)
+        return RPCClient(self.addresses, token=self.token, timeout=timeout)
 
-    def call(self, method: str, args: dict[str, Any] | None = None) -> Any:
+    def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         args = dict(args or {})
         if self.stale:
             args["stale"] = True
-        with self.client() as client:
+        with self.client(timeout) as client:
             return client.call(method, args)
 
     def read(self, method: str, args: dict[str, Any] | None = None) -> Any:
-        return self.call(method, args)["data"]
+        """A read; the command's first read honours --index/--wait (a blocking query)."""
+        args = dict(args or {})
+        block = _take_blocking()
+        if block is None:
+            return self.call(method, args)["data"]
+        min_index, wait = block
+        out = self.call(method, {**args, "min_index": min_index, "wait": wait}, timeout=wait + BLOCKING_SLACK)
+        click.echo(f"Index: {out['index']}", err=True)  # what to pass as --index next time
+        return out["data"]
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -77,6 +87,55 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         default=DEFAULT_ADDRESS,
         show_default=True,
         help="Server RPC address(es), comma-separated (env CARAVAN_ADDRESS).",
+    )(fn)
+    return fn
+
+
+BLOCKING_DEFAULT_WAIT = 300.0  # as Nomad's blocking queries (and the server's cap)
+BLOCKING_SLACK = 10.0  # client deadline beyond --wait
+
+
+def _keep_blocking(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None:
+        ctx.meta[f"caravan.{param.name}"] = value
+    return value
+
+
+def _take_blocking() -> tuple[int, float] | None:
+    """(min_index, wait seconds) from --index/--wait, once per command; None without --index."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    index = ctx.meta.pop("caravan.block_index", None)
+    wait_text = ctx.meta.pop("caravan.block_wait", None)
+    if index is None:
+        if wait_text is not None:
+            fail("--wait needs --index (the index to wait past, from an earlier answer)")
+        return None
+    if index < 0:
+        fail("--index must be >= 0")
+    wait = BLOCKING_DEFAULT_WAIT
+    if wait_text is not None:
+        from node.config import parse_duration
+
+        try:
+            wait = float(wait_text) if wait_text.replace(".", "", 1).isdigit() else parse_duration(wait_text)
+        except ValueError as exc:
+            fail(f"--wait: {exc}")
+        if not 0 < wait <= BLOCKING_DEFAULT_WAIT:
+            fail(f"--wait must be more than 0 and at most {BLOCKING_DEFAULT_WAIT:g}s")
+    return index, wait
+
+
+def blocking_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--index/--wait: a blocking query, answered once the data changes past --index (as Nomad's ?index=&wait=)."""
+    fn = click.option(
+        "--wait", "block_wait", default=None, expose_value=False, callback=_keep_blocking,
+        help="With --index: longest wait, e.g. 30s or 5m (default 5m).",
+    )(fn)
+    fn = click.option(
+        "--index", "block_index", type=int, default=None, expose_value=False, callback=_keep_blocking,
+        help="Blocking query: answer once the data's index passes this (printed as 'Index: N' on stderr).",
     )(fn)
     return fn
 
@@ -305,6 +364,7 @@ def job_run(spec: str, check_index: int | None, address: str, token: str | None,
 
 @job.command("status")
 @click.argument("job_id", required=False)
+@blocking_options
 @client_options
 def job_status(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     """List jobs, or show one job with its allocations."""
@@ -341,6 +401,7 @@ def job_stop(job_id: str, purge: bool, address: str, token: str | None, as_json:
 
 @job.command("history")
 @click.argument("job_id")
+@blocking_options
 @client_options
 def job_history(job_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     """The job's kept versions, newest first."""
@@ -359,6 +420,7 @@ def eval_() -> None:
 
 @eval_.command("list")
 @click.option("--job", "job_id", default=None)
+@blocking_options
 @client_options
 def eval_list(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -369,6 +431,7 @@ def eval_list(job_id: str | None, address: str, token: str | None, as_json: bool
 
 @eval_.command("status")
 @click.argument("eval_id")
+@blocking_options
 @client_options
 def eval_status(eval_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -392,6 +455,7 @@ def alloc() -> None:
 @alloc.command("list")
 @click.option("--job", "job_id", default=None)
 @click.option("--node", "node_id", default=None)
+@blocking_options
 @client_options
 def alloc_list(job_id: str | None, node_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -401,6 +465,7 @@ def alloc_list(job_id: str | None, node_id: str | None, address: str, token: str
 
 @alloc.command("status")
 @click.argument("alloc_id")
+@blocking_options
 @client_options
 def alloc_status(alloc_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -418,6 +483,7 @@ def deployment() -> None:
 
 @deployment.command("list")
 @click.option("--job", "job_id", default=None)
+@blocking_options
 @client_options
 def deployment_list(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -428,6 +494,7 @@ def deployment_list(job_id: str | None, address: str, token: str | None, as_json
 
 @deployment.command("status")
 @click.argument("deployment_id")
+@blocking_options
 @client_options
 def deployment_status(deployment_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -442,6 +509,7 @@ def node() -> None:
 
 
 @node.command("list")
+@blocking_options
 @client_options
 def node_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -452,6 +520,7 @@ def node_list(address: str, token: str | None, as_json: bool, stale: bool) -> No
 
 @node.command("status")
 @click.argument("node_id")
+@blocking_options
 @client_options
 def node_status(node_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -497,6 +566,7 @@ def acl_token_create(name: str, kind: str, policies: tuple[str, ...], ttl: int, 
 
 
 @acl_token.command("list")
+@blocking_options
 @client_options
 def acl_token_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -505,6 +575,7 @@ def acl_token_list(address: str, token: str | None, as_json: bool, stale: bool) 
 
 @acl_token.command("info")
 @click.argument("accessor_id")
+@blocking_options
 @client_options
 def acl_token_info(accessor_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
@@ -552,6 +623,53 @@ def raft_transfer(target: str | None, address: str, token: str | None, as_json: 
     c = make_ctx(address, token, as_json)
     out = c.call("operator.raft.transfer", {"to": target} if target else {})
     emit(c, out, lambda d: f"Leadership transferred to {d['Leader']}")
+
+
+# -- events -------------------------------------------------------------------------
+@main.group()
+def event() -> None:
+    """The change journal: every change, in order, from any server."""
+
+
+@event.command("stream")
+@click.option("--index", "index", type=int, default=0, show_default=True,
+              help="Deliver batches AFTER this index (exclusive): the last index you received; 0 = oldest retained.")
+@click.option("--topic", "topics", multiple=True,
+              help="Topic or Topic:Key (Job, Evaluation, Allocation, Deployment, Node, ACLToken; * = all). Repeatable.")
+@click.option("--heartbeat", type=float, default=10.0, show_default=True, help="Seconds of quiet before a progress notification.")
+@click.option("--progress", "show_progress", is_flag=True, help='Also print progress notifications as {"Progress": N}.')
+@click.option("--limit", type=int, default=0, help="Exit after printing this many batches (0: never).")
+@click.option("--no-follow", is_flag=True, help="Exit once caught up with the journal's tail.")
+@click.option("--token", envvar="CARAVAN_TOKEN", default=None, help="ACL secret (env CARAVAN_TOKEN).")
+@click.option("--address", envvar="CARAVAN_ADDRESS", default=DEFAULT_ADDRESS, show_default=True,
+              help="Server RPC address(es), comma-separated (env CARAVAN_ADDRESS); any server will do.")
+def event_stream(index: int, topics: tuple[str, ...], heartbeat: float, show_progress: bool, limit: int,
+                 no_follow: bool, token: str | None, address: str) -> None:
+    """Print journal batches as NDJSON, one batch per line; resumes on another server if one goes away."""
+    from node.event_client import follow, record_events
+
+    if index < 0:
+        fail("--index must be >= 0 (the last index you received)")
+    if limit < 0:
+        fail("--limit must be >= 0")
+    c = make_ctx(address, token, True)
+    printed = 0
+    try:
+        for item in follow(c.addresses, index=index, topics=list(topics), heartbeat=heartbeat, token=token):
+            if "index" in item:
+                line = {"Index": item["index"], "Events": record_events(item["index"], item["events"])}
+                click.echo(json.dumps(line, sort_keys=True, default=repr))
+                printed += 1
+                if limit and printed >= limit:
+                    return
+            elif show_progress:
+                click.echo(json.dumps({"Progress": item["progress"]}))
+            if no_follow and "progress" in item:
+                return
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (| head): not an error
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 @main.group()

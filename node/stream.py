@@ -68,7 +68,7 @@ import collections
 import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -486,20 +486,3 @@ def _drop_if_stuck(ctx: RequestContext) -> None:
     if transport is not None and not transport.is_closing() and transport.get_write_buffer_size() > 0:
         ctx.abort_connection()
 
-
-def record_events(index: int, records: Iterable[Any]) -> list[dict[str, Any]]:
-    """Records in Nomad's event shape (Topic, Type, Key, Index, Payload{Topic: object})."""
-    from node.nomadjson import to_nomad
-
-    out = []
-    for topic, type_, key, obj in records:
-        out.append(
-            {
-                "Topic": topic,
-                "Type": type_,
-                "Key": key,
-                "Index": index,
-                "Payload": None if obj is None else {topic: to_nomad(obj)},
-            }
-        )
-    return out

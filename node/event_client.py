@@ -1,0 +1,108 @@
+"""Following ``event.stream`` from outside a server, across disconnects and restarts.
+
+``follow`` wraps ``RPCClient.stream``: it remembers the last index it has
+seen (a batch's index or a progress bookmark) and, when a stream breaks — the
+server was stopped or killed, or it cut a slow subscriber off — resubscribes
+with that index to the next server in the list, so the caller sees every
+batch exactly once and in order, whatever server serves it. What cannot be
+resumed is raised: ``reset_required`` (the index fell out of the retention
+window), bad arguments, permission errors, or ``unavailable`` once no server
+has answered for ``give_up_after`` seconds.
+
+Clients import this module, never the server side (``node.stream``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.errors import UNAVAILABLE, RPCError
+from node.nomadjson import to_nomad
+from node.rpc_client import BACKOFF_MAX, RPCClient
+
+
+@dataclass
+class FollowState:
+    """Where a follower is; ``index`` is what to pass on the next subscribe."""
+
+    index: int = 0
+    reconnects: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def follow(
+    addresses: Sequence[str],
+    *,
+    index: int = 0,
+    topics: Sequence[str] | None = None,
+    heartbeat: float = 10.0,
+    token: str | None = None,
+    buffer: int | None = None,
+    give_up_after: float = 60.0,
+    state: FollowState | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield ``event.stream`` items after ``index`` forever, resuming after breaks."""
+    st = state if state is not None else FollowState(index=index)  # a given state resumes at its index
+    order = list(addresses)
+    if not order:
+        raise RPCError(UNAVAILABLE, "no server address given; pass at least one host:port")
+    args: dict[str, Any] = {"heartbeat": heartbeat}
+    if topics:
+        args["topics"] = list(topics)
+    if buffer is not None:
+        args["buffer"] = buffer
+    position = 0
+    backoff = 0.05
+    last_ok = time.monotonic()
+    while True:
+        address = order[position % len(order)]
+        client = RPCClient([address], token=token, timeout=min(10.0, give_up_after))
+        try:
+            for item in client.stream("event.stream", {**args, "index": st.index}, idle_timeout=3 * heartbeat + 10):
+                last_ok = time.monotonic()
+                backoff = 0.05
+                if "index" in item:
+                    st.index = item["index"]
+                elif "progress" in item:
+                    st.index = max(st.index, item["progress"])
+                yield item
+        except RPCError as err:
+            if err.code != UNAVAILABLE:
+                raise
+            st.errors.append(f"{address}: {err.message}")
+            resume = err.details.get("resume_index")
+            if isinstance(resume, int) and resume > st.index:
+                st.index = resume
+        finally:
+            client.close()
+        if time.monotonic() - last_ok > give_up_after:
+            raise RPCError(
+                UNAVAILABLE,
+                f"no server streamed events for {give_up_after:g}s (last: {st.errors[-1] if st.errors else 'none'}); "
+                f"resume later with index={st.index}",
+                resume_index=st.index,
+            )
+        st.reconnects += 1
+        position += 1
+        if position % len(order) == 0:
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def record_events(index: int, records: Iterable[Any]) -> list[dict[str, Any]]:
+    """Records in Nomad's event shape (Topic, Type, Key, Index, Payload{Topic: object})."""
+    out = []
+    for topic, type_, key, obj in records:
+        out.append(
+            {
+                "Topic": topic,
+                "Type": type_,
+                "Key": key,
+                "Index": index,
+                "Payload": None if obj is None else {topic: to_nomad(obj)},
+            }
+        )
+    return out
