@@ -33,6 +33,7 @@ from node.endpoints import METHODS, STREAMS
 from node.errors import (
     BAD_REQUEST,
     NO_LEADER,
+    NOT_LEADER,
     TIMEOUT,
     UNAVAILABLE,
     UNKNOWN_OUTCOME,
@@ -45,6 +46,8 @@ from raft.node import RaftNode
 
 WRITE_TIMEOUT = 10.0
 READ_WAIT_MAX = 300.0
+FORWARD_ATTEMPT = 1.0  # seconds one forwarding attempt may take before leadership is looked up again
+RETRY_FORWARD = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE, TIMEOUT, UNKNOWN_OUTCOME})
 FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
 
 
@@ -93,15 +96,43 @@ class Server:
             try:
                 return await fn(self, ctx, args)
             except _Forward as fwd:
-                if fwd.leader is None:
-                    raise RPCError(NO_LEADER, "no raft leader is known yet; retry in a moment") from None
-                if args.get(FORWARDED) or fwd.leader == self.rpc.address:
-                    raise RPCError.not_leader(fwd.leader) from None
-                return await self.forwarder.call(
-                    name, {**args, FORWARDED: True}, request_id=ctx.request_id, token=ctx.token, address=fwd.leader
-                )
+                return await self._forward(name, fn, ctx, args, fwd.leader)
 
         return handler
+
+    async def _forward(
+        self, name: str, fn: Callable[..., Any], ctx: RequestContext, args: dict[str, Any], leader: str | None
+    ) -> Any:
+        """Send the request to the leader, following leadership changes until the deadline.
+
+        Each attempt is short: a leader that just died must not hold the
+        client for the whole write timeout. Re-sending is safe because the
+        request id travels along and the FSM applies each id once.
+        """
+        if args.get(FORWARDED):
+            raise RPCError.not_leader(leader)
+        deadline = time.monotonic() + WRITE_TIMEOUT
+        while True:
+            if self.raft.is_leader:
+                return await fn(self, ctx, args)
+            remaining = deadline - time.monotonic()
+            if leader is not None and leader != self.rpc.address:
+                try:
+                    return await self.forwarder.call(
+                        name,
+                        {**args, FORWARDED: True},
+                        request_id=ctx.request_id,
+                        token=ctx.token,
+                        address=leader,
+                        timeout=max(0.05, min(FORWARD_ATTEMPT, remaining)),
+                    )
+                except RPCError as exc:
+                    if exc.code not in RETRY_FORWARD or remaining <= 0:
+                        raise
+            elif remaining <= 0:
+                raise RPCError(NO_LEADER, "no raft leader is known yet; retry in a moment")
+            await asyncio.sleep(0.05)
+            leader = self.leader_rpc()
 
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT."""

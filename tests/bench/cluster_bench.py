@@ -1,0 +1,151 @@
+"""Cluster benchmark: the full write path through a real 3-server Caravan cluster.
+
+    python -m tests.bench.cluster_bench [--serial 500] [--pipelined 5000] [--window 256] [--failovers 5] [--fsync]
+
+Measured in one run, on the same machine:
+
+* raw pysyncobj (a replicated no-op, 3 processes, the same raft profile) — the baseline;
+* Caravan serial write latency (job registrations, one at a time, to the leader): p50/p99;
+* Caravan pipelined throughput (job registrations, ``--window`` in flight): writes/s;
+* alloc client updates pipelined, when the cluster exposes ``plan.submit`` to create allocs;
+* leader failover: kill -9 the leader, time until the first successful write (median).
+
+Ratios are against the raw baseline of the same run, since absolute numbers
+on a shared 2-core machine vary between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from node import cluster as cl
+from node.errors import RPCError
+from node.rpc_client import AsyncRPCClient, RPCClient
+from tests.bench import raft_bench
+
+
+def job_spec(job_id: str) -> dict[str, Any]:
+    return {"ID": job_id, "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+
+
+def percentile(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+
+def serial_writes(leader: str, n: int) -> list[float]:
+    lat = []
+    with RPCClient([leader]) as client:
+        for i in range(n):
+            t = time.perf_counter()
+            client.call("job.register", {"job": job_spec(f"serial-{i}")})
+            lat.append(time.perf_counter() - t)
+    return lat
+
+
+async def pipelined(leader: str, n: int, window: int, make: Any) -> float:
+    client = AsyncRPCClient([leader], timeout=60)
+    sem = asyncio.Semaphore(window)
+
+    async def one(i: int) -> None:
+        async with sem:
+            method, args = make(i)
+            await client.call(method, args)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - t
+    await client.close()
+    return n / elapsed
+
+
+def prepare_allocs(leader: str, count: int) -> list[str] | None:
+    """Place ``count`` allocs with plan.submit if the cluster has it; None otherwise."""
+    with RPCClient([leader]) as client:
+        try:
+            client.call("node.register", {"node": {"ID": "bench-node", "Status": "ready"}})
+            client.call("job.register", {"job": job_spec("alloc-bench")})
+            ids = []
+            for start in range(0, count, 20):
+                batch = [
+                    {"ID": str(uuid.uuid4()), "EvalID": "bench-eval", "JobID": "alloc-bench", "NodeID": "bench-node", "TaskGroup": "g"}
+                    for _ in range(min(20, count - start))
+                ]
+                client.call("plan.submit", {"plan": {"AllocsToPlace": batch, "Evals": [{"ID": "bench-eval", "JobID": "alloc-bench", "Status": "complete"}]}})
+                ids += [a["ID"] for a in batch]
+            return ids
+        except RPCError as exc:
+            if exc.code == "unknown_method":
+                return None
+            raise
+
+
+def failover(c: cl.Cluster, rounds: int) -> list[float]:
+    times = []
+    for r in range(rounds):
+        leader = cl.wait_for_leader(c.rpc_addresses, 30)
+        node = next(n for n in c.nodes if n.rpc_addr == leader["Leader"])
+        others = [n.rpc_addr for n in c.nodes if n is not node]
+        cl.kill(c, node.id)
+        t = time.perf_counter()
+        with RPCClient(others, timeout=30) as client:
+            client.call("job.register", {"job": job_spec(f"failover-{r}")})
+        times.append(time.perf_counter() - t)
+        cl.restart(c, node.id)
+        cl.wait_for_leader(c.rpc_addresses, 30)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--serial", type=int, default=500)
+    ap.add_argument("--pipelined", type=int, default=5000)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--failovers", type=int, default=5)
+    ap.add_argument("--fsync", action="store_true", help="run the servers with fsync = true (the config default)")
+    a = ap.parse_args()
+
+    raw = raft_bench.run_case("raw", "low-latency", False, a.serial, a.pipelined, a.window, 256)
+    directory = tempfile.mkdtemp(prefix="caravan-bench-")
+    c = cl.plan(directory, 3, extra_config=f"fsync = {'true' if a.fsync else 'false'}")
+    for node in c.nodes:
+        cl.start_node(node)
+    c.save()
+    try:
+        leader = cl.wait_for_leader(c.rpc_addresses, 30)["Leader"]
+        lat = serial_writes(leader, a.serial)
+        reg = asyncio.run(pipelined(leader, a.pipelined, a.window, lambda i: ("job.register", {"job": job_spec(f"p-{i}")})))
+        allocs = prepare_allocs(leader, min(a.pipelined, 2000))
+        upd = None
+        if allocs:
+            statuses = ["running", "complete"]
+            upd = asyncio.run(pipelined(
+                leader, len(allocs) * 2, a.window,
+                lambda i: ("alloc.update", {"allocs": [{"ID": allocs[i % len(allocs)], "ClientStatus": statuses[i // len(allocs)]}]}),
+            ))
+        fo = failover(c, a.failovers)
+    finally:
+        cl.down(c)
+
+    raw_p50 = raw.get("p50_ms", float("nan"))
+    raw_tp = raw.get("pipelined_wps", float("nan"))
+    print(f"fsync={a.fsync}  (raw pysyncobj: serial p50 {raw_p50:.2f} ms, pipelined {raw_tp:.0f}/s)")
+    print(f"{'measure':<38} {'value':>12} {'vs raw':>8}")
+    print(f"{'serial job register p50 (ms)':<38} {percentile(lat, 0.5) * 1000:>12.2f} {percentile(lat, 0.5) * 1000 / raw_p50:>8.2f}")
+    print(f"{'serial job register p99 (ms)':<38} {percentile(lat, 0.99) * 1000:>12.2f}")
+    print(f"{'pipelined job registers (/s)':<38} {reg:>12.0f} {reg / raw_tp:>8.2f}")
+    if upd is not None:
+        print(f"{'pipelined alloc client updates (/s)':<38} {upd:>12.0f} {upd / raw_tp:>8.2f}")
+    else:
+        print(f"{'pipelined alloc client updates (/s)':<38} {'n/a (no plan.submit RPC)':>12}")
+    print(f"{'failover, kill -9 to first write (s)':<38} {statistics.median(fo):>12.2f}   (runs: {', '.join(f'{x:.2f}' for x in fo)})")
+
+
+if __name__ == "__main__":
+    main()
