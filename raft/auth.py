@@ -21,12 +21,14 @@ import hashlib
 import hmac
 import struct
 
-_VERSION = b"\x01"
-_TS = struct.Struct(">Q")
+_VERSION = 1
+_HEAD = struct.Struct(">BQ")  # version, sender's timestamp (pysyncobj's replay check)
 _TAG_LEN = 32
-_HEADER_LEN = len(_VERSION) + _TS.size
+_MIN_LEN = _HEAD.size + _TAG_LEN
 _SALT = b"caravan-raft-link-v1"
 _KDF_ITERATIONS = 200_000
+_digest = hmac.digest
+_compare = hmac.compare_digest
 
 
 class InvalidTag(Exception):
@@ -51,18 +53,18 @@ class HmacAuthenticator:
         return "HmacAuthenticator(<key hidden>)"
 
     def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-        head = _VERSION + _TS.pack(max(0, int(current_time)))
-        return head + data + hmac.digest(self._key, head + data, "sha256")
+        body = _HEAD.pack(_VERSION, max(0, int(current_time))) + data
+        return body + _digest(self._key, body, "sha256")
 
     def extract_timestamp(self, token: bytes) -> int:
-        if len(token) < _HEADER_LEN + _TAG_LEN or token[:1] != _VERSION:
+        if len(token) < _MIN_LEN or token[0] != _VERSION:
             raise InvalidTag("malformed frame")
-        return _TS.unpack_from(token, 1)[0]
+        return _HEAD.unpack_from(token)[1]
 
     def decrypt(self, token: bytes) -> bytes:
-        if len(token) < _HEADER_LEN + _TAG_LEN or token[:1] != _VERSION:
+        if len(token) < _MIN_LEN or token[0] != _VERSION:
             raise InvalidTag("malformed frame")
-        body, tag = token[:-_TAG_LEN], token[-_TAG_LEN:]
-        if not hmac.compare_digest(tag, hmac.digest(self._key, body, "sha256")):
+        view = memoryview(token)
+        if not _compare(view[-_TAG_LEN:], _digest(self._key, view[:-_TAG_LEN], "sha256")):
             raise InvalidTag("bad tag")
-        return body[_HEADER_LEN:]
+        return token[_HEAD.size : -_TAG_LEN]

@@ -193,7 +193,9 @@ class RaftConfig:
             prof = PROFILES[self.profile]
         except KeyError:
             names = ", ".join(sorted(PROFILES))
-            raise ConfigError(f"unknown raft profile {self.profile!r}; choose one of: {names}") from None
+            raise ConfigError(
+                f"unknown raft profile {self.profile!r}; choose one of: {names}"
+            ) from None
         overrides: dict[str, Any] = {}
         if self.election_timeout_min is not None:
             overrides["raft_min_timeout"] = self.election_timeout_min
@@ -217,7 +219,9 @@ class RaftConfig:
             _split_host_port(p, "peer address")
         host, _ = _split_host_port(self.effective_bind_address, "bind address")
         if host in ("", "*"):
-            raise ConfigError("bind address must name a host; use 0.0.0.0 explicitly to listen everywhere")
+            raise ConfigError(
+                "bind address must name a host; use 0.0.0.0 explicitly to listen everywhere"
+            )
         if not 1024 <= self.max_entry_bytes <= MAX_ALLOWED_ENTRY_BYTES:
             raise ConfigError(
                 f"max entry size {self.max_entry_bytes} must be between 1024 and "

@@ -85,7 +85,11 @@ BARRIER_MESSAGE_TYPE = 19
 #: Exit status after a fatal apply/commit failure (EX_SOFTWARE).
 EXIT_FATAL = 70
 
-_ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
+_ROLES = {
+    _RAFT_STATE.FOLLOWER: "follower",
+    _RAFT_STATE.CANDIDATE: "candidate",
+    _RAFT_STATE.LEADER: "leader",
+}
 # Outgoing messages that promise durable state (an ack of appended entries,
 # a vote, a vote request for a term we just persisted): in fsync mode they
 # wait for the next journal sync.
@@ -111,7 +115,11 @@ FatalHandler = Callable[[BaseException], None]
 
 def encode_barrier(now_ns: int | None = None) -> bytes:
     """The barrier entry the FSM recognises (message type 19)."""
-    payload = {"v": 1, "time": time.time_ns() if now_ns is None else now_ns, "rid": uuid.uuid4().hex}
+    payload = {
+        "v": 1,
+        "time": time.time_ns() if now_ns is None else now_ns,
+        "rid": uuid.uuid4().hex,
+    }
     return bytes([BARRIER_MESSAGE_TYPE]) + msgpack.packb(payload)
 
 
@@ -212,7 +220,12 @@ class _Replica(SyncObj):
         self._synced_fp: tuple[int, ...] | None = None
         self._synced_meta: tuple[Any, ...] | None = None
         self._synced_last_index = 0
-        self._fstats = {"syncs": 0, "sync_seconds": 0.0, "max_sync_seconds": 0.0, "unsynced_acks": 0}
+        self._fstats = {
+            "syncs": 0,
+            "sync_seconds": 0.0,
+            "max_sync_seconds": 0.0,
+            "unsynced_acks": 0,
+        }
         self._barrier_lock = threading.Lock()
         self._barrier_open: _Waiter | None = None
         self._transfer: _Transfer | None = None
@@ -286,7 +299,9 @@ class _Replica(SyncObj):
         else:
             reason = f"command type {ctype} is never replicated by caravan"
         if reason is not None:
-            self._log.warning("raft_command_refused", reason=reason, forwarded=isinstance(callback, tuple))
+            self._log.warning(
+                "raft_command_refused", reason=reason, forwarded=isinstance(callback, tuple)
+            )
             self._SyncObj__callErrCallback(FAIL_REASON.REQUEST_DENIED, callback)
             return
         try:
@@ -319,7 +334,9 @@ class _Replica(SyncObj):
 
     # -- transport hooks (tick thread) ---------------------------------------
 
-    def _caravan_on_message(self, node: Any, message: dict[str, Any], deliver: Callable[..., None]) -> None:
+    def _caravan_on_message(
+        self, node: Any, message: dict[str, Any], deliver: Callable[..., None]
+    ) -> None:
         if message.get("type") != "append_entries":
             deliver(node, message)
             return
@@ -337,15 +354,22 @@ class _Replica(SyncObj):
         else:
             deliver(node, message)
         if "prevLogIdx" in message:
-            self._tstats.on_append_processed(message.get("commit_index", 0), self._view.last_index())
+            self._tstats.on_append_processed(
+                message.get("commit_index", 0), self._view.last_index()
+            )
 
-    def _caravan_on_send(self, node: Any, message: dict[str, Any], send: Callable[..., bool]) -> bool:
+    def _caravan_on_send(
+        self, node: Any, message: dict[str, Any], send: Callable[..., bool]
+    ) -> bool:
         mtype = message.get("type")
         if mtype == "next_node_idx":
             if self._ack_override is not None and message.get("success"):
                 message = dict(message, next_node_idx=self._ack_override)
             self._tstats.on_ack(
-                self.raftCurrentTerm, self._view.last_index(), message["next_node_idx"], bool(message.get("success"))
+                self.raftCurrentTerm,
+                self._view.last_index(),
+                message["next_node_idx"],
+                bool(message.get("success")),
             )
         if self._fsync and (self._held or mtype in _DURABLE_PROMISES):
             self._held.append((node, message))
@@ -472,6 +496,10 @@ class _Replica(SyncObj):
         return batch
 
     def _flush_barrier_batch(self) -> None:
+        if (
+            self._barrier_open is None
+        ):  # unlocked peek: joiners always wake the tick after setting it
+            return
         with self._barrier_lock:
             batch, self._barrier_open = self._barrier_open, None
         if batch is None:
@@ -500,7 +528,9 @@ class _Replica(SyncObj):
 
     def start_transfer(self, transfer: _Transfer) -> None:
         if self._transfer is not None:
-            transfer.waiter.finish(error=LeadershipTransferError("another leadership transfer is in progress"))
+            transfer.waiter.finish(
+                error=LeadershipTransferError("another leadership transfer is in progress")
+            )
             return
         if not self._isLeader():
             transfer.waiter.finish(error=NotLeaderError(self._owner.leader_address))
@@ -518,13 +548,19 @@ class _Replica(SyncObj):
             if leader is not None and leader.id == tr.target:
                 self._end_transfer(None)
             elif leader is not None and leader != self.selfNode:
-                self._end_transfer(LeadershipTransferError(f"leadership went to {leader.id}, not {tr.target}"))
+                self._end_transfer(
+                    LeadershipTransferError(f"leadership went to {leader.id}, not {tr.target}")
+                )
             elif now > tr.deadline:
-                self._end_transfer(LeadershipTransferError(f"{tr.target} did not take over in time"))
+                self._end_transfer(
+                    LeadershipTransferError(f"{tr.target} did not take over in time")
+                )
             return
         if now > tr.deadline:
             self._end_transfer(
-                LeadershipTransferError(f"{tr.target} did not catch up and win an election in time; still leader")
+                LeadershipTransferError(
+                    f"{tr.target} did not catch up and win an election in time; still leader"
+                )
             )
             return
         if now < tr.next_attempt:
@@ -623,7 +659,9 @@ class RaftNode:
         self._stopped = False
         self._notifier = _Notifier(on_leadership, self._log)
         if not config.truncation_fix_enabled:
-            self._log.warning("raft_truncation_fix_disabled", note="TEST ONLY: acknowledged writes can be lost")
+            self._log.warning(
+                "raft_truncation_fix_disabled", note="TEST ONLY: acknowledged writes can be lost"
+            )
         conf = config.to_syncobj_conf(onStateChanged=self._on_state_changed)
         self._obj = _Replica(self, config, conf, target)
         transport = self._obj._SyncObj__transport
@@ -711,7 +749,9 @@ class RaftNode:
 
         self.submit(entry, done)
         if not waiter.event.wait(timeout):
-            raise UnknownOutcomeError(f"entry not committed within {timeout:g}s; it may still be applied")
+            raise UnknownOutcomeError(
+                f"entry not committed within {timeout:g}s; it may still be applied"
+            )
         if waiter.error is not None:
             raise waiter.error
         assert waiter.index is not None
@@ -788,7 +828,9 @@ class RaftNode:
         else:
             self._obj.removeNodeFromCluster(address, done)
         if not waiter.event.wait(timeout):
-            raise UnknownOutcomeError(f"membership change ({op} {address}) not committed within {timeout:g}s")
+            raise UnknownOutcomeError(
+                f"membership change ({op} {address}) not committed within {timeout:g}s"
+            )
         if isinstance(waiter.error, RequestDeniedError):
             raise MembershipChangeError(
                 f"membership change ({op} {address}) refused: another change is still uncommitted "
@@ -894,10 +936,16 @@ class RaftNode:
         if reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER):
             return NotLeaderError(self.leader_address)
         if reason == FAIL_REASON.DISCARDED:
-            return NotLeaderError(self.leader_address, "the entry was replaced by a new leader and not applied")
+            return NotLeaderError(
+                self.leader_address, "the entry was replaced by a new leader and not applied"
+            )
         if reason == FAIL_REASON.REQUEST_DENIED:
-            return RequestDeniedError("the leader refused the entry (too large or not a caravan entry)")
-        return UnknownOutcomeError("leadership changed before the entry committed; it may still be applied")
+            return RequestDeniedError(
+                "the leader refused the entry (too large or not a caravan entry)"
+            )
+        return UnknownOutcomeError(
+            "leadership changed before the entry committed; it may still be applied"
+        )
 
     def _fatal(self, what: str, index: int, exc: BaseException) -> None:
         """Defect 5: the target failed in a way that is not a deterministic

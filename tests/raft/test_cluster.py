@@ -1,0 +1,221 @@
+"""Real 3-process clusters on loopback: replication, leader kill under load
+(defect 1), fatal apply (defect 5), fsync ordering (defect 6), barrier,
+leadership transfer, restart replay."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import pytest
+
+from raft import encoded_entry_size
+from raft.config import UNSAFE_DISABLE_TRUNCATION_FIX_ENV
+from raft.node import EXIT_FATAL
+from tests.raft.cluster import Cluster, LoadStream, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def followers(c: Cluster, leader: int) -> list[int]:
+    return [i for i in range(c.n) if i != leader]
+
+
+def run_load(
+    c: Cluster, node: int, n: int, window: int, size: int = 128, tag: str = "w"
+) -> LoadStream:
+    ls = LoadStream(c, node, n, window, size, tag)
+    wait_for(ls.finished, 180, f"{n} pipelined writes")
+    ls.join(5)
+    assert ls.done is not None and not ls.done["errors"], ls.done
+    return ls
+
+
+def assert_acked_entries_present(c: Cluster, node: int, acks: dict[int, int], tag: str) -> None:
+    entries = c.call(node, "entries", start=0, prefix_len=32)["entries"]
+    missing = [
+        (seq, idx)
+        for seq, idx in acks.items()
+        if not entries.get(idx, b"").startswith(f"{tag}:{seq}:".encode())
+    ]
+    assert not missing, f"node {node} lost {len(missing)} acknowledged entries, e.g. {missing[:5]}"
+
+
+def converge(c: Cluster, nodes: list[int], leader: int) -> int:
+    """Barrier on the leader, then wait until every node applied it and all digests match."""
+    idx = c.call(leader, "barrier", timeout=10)["index"]
+    for i in nodes:
+        c.wait_applied(i, idx, timeout=30)
+    digests = {i: c.call(i, "digest", upto=idx)["digest"] for i in nodes}
+    assert len(set(digests.values())) == 1, digests
+    return idx
+
+
+def test_replication_group_commit_and_status(cluster: Any) -> None:
+    c = cluster()
+    leader = c.wait_leader()
+    st = c.status(leader)
+    assert st["role"] == "leader" and st["leader"] == c.addrs[leader]
+    assert {p["address"] for p in st["peers"]} == {c.addrs[i] for i in followers(c, leader)}
+    for f in followers(c, leader):
+        fst = c.status(f)
+        assert fst["role"] == "follower" and fst["leader"] == c.addrs[leader]
+        res = c.call(f, "submit", entry=b"x")
+        assert (
+            not res["ok"] and res["error"] == "NotLeaderError" and res["leader"] == c.addrs[leader]
+        )
+
+    r = c.call(leader, "submit", entry=b"first")
+    assert r["ok"] and r["result"] == r["index"]  # the FSM's result comes back with the raft index
+    # The largest entry that fits (defect 2 cap) replicates to every follower.
+    big = b"b" * (
+        c.status(leader)["last_log_index"] * 0
+        + 48 * 1024
+        - (encoded_entry_size(b"b" * 1000) - 1000)
+    )
+    assert encoded_entry_size(big) == 48 * 1024
+    rb = c.call(leader, "submit", entry=big)
+    assert rb["ok"], rb
+
+    ls = run_load(c, leader, n=5000, window=500)
+    assert len(ls.acks) == 5000 and len(set(ls.acks.values())) == 5000
+    idx = converge(c, list(range(3)), leader)
+    st = c.status(leader)
+    assert st["commit_index"] >= idx and all(p["match_index"] >= idx for p in st["peers"])
+    for i in range(3):
+        s = c.status(i)
+        assert s["fsm_commits"] < s["fsm_applied"] / 2, "one LMDB txn per tick, not per entry"
+        assert s["truncation"]["ack_regressions"] == 0
+    for f in followers(c, leader):
+        big_on_f = c.call(f, "entries", start=rb["index"], prefix_len=64 * 1024)["entries"][
+            rb["index"]
+        ]
+        assert big_on_f == big
+
+
+def _truncation_counters(c: Cluster, nodes: list[int]) -> tuple[int, int]:
+    regress = sum(c.status(i)["truncation"]["ack_regressions"] for i in nodes)
+    past_end = sum(c.status(i)["truncation"]["commit_past_end"] for i in nodes)
+    return regress, past_end
+
+
+def test_followers_never_drop_acknowledged_entries_under_pipelined_load(cluster: Any) -> None:
+    """Defect 1 with the reproduction's instrumentation: both counters stay zero."""
+    c = cluster()
+    leader = c.wait_leader()
+    run_load(c, leader, n=20000, window=2000, size=256)
+    regress, past_end = _truncation_counters(c, followers(c, leader))
+    assert (regress, past_end) == (0, 0)
+    avoided = sum(c.status(i)["truncation"]["truncations_avoided"] for i in followers(c, leader))
+    print(f"truncations the fix avoided: {avoided}")
+
+
+@pytest.mark.slow
+def test_without_the_fix_followers_drop_acknowledged_entries(cluster: Any) -> None:
+    """The anomaly itself (CARAVAN_UNSAFE_DISABLE_TRUNCATION_FIX=1): shows what the fix prevents."""
+    c = cluster(env={UNSAFE_DISABLE_TRUNCATION_FIX_ENV: "1"})
+    leader = c.wait_leader()
+    assert c.status(leader)["truncation_fix"] is False
+    seen = (0, 0)
+    for round_no in range(5):
+        run_load(c, leader, n=20000, window=2000, size=256, tag=f"r{round_no}")
+        seen = _truncation_counters(c, followers(c, leader))
+        if seen[0] > 0:
+            break
+    assert seen[0] > 0, "pysyncobj's truncation did not show up in 5 rounds"
+
+
+def test_kill9_leader_under_pipelined_load_keeps_every_acknowledged_write(cluster: Any) -> None:
+    c = cluster()
+    old = c.wait_leader()
+    ls = LoadStream(c, old, n=200_000, window=2000, size=128, tag="k")
+    wait_for(lambda: len(ls.acks) >= 8000 or ls.finished(), 120, "8000 acknowledged writes")
+    c.kill(old)
+    ls.join(10)
+    acked = dict(ls.acks)
+    assert len(acked) >= 8000
+    survivors = followers(c, old)
+    new = c.wait_leader(timeout=20, among=survivors)
+    converge(c, survivors, new)
+    for i in survivors:
+        assert_acked_entries_present(c, i, acked, "k")
+        assert c.status(i)["truncation"]["ack_regressions"] == 0
+    # The old leader comes back, replays its journal and converges.
+    c.start(old)
+    r = c.call(new, "submit", entry=b"after-restart")
+    assert r["ok"], r
+    converge(c, list(range(3)), new)
+    assert_acked_entries_present(c, old, acked, "k")
+
+
+def test_restart_replays_the_journal_into_a_lost_fsm(cluster: Any) -> None:
+    """The FSM commits once per tick; losing any committed suffix (here: the
+    whole LMDB) is repaired by pysyncobj's journal replay on restart."""
+    c = cluster()
+    leader = c.wait_leader()
+    ls = run_load(c, leader, n=3000, window=300, tag="j")
+    f = followers(c, leader)[0]
+    converge(c, list(range(3)), leader)
+    c.kill(f)
+    shutil.rmtree(c.dir(f) / "fsm")
+    c.start(f)
+    converge(c, list(range(3)), leader)
+    assert_acked_entries_present(c, f, ls.acks, "j")
+
+
+def test_fatal_apply_error_stops_only_the_failing_node(cluster: Any) -> None:
+    c = cluster()
+    leader = c.wait_leader()
+    bad, good = followers(c, leader)
+    c.kill(bad)
+    c.start(bad, boom=True)  # this node's FSM "fails the disk" on BOOM entries
+    c.wait_raft_applied(bad, c.status(leader)["applied_index"], timeout=20)
+    r = c.call(leader, "submit", entry=b"BOOM-1")
+    assert r["ok"], r
+    assert c.wait_exit(bad, timeout=15) == EXIT_FATAL  # stopped, not wedged
+    assert "raft_fatal_apply_error" in c.log_text(bad)
+    r2 = c.call(leader, "submit", entry=b"after-boom")
+    assert r2["ok"], r2  # the rest of the cluster keeps committing
+    c.start(bad, boom=False)  # operator fixed the disk: the entry replays
+    converge(c, list(range(3)), leader)
+
+
+def test_fsync_mode_acks_only_synced_entries(cluster: Any) -> None:
+    c = cluster(fsync=True)
+    leader = c.wait_leader()
+    run_load(c, leader, n=4000, window=400)
+    converge(c, list(range(3)), leader)
+    for i in range(3):
+        fs = c.status(i)["fsync_stats"]
+        assert fs["syncs"] > 0
+        assert fs["unsynced_acks"] == 0, fs
+    assert c.status(leader)["fsync"] is True
+
+
+def test_barrier_is_shared_by_concurrent_readers(cluster: Any) -> None:
+    c = cluster()
+    leader = c.wait_leader()
+    w = c.call(leader, "submit", entry=b"before-read")
+    res = c.call(leader, "barriers", n=32)
+    idxs = res["indexes"]
+    assert all(isinstance(i, int) and i > w["index"] for i in idxs), idxs
+    assert 1 <= res["entries_used"] <= 8, res  # batched, not one entry per reader
+    f = followers(c, leader)[0]
+    fb = c.call(f, "barrier")
+    assert not fb["ok"] and fb["error"] == "NotLeaderError"
+
+
+def test_leadership_transfer_to_a_chosen_peer(cluster: Any) -> None:
+    c = cluster()
+    leader = c.wait_leader()
+    target = followers(c, leader)[1]
+    ls = LoadStream(c, leader, n=3000, window=100, size=64, tag="t")
+    r = c.call(leader, "transfer", target=c.addrs[target], timeout=10)
+    assert r["ok"], r
+    ls.join(30)
+    assert c.wait_leader(timeout=10) == target
+    assert c.call(target, "submit", entry=b"on-new-leader")["ok"]
+    bad = c.call(target, "transfer", target="127.0.0.1:1")
+    assert not bad["ok"] and bad["error"] == "LeadershipTransferError"
+    converge(c, list(range(3)), target)
+    assert_acked_entries_present(c, target, ls.acks, "t")

@@ -1,0 +1,81 @@
+"""RaftConfig validation (defect 3's mandatory password and bind address) and the link authenticator."""
+
+from __future__ import annotations
+
+import pytest
+
+from raft import PROFILES, ConfigError, RaftConfig
+from raft.auth import HmacAuthenticator, InvalidTag
+
+
+def cfg(**kw: object) -> RaftConfig:
+    base: dict = {
+        "self_address": "127.0.0.1:7001",
+        "peers": ["127.0.0.1:7001", "127.0.0.1:7002"],
+        "data_dir": "/tmp/x",
+    }
+    base.update(kw)
+    return RaftConfig(**base)  # type: ignore[arg-type]
+
+
+def test_password_is_mandatory_with_a_one_line_error() -> None:
+    with pytest.raises(ConfigError) as ei:
+        cfg().validate()
+    assert "password is required" in str(ei.value)
+    assert "\n" not in str(ei.value)
+
+
+def test_password_never_appears_in_repr() -> None:
+    c = cfg(password="s3cret-value")
+    assert "s3cret-value" not in repr(c)
+    assert "s3cret-value" not in repr(HmacAuthenticator("s3cret-value"))
+
+
+def test_bind_defaults_to_the_self_host_never_0000() -> None:
+    c = cfg(password="pw")
+    assert c.effective_bind_address == "127.0.0.1:7001"
+    assert c.to_syncobj_conf().bindAddress == "127.0.0.1:7001"
+    assert cfg(password="pw", bind_address="0.0.0.0:7001").effective_bind_address == "0.0.0.0:7001"
+
+
+def test_syncobj_conf_never_carries_the_password() -> None:
+    conf = cfg(password="pw").to_syncobj_conf()
+    assert conf.password is None  # the adapter authenticates frames itself (raft/auth.py)
+
+
+def test_profiles_are_valid_and_tuned_away_from_pysyncobj_defaults() -> None:
+    for name in PROFILES:
+        c = cfg(password="pw", profile=name)
+        c.validate()
+        conf = c.to_syncobj_conf()
+        conf.validate()
+        assert conf.commandsWaitLeader is False  # fail fast, the RPC layer retries
+    low = cfg(password="pw").to_syncobj_conf()
+    assert low.appendEntriesUseBatch is False  # pysyncobj's default gives ~10 serial writes/s
+
+
+def test_unknown_profile_and_bad_limits_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown raft profile"):
+        cfg(password="pw", profile="fast").validate()
+    with pytest.raises(ConfigError, match="max entry size"):
+        cfg(password="pw", max_entry_bytes=64 * 1024).validate()
+    with pytest.raises(ConfigError, match="given together"):
+        cfg(password="pw", serializer=lambda f, d: None).validate()
+
+
+def test_compaction_is_off_without_a_snapshot_serializer() -> None:
+    conf = cfg(password="pw").to_syncobj_conf()
+    assert conf.logCompactionMinEntries > 10**12
+
+
+def test_authenticator_round_trip_and_rejections() -> None:
+    a = HmacAuthenticator("pw")
+    tok = a.encrypt_at_time(b"payload", 42)
+    assert a.extract_timestamp(tok) == 42
+    assert a.decrypt(tok) == b"payload"
+    with pytest.raises(InvalidTag):
+        a.decrypt(tok[:-1] + bytes([tok[-1] ^ 1]))
+    with pytest.raises(InvalidTag):
+        HmacAuthenticator("other").decrypt(tok)
+    with pytest.raises(InvalidTag):
+        a.decrypt(b"\x80\x02junk")

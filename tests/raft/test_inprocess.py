@@ -1,0 +1,206 @@
+"""One-member clusters in the test process: entry size (defect 2), the raft
+port (defect 3), membership changes (defect 4), apply failures (defect 5)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.config import FAIL_REASON
+
+from raft import (
+    EntryTooLargeError,
+    FatalApplyError,
+    MembershipChangeError,
+    NodeStoppedError,
+    NotLeaderError,
+    UnknownOutcomeError,
+    encoded_entry_size,
+)
+from tests.raft.cluster import free_ports, wait_for
+from tests.raft.conftest import MemTarget
+
+# -- defect 2: entry size ------------------------------------------------------
+
+
+def test_oversized_entry_is_refused_at_submit_with_a_clear_error(single_node: Any) -> None:
+    node, target = single_node()
+    limit = node.max_entry_bytes
+    with pytest.raises(EntryTooLargeError) as ei:
+        node.submit_sync(b"a" * limit)
+    msg = str(ei.value)
+    assert "exceeds the limit" in msg and "split" in msg and str(limit) in msg
+    # Binary bytes >= 0x80 take two bytes in pysyncobj's pickle: a 40 KB
+    # random entry is ~60 KB in the log, past the chunking threshold.
+    blob = os.urandom(40_000)
+    assert encoded_entry_size(blob) > limit
+    with pytest.raises(EntryTooLargeError):
+        node.submit(blob, lambda r, i, e: None)
+    # The largest entry that fits goes through.
+    overhead = encoded_entry_size(b"a" * 1000) - 1000
+    fits = b"a" * (limit - overhead)
+    assert encoded_entry_size(fits) == limit
+    _, index = node.submit_sync(fits)
+    assert target.entries[index] == fits
+
+
+def test_leader_refuses_oversized_commands_that_bypass_submit(single_node: Any) -> None:
+    """A command forwarded by a peer enters the leader's queue directly."""
+    node, _ = single_node()
+    obj = node._obj
+    before = node.status()["last_log_index"]
+    got: list[Any] = []
+    big = b"\x00" + pickle.dumps((obj._func_id, (b"z" * 70_000,)), protocol=2)
+    obj._applyCommand(big, lambda r, e: got.append(e))
+    assert got == [FAIL_REASON.REQUEST_DENIED]
+    membership = b"\x02" + pickle.dumps(["add", "127.0.0.1:1", "127.0.0.1:1"], protocol=2)
+    obj._applyCommand(membership, lambda r, e: got.append(e))
+    assert got[-1] == FAIL_REASON.REQUEST_DENIED
+    node.submit_sync(b"after")
+    assert node.status()["last_log_index"] == before + 1  # nothing else entered the log
+
+
+# -- defect 3: bind address and authentication ------------------------------
+
+
+class _Payload:
+    """Unpickling this creates a directory: proof of code execution."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def _frame(obj: Any) -> bytes:
+    data = zlib.compress(pickle.dumps(obj, protocol=2), 3)
+    return struct.pack("i", len(data)) + data
+
+
+def _attack(port: int, marker: str, timeout: float = 5.0) -> bytes:
+    """Send pysyncobj-framed malicious pickles; return whatever comes back."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(_frame(_Payload(marker)) + _frame(["status"]) + _frame("readonly"))
+        got = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+def _listen_addresses(port: int) -> set[str]:
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        ip_hex, port_hex = local.split(":")
+        if int(port_hex, 16) == port and state == "0A":
+            out.add(socket.inet_ntoa(struct.pack("<I", int(ip_hex, 16))))
+    return out
+
+
+def test_raft_port_binds_the_node_host_only(single_node: Any) -> None:
+    node, _ = single_node()
+    port = int(node.self_address.rsplit(":", 1)[1])
+    assert _listen_addresses(port) == {"127.0.0.1"}
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", port), timeout=2).close()
+
+
+def test_unauthenticated_peer_gets_nothing_and_changes_nothing(
+    single_node: Any, tmp_path: Path
+) -> None:
+    node, target = single_node()
+    port = int(node.self_address.rsplit(":", 1)[1])
+    before = node.status()
+    marker = str(tmp_path / "pwned")
+    assert _attack(port, marker) == b""  # connection dropped, not a byte answered
+    assert not os.path.exists(marker)
+    after = node.status()
+    assert (after["role"], after["term"], after["leader"]) == (
+        before["role"],
+        before["term"],
+        before["leader"],
+    )
+    _, index = node.submit_sync(b"still-working")
+    assert target.entries[index] == b"still-working"
+
+
+def test_the_same_attack_runs_code_on_unguarded_pysyncobj(tmp_path: Path) -> None:
+    """Control experiment: what the guard prevents is real."""
+    port = free_ports(1)[0]
+    raw = SyncObj(f"127.0.0.1:{port}", [], SyncObjConf(bindAddress=f"127.0.0.1:{port}"))
+    try:
+        raw.waitBinded()
+        marker = str(tmp_path / "pwned")
+        _attack(port, marker, timeout=0.5)
+        wait_for(lambda: os.path.exists(marker), 5, "payload to run in raw pysyncobj")
+    finally:
+        raw.destroy()
+
+
+# -- defect 4: membership changes -------------------------------------------
+
+
+def test_membership_changes_are_refused_when_disabled(single_node: Any) -> None:
+    node, _ = single_node()
+    with pytest.raises(MembershipChangeError, match="disabled"):
+        node.add_peer("127.0.0.1:1")
+
+
+def test_second_membership_change_is_refused_while_first_is_uncommitted(single_node: Any) -> None:
+    node, _ = single_node(dynamic_membership=True)
+    # Adding an unreachable peer makes the quorum 2 of 2: the change cannot commit.
+    with pytest.raises(UnknownOutcomeError):
+        node.add_peer("127.0.0.1:1", timeout=0.5)
+    with pytest.raises(MembershipChangeError, match="another change is still uncommitted"):
+        node.add_peer("127.0.0.1:2", timeout=2)
+    assert {p["address"] for p in node.status()["peers"]} == {"127.0.0.1:1"}
+
+
+def test_unguarded_pysyncobj_accepts_concurrent_membership_changes(tmp_path: Path) -> None:
+    """Control experiment for defect 4: pysyncobj's own guard is never set."""
+    port = free_ports(1)[0]
+    raw = SyncObj(f"127.0.0.1:{port}", [], SyncObjConf(dynamicMembershipChange=True))
+    try:
+        wait_for(lambda: raw._isLeader() and raw.raftLastApplied >= 2, 10, "raw node to lead")
+        raw.addNodeToCluster("127.0.0.1:1")
+        wait_for(lambda: len(raw.otherNodes) == 1, 5, "first change")
+        raw.addNodeToCluster("127.0.0.1:2")
+        wait_for(
+            lambda: len(raw.otherNodes) == 2,
+            5,
+            "second change accepted while the first is uncommitted",
+        )
+    finally:
+        raw.destroy()
+
+
+# -- defect 5: a failing apply target ---------------------------------------
+
+
+def test_apply_failure_halts_the_node_instead_of_wedging(single_node: Any) -> None:
+    fatal: list[BaseException] = []
+    node, target = single_node(MemTarget(fail_on=b"BOOM"), on_fatal=fatal.append)
+    node.submit_sync(b"ok-1")
+    done = threading.Event()
+    node.submit(b"BOOM", lambda r, i, e: done.set())
+    wait_for(lambda: fatal, 10, "the fatal handler")
+    assert isinstance(fatal[0], FatalApplyError)
+    wait_for(lambda: node.status()["halted"], 5, "node to halt")
+    with pytest.raises((NodeStoppedError, NotLeaderError)):
+        node.submit_sync(b"after", timeout=1)
+    assert b"BOOM" not in target.entries.values()
