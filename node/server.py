@@ -10,9 +10,11 @@ on the log; reads are linearizable (leader + barrier) unless ``stale``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -81,6 +83,9 @@ class Server:
         self._heartbeats: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[Any]] = []
         self._stopping = threading.Event()
+        self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
+        self._settle_lock = threading.Lock()
+        self._settle_scheduled = False
 
     # -- wiring -------------------------------------------------------------------
     def _handler(self, name: str, fn: Callable[..., Any]) -> Callable[[RequestContext, dict[str, Any]], Any]:
@@ -208,6 +213,30 @@ class Server:
                 self.log.error("leader loop failed; restarting it", loop=name, error=repr(exc))
                 await asyncio.sleep(1.0)
 
+    def _settle_from_tick(self, future: asyncio.Future[Any], value: Any) -> None:
+        """Hand a result from the tick thread to the loop, waking the loop once per batch.
+
+        One ``call_soon_threadsafe`` per write costs a pipe write and a GIL
+        hand-off each; a tick that commits hundreds of entries needs one.
+        """
+        self._settled.append((future, value))
+        with self._settle_lock:
+            if self._settle_scheduled:
+                return
+            self._settle_scheduled = True
+        try:
+            future.get_loop().call_soon_threadsafe(self._drain_settled)
+        except RuntimeError:  # loop closed: nobody is waiting any more
+            pass
+
+    def _drain_settled(self) -> None:
+        with self._settle_lock:
+            self._settle_scheduled = False
+        while self._settled:
+            future, value = self._settled.popleft()
+            if not future.done():
+                future.set_result(value)
+
     def heartbeat(self, node_id: str) -> None:
         self._heartbeats[node_id] = time.monotonic()
 
@@ -290,14 +319,7 @@ class Server:
         future: asyncio.Future[tuple[Any, Any]] = loop.create_future()
 
         def done(result: Any, index: Any, error: Any) -> None:
-            def settle() -> None:
-                if not future.done():
-                    future.set_result(((result, index), error))
-
-            try:
-                loop.call_soon_threadsafe(settle)
-            except RuntimeError:
-                pass
+            self._settle_from_tick(future, ((result, index), error))
 
         try:
             self.raft.submit(entry, done)
@@ -409,6 +431,10 @@ class _Forward(Exception):
 
 def run_server(config: ServerConfig) -> int:
     """Entry point of ``caravan agent``: run until a signal; return the exit code."""
+    # The RPC loop and pysyncobj's tick thread hand work to each other on every
+    # write; with the default 5 ms GIL switch interval each hand-off can stall
+    # that long (measured: 850 -> 1250 pipelined writes/s at 0.5 ms).
+    sys.setswitchinterval(0.0005)
     server = Server(config)
     try:
         asyncio.run(server.serve())
