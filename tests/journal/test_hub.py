@@ -1,0 +1,207 @@
+"""The stream hub in-process, over a real FSM committed from another thread.
+
+Fast checks of what the cluster tests then check end to end: subscribers
+joining at any moment of a write burst get every batch after their index
+once, in order, unsplit (the catch-up -> live hand-over is gapless); filters
+and progress bookmarks; reset-required; a stalled subscriber is cut off with
+a resume index while apply carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from fsm.journal import Retention
+from node.errors import RPCError
+from node.stream import Hub, parse_args, parse_topics
+from tests.journal.support import Harness, job, node
+
+DEADLINE = 60.0
+
+
+class Writer(threading.Thread):
+    """Plays the raft tick thread: applies entries, committing in random groups."""
+
+    def __init__(self, h: Harness, count: int, seed: int = 1) -> None:
+        super().__init__(daemon=True)
+        self.h, self.count, self.rng = h, count, random.Random(seed)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for i in range(self.count):
+                body = job(f"j{i % 50}", meta={"i": str(i)}) if i % 3 == 0 else node(f"n{i}")
+                self.h.apply(body, commit=self.rng.random() < 0.3)
+            self.h.commit()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+async def collect(hub: Hub, after: int, until: int, **kw: Any) -> list[dict[str, Any]]:
+    """Items until a progress notification reaches ``until``."""
+    items = []
+    gen = hub.subscribe(after, parse_topics(kw.pop("topics", None))[0], **kw)
+    try:
+        async with asyncio.timeout(DEADLINE):
+            async for item in gen:
+                items.append(item)
+                if item.get("progress", -1) >= until:
+                    return items
+    finally:
+        await gen.aclose()
+    return items
+
+
+def batches_of(items: list[dict[str, Any]]) -> list[tuple[int, list[Any]]]:
+    return [(i["index"], i["events"]) for i in items if "index" in i]
+
+
+def test_subscribers_joining_mid_burst_get_every_batch_once_in_order() -> None:
+    h = Harness()
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        writer = Writer(h, 1500)
+        rng = random.Random(7)
+        tasks = []
+        writer.start()
+        for _ in range(12):
+            await asyncio.sleep(rng.random() * 0.05)
+            start = rng.choice([0, h.fsm.applied_index // 2, max(0, h.fsm.applied_index - 3)])
+            tasks.append((start, asyncio.create_task(collect(hub, start, 1500, heartbeat=0.2))))
+        results = [(start, await task) for start, task in tasks]
+        await asyncio.get_running_loop().run_in_executor(None, writer.join)
+        assert writer.error is None
+        with h.fsm.read() as r:
+            journal = list(r.journal_batches())
+        assert journal[-1][0] == 1500
+        for start, items in results:
+            got = batches_of(items)
+            assert got == [b for b in journal if b[0] > start], f"subscriber from {start} saw a different journal"
+        assert hub.stats["overflows"] == 0
+        assert hub.stats["fanned_batches"] > 0, "no subscriber reached the live tail during the burst"
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+def test_filters_and_progress_bookmarks() -> None:
+    h = Harness()
+    h.apply(node("n1"))
+    h.apply(job("web"))
+    h.apply(job("api"))
+    h.apply(node("n2"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        items = await collect(hub, 0, 4, topics=["Job:web", "Node"], heartbeat=0.1)
+        assert [(i, [e[:3] for e in ev]) for i, ev in batches_of(items)] == [
+            (1, [["Node", "NodeRegistration", "n1"]]),
+            (2, [["Job", "JobRegistered", "web"]]),
+            (4, [["Node", "NodeRegistration", "n2"]]),
+        ]
+        assert items[-1] == {"progress": 4}
+        # Nothing matches for a while: heartbeats carry the position forward.
+        items = await collect(hub, 4, 4, topics=["Deployment"], heartbeat=0.1)
+        assert items == [{"progress": 4}]
+        gen = hub.subscribe(4, parse_topics(["Deployment"])[0], heartbeat=0.1)
+        assert await anext(gen) == {"progress": 4}  # caught up
+        threading.Thread(target=h.apply, args=(node("n3"),)).start()
+        async with asyncio.timeout(DEADLINE):
+            while (item := await anext(gen)) != {"progress": 5}:
+                assert "progress" in item  # the node batch is filtered out, never sent
+        await gen.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+def test_reset_required_names_the_oldest_index_and_never_jumps() -> None:
+    h = Harness(retention=Retention(max_batches=5))
+    for i in range(12):
+        h.apply(node(f"n{i}"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        with h.fsm.read() as r:
+            trimmed, (oldest, _) = r.journal_trimmed(), r.journal_bounds()
+        assert (trimmed, oldest) == (7, 8)
+        for start in (0, 3, 6):
+            with pytest.raises(RPCError) as info:
+                await collect(hub, start, 12)
+            err = info.value
+            assert err.code == "reset_required"
+            assert err.details == {"requested_index": start, "oldest_index": 8}
+        items = await collect(hub, 7, 12)
+        assert [i for i, _ in batches_of(items)] == [8, 9, 10, 11, 12]
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+def test_stalled_subscriber_is_cut_off_with_a_resume_index_and_apply_goes_on() -> None:
+    h = Harness()
+    h.apply(node("n0"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        gen = hub.subscribe(0, parse_topics(None)[0], buffer=8, heartbeat=30)
+        first = await anext(gen)
+        assert first["index"] == 1
+        assert await anext(gen) == {"progress": 1}  # live now; stop reading
+        writer = Writer(h, 200)
+        writer.start()
+        await asyncio.get_running_loop().run_in_executor(None, writer.join)
+        assert writer.error is None and h.fsm.applied_index == 201
+        async with asyncio.timeout(DEADLINE):
+            while hub.stats["overflows"] == 0:
+                await asyncio.sleep(0.01)
+        with pytest.raises(RPCError) as info:
+            await anext(gen)
+        err = info.value
+        assert err.code == "unavailable" and err.details["reason"] == "slow_subscriber"
+        assert err.details["resume_index"] == 1
+        items = await collect(hub, err.details["resume_index"], 201)
+        assert [i for i, _ in batches_of(items)] == list(range(2, 202))
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"index": -1}, "'index' must be an integer >= 0"),
+        ({"index": "5"}, "'index' must be an integer >= 0"),
+        ({"topics": "Job"}, "'topics' must be a list"),
+        ({"topics": ["Jobs"]}, "unknown topic 'Jobs'"),
+        ({"topics": ["Job:"]}, "empty key"),
+        ({"heartbeat": 0}, "'heartbeat' must be a number"),
+        ({"buffer": 0}, "'buffer' must be a number"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(RPCError) as info:
+        parse_args(args)
+    assert info.value.code == "bad_request" and message in info.value.message
+
+
+def test_topic_parsing() -> None:
+    flt, explicit = parse_topics(["Job:web", "Node", "Job:api", "Node:n1"])
+    assert flt.topics == {"Node"} and flt.keys == {("Job", "web"), ("Job", "api")} and explicit
+    flt, explicit = parse_topics(["*"])
+    assert flt.everything and not explicit
+    assert parse_topics(["Allocation:*"])[0].topics == {"Allocation"}
