@@ -19,9 +19,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from node.errors import UNAVAILABLE, RPCError
 from node.nomadjson import to_nomad
 from node.rpc_client import BACKOFF_MAX, RPCClient
+
+
+def unpack(raw: bytes) -> Any:
+    """A packed batch (``encoding=msgpack``) as its list of records."""
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
 @dataclass
@@ -43,13 +50,20 @@ def follow(
     buffer: int | None = None,
     give_up_after: float = 60.0,
     state: FollowState | None = None,
+    decode: bool = True,
 ) -> Iterator[dict[str, Any]]:
-    """Yield ``event.stream`` items after ``index`` forever, resuming after breaks."""
+    """Yield ``event.stream`` items after ``index`` forever, resuming after breaks.
+
+    Batches are fetched packed (``encoding=msgpack``: the server passes the
+    journal's bytes through) and decoded here into ``{"index", "events"}``;
+    ``decode=False`` yields ``{"index", "raw"}`` for consumers that decode
+    lazily or not at all.
+    """
     st = state if state is not None else FollowState(index=index)  # a given state resumes at its index
     order = list(addresses)
     if not order:
         raise RPCError(UNAVAILABLE, "no server address given; pass at least one host:port")
-    args: dict[str, Any] = {"heartbeat": heartbeat}
+    args: dict[str, Any] = {"heartbeat": heartbeat, "encoding": "msgpack"}
     if topics:
         args["topics"] = list(topics)
     if buffer is not None:
@@ -66,6 +80,8 @@ def follow(
                 backoff = 0.05
                 if "index" in item:
                     st.index = item["index"]
+                    if decode and "raw" in item:
+                        item = {"index": item["index"], "events": unpack(item.pop("raw"))}
                 elif "progress" in item:
                     st.index = max(st.index, item["progress"])
                 yield item

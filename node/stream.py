@@ -25,10 +25,16 @@ Arguments:
     notification.
 ``buffer`` (batches, default and maximum ``MAX_BUFFER``)
     How many batches may wait for this subscriber before it is cut off.
+``encoding`` (``"records"``, default, or ``"msgpack"``)
+    ``msgpack`` sends each batch's records as one msgpack byte string
+    (``raw``) instead of decoded lists. For an unfiltered subscription these
+    are the journal's own bytes, passed through without decoding: the cheap
+    way for a cache or an exporter to catch up on millions of records.
 
 Items:
 
 ``{"index": N, "events": [[topic, type, key, object-or-None], ...]}``
+(or ``{"index": N, "raw": msgpack-of-that-list}`` with ``encoding=msgpack``)
     The records of batch N that match the filter, in apply order; a batch is
     never split across items, and batches come in increasing index order,
     each once. Objects are in the store's wire shape (``codec.to_wire``);
@@ -72,6 +78,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fsm import codec
+from fsm.keys import from_u64, u64
 from fsm.machine import FSM
 from fsm.store import StateReader
 from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_JOB, TOPIC_NODE, TOPIC_TOKEN
@@ -95,6 +103,7 @@ CHUNK_RECORDS = 20_000  # ... or this many records, whichever comes first
 OVERFLOW_GRACE = 30.0  # a cut-off subscriber that reads nothing is dropped after this
 
 Item = dict[str, Any]
+ENCODINGS = ("records", "msgpack")
 
 
 class StreamError(Exception):
@@ -158,31 +167,71 @@ def parse_topics(specs: Any) -> tuple[Filter, bool]:
 
 
 # -- reading the journal (executor threads) -----------------------------------------
+class Batch:
+    """One journal batch: its stored bytes, decoded only if some subscriber needs records."""
+
+    __slots__ = ("index", "raw", "_records")
+
+    def __init__(self, index: int, raw: bytes, records: list[Any] | None = None) -> None:
+        self.index = index
+        self.raw = raw
+        self._records = records
+
+    @property
+    def records(self) -> list[Any]:
+        if self._records is None:
+            self._records = codec.unpack(self.raw)
+        return self._records
+
+    def decode(self) -> Batch:
+        _ = self.records
+        return self
+
+
+def record_count(raw: bytes) -> int:
+    """Length of a packed batch (a msgpack array) from its header, without decoding it."""
+    first = raw[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC:
+        return int.from_bytes(raw[1:3], "big")
+    if first == 0xDD:
+        return int.from_bytes(raw[1:5], "big")
+    return len(codec.unpack(raw))
+
+
 @dataclass
 class Chunk:
     """What one read transaction saw after some index."""
 
-    batches: list[tuple[int, list[Any]]]
+    batches: list[Batch]
     through: int  # every batch <= through is in ``batches`` or before the start
     applied: int
     trimmed: int
     oldest: int
 
 
-def read_chunk(reader: StateReader, after: int) -> Chunk:
-    """Batches after ``after`` (bounded), and how far they reach, from one read txn."""
+def read_chunk(reader: StateReader, after: int, decode: bool = True) -> Chunk:
+    """Batches after ``after`` (bounded), and how far they reach, from one read txn.
+
+    ``decode=False`` leaves the records packed (pass-through subscribers).
+    """
     applied = reader.applied_index
     trimmed = reader.journal_trimmed()
     oldest, _ = reader.journal_bounds()
-    batches: list[tuple[int, list[Any]]] = []
+    batches: list[Batch] = []
     if trimmed > after or after > applied:
         return Chunk(batches, after, applied, trimmed, oldest)
+    cursor = reader.txn.cursor(db=reader.dbs["journal"])
+    if not cursor.set_range(u64(after + 1)):
+        return Chunk(batches, applied, applied, trimmed, oldest)
     records = 0
-    for index, batch in reader.journal_batches(after=after):
-        batches.append((index, batch))
-        records += len(batch)
+    for key, raw in cursor:
+        batch = Batch(from_u64(key), bytes(raw))
+        batches.append(batch.decode() if decode else batch)
+        records += record_count(batch.raw)
         if len(batches) >= CHUNK_BATCHES or records >= CHUNK_RECORDS:
-            return Chunk(batches, index, applied, trimmed, oldest)
+            return Chunk(batches, batch.index, applied, trimmed, oldest)
     return Chunk(batches, applied, applied, trimmed, oldest)
 
 
@@ -198,20 +247,39 @@ class Subscription:
     filter: Filter
     position: int  # all matching batches <= position have been handed to the connection
     max_buffer: int
+    raw: bool = False  # encoding=msgpack
     through: int = 0  # all matching batches <= through are handed over or queued
-    queue: collections.deque[tuple[int, list[Any]]] = field(default_factory=collections.deque)
+    queue: collections.deque[tuple[int, Item]] = field(default_factory=collections.deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     error: RPCError | None = None
     overflowed: bool = False
 
-    def offer(self, batches: list[tuple[int, list[Any]]], through: int) -> bool:
+    @property
+    def needs_records(self) -> bool:
+        """Whether batches must be decoded for this subscriber (else they pass through packed)."""
+        return not (self.raw and self.filter.everything)
+
+    def item(self, batch: Batch) -> Item | None:
+        """The stream item for ``batch``, or None when the filter leaves nothing of it."""
+        if self.filter.everything:
+            if self.raw:
+                return {"index": batch.index, "raw": batch.raw}
+            return {"index": batch.index, "events": batch.records}
+        selected = self.filter.select(batch.records)
+        if not selected:
+            return None
+        if self.raw:
+            return {"index": batch.index, "raw": codec.pack(selected)}
+        return {"index": batch.index, "events": selected}
+
+    def offer(self, batches: list[Batch], through: int) -> bool:
         """Queue the matching batches after ``through``-so-far; False on overflow."""
-        for index, records in batches:
-            if index <= self.through:
+        for batch in batches:
+            if batch.index <= self.through:
                 continue  # already caught up past it (hand-over from catch-up)
-            selected = self.filter.select(records)
-            if selected:
-                self.queue.append((index, selected))
+            item = self.item(batch)
+            if item is not None:
+                self.queue.append((batch.index, item))
         self.through = max(self.through, through)
         self.wake.set()
         if len(self.queue) > self.max_buffer:
@@ -276,10 +344,10 @@ class Hub:
                 await self._pump_task
 
     # -- reads ------------------------------------------------------------------------------
-    async def read(self, after: int) -> Chunk:
+    async def read(self, after: int, decode: bool = True) -> Chunk:
         def run() -> Chunk:
             with self.fsm.read() as reader:
-                return read_chunk(reader, after)
+                return read_chunk(reader, after, decode)
 
         self.stats["reads"] += 1
         return await self.loop.run_in_executor(None, run)
@@ -295,7 +363,7 @@ class Hub:
                     break
                 start = self.tail
                 try:
-                    chunk = await self.read(start)
+                    chunk = await self.read(start, any(sub.needs_records for sub in self.live))
                 except Exception:  # store being swapped (snapshot restore): retry on next commit
                     await asyncio.sleep(0.05)
                     continue
@@ -344,26 +412,29 @@ class Hub:
         *,
         heartbeat: float = DEFAULT_HEARTBEAT,
         buffer: int = MAX_BUFFER,
+        encoding: str = "records",
         recheck: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Item]:
         """Yield stream items for one subscriber (see the module docstring)."""
         if after < 0:
             raise StreamError("index must be >= 0")
+        if encoding not in ENCODINGS:
+            raise StreamError(f"encoding must be one of {ENCODINGS}")
         self.start()
-        sub = Subscription(filter, after, max(1, buffer))
+        sub = Subscription(filter, after, max(1, buffer), raw=encoding == "msgpack")
         self.subscribers += 1
         last_sent = time.monotonic()
         try:
             # Catch-up: read LMDB directly, paced by this connection.
             while True:
-                chunk = await self.read(sub.position)
+                chunk = await self.read(sub.position, sub.needs_records)
                 if chunk.trimmed > sub.position:
                     raise reset_error(sub.position, chunk)
-                for index, records in chunk.batches:
-                    selected = filter.select(records)
-                    sub.position = index
-                    if selected:
-                        yield {"index": index, "events": selected}
+                for batch in chunk.batches:
+                    item = sub.item(batch)
+                    sub.position = batch.index
+                    if item is not None:
+                        yield item
                         last_sent = time.monotonic()
                 sub.position = max(sub.position, chunk.through)
                 if chunk.through >= chunk.applied and self.join(sub):
@@ -376,8 +447,8 @@ class Hub:
             # Live: batches come from the hub's fan-out.
             while True:
                 if sub.queue:
-                    index, records = sub.queue.popleft()
-                    yield {"index": index, "events": records}
+                    index, item = sub.queue.popleft()
+                    yield item
                     sub.position = index
                     last_sent = time.monotonic()
                     continue
@@ -431,8 +502,8 @@ def _number(args: dict[str, Any], name: str, default: float, low: float, high: f
     return float(value)
 
 
-def parse_args(args: dict[str, Any]) -> tuple[int, Filter, bool, float, int]:
-    """(index, filter, explicit topics, heartbeat, buffer) from the RPC args; raises bad_request."""
+def parse_args(args: dict[str, Any]) -> tuple[int, Filter, bool, float, int, str]:
+    """(index, filter, explicit topics, heartbeat, buffer, encoding) from the RPC args; raises bad_request."""
     index = args.get("index", 0)
     if index is None:
         index = 0
@@ -441,7 +512,10 @@ def parse_args(args: dict[str, Any]) -> tuple[int, Filter, bool, float, int]:
     flt, explicit = parse_topics(args.get("topics"))
     heartbeat = _number(args, "heartbeat", DEFAULT_HEARTBEAT, MIN_HEARTBEAT, MAX_HEARTBEAT)
     buffer = int(_number(args, "buffer", MAX_BUFFER, 1, MAX_BUFFER))
-    return index, flt, explicit, heartbeat, buffer
+    encoding = args.get("encoding") or "records"
+    if encoding not in ENCODINGS:
+        raise RPCError(BAD_REQUEST, f"argument 'encoding' must be one of {', '.join(ENCODINGS)}")
+    return index, flt, explicit, heartbeat, buffer, encoding
 
 
 async def _allowed_filter(server: Server, ctx: RequestContext, flt: Filter, explicit: bool) -> Filter:
@@ -460,14 +534,16 @@ async def _allowed_filter(server: Server, ctx: RequestContext, flt: Filter, expl
 @stream_method("event.stream")
 async def event_stream(server: Server, ctx: RequestContext, args: dict[str, Any]) -> AsyncIterator[Item]:
     """Stream journal batches after ``index`` (exclusive); see the module docstring."""
-    index, flt, explicit, heartbeat, buffer = parse_args(args)
+    index, flt, explicit, heartbeat, buffer, encoding = parse_args(args)
     flt = await _allowed_filter(server, ctx, flt, explicit)
     need = Need.MANAGEMENT if flt.wants(TOPIC_TOKEN) else Need.READ
 
     async def recheck() -> None:  # a revoked or expired token ends the stream
         await server.authorize(ctx, need)
 
-    items = hub_of(server).subscribe(index, flt, heartbeat=heartbeat, buffer=buffer, recheck=recheck)
+    items = hub_of(server).subscribe(
+        index, flt, heartbeat=heartbeat, buffer=buffer, encoding=encoding, recheck=recheck
+    )
     try:
         async for item in items:
             yield item

@@ -18,6 +18,7 @@ import pytest
 
 from fsm.journal import Retention
 from node.errors import RPCError
+from node.event_client import unpack
 from node.stream import Hub, parse_args, parse_topics
 from tests.journal.support import Harness, job, node
 
@@ -205,3 +206,25 @@ def test_topic_parsing() -> None:
     flt, explicit = parse_topics(["*"])
     assert flt.everything and not explicit
     assert parse_topics(["Allocation:*"])[0].topics == {"Allocation"}
+
+
+def test_msgpack_encoding_passes_the_journal_bytes_through() -> None:
+    h = Harness()
+    h.apply(node("n1"))
+    h.apply(job("web"))
+    h.apply(job("api"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        with h.fsm.read() as r:
+            raw = {i: r.txn.get(i.to_bytes(8, "big"), db=r.dbs["journal"]) for i in (1, 2, 3)}
+        items = await collect(hub, 0, 3, encoding="msgpack")
+        assert [(i["index"], i["raw"]) for i in items if "index" in i] == sorted(raw.items())
+        items = await collect(hub, 0, 3, encoding="msgpack", topics=["Job:api"])
+        [only] = [i for i in items if "index" in i]
+        assert only["index"] == 3 and [r[:3] for r in unpack(only["raw"])] == [["Job", "JobRegistered", "api"]]
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
