@@ -164,8 +164,12 @@ class RaftData:
 
     @classmethod
     def from_pysyncobj(cls, raft_data: tuple) -> RaftData:
+        from pysyncobj.node import TCPNode
+
         last, prev, nodes = raft_data
-        cluster = sorted((type(n).__name__, str(n.id)) for n in nodes)
+        cluster = sorted(
+            ("TCPNode" if isinstance(n, TCPNode) else "Node", str(n.id)) for n in nodes
+        )
         return cls(last=tuple(last), prev=tuple(prev), cluster=cluster)  # type: ignore[arg-type]
 
     def to_pysyncobj(self) -> tuple:

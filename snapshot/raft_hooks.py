@@ -142,18 +142,25 @@ class BackgroundSnapshotter:
             if self._state == SERIALIZING:
                 return  # pysyncobj does not do this; be safe anyway
             self._state = SERIALIZING
-        # pysyncobj renames file_name over the dump when we return: leave nothing to rename.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(file_name)
-        self.fsm.commit()
-        raft = RaftData.from_pysyncobj(raft_data)
-        pinned = threading.Event()
-        self._cancel.clear()
-        self._done.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(raft, pinned), name="caravan-snapshot-writer", daemon=True
-        )
-        self._thread.start()
+        try:
+            # pysyncobj renames file_name over the dump when we return: leave nothing to rename.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(file_name)
+            self.fsm.commit()
+            raft = RaftData.from_pysyncobj(raft_data)
+            pinned = threading.Event()
+            self._cancel.clear()
+            self._done.clear()
+            self._thread = threading.Thread(
+                target=self._run, args=(raft, pinned), name="caravan-snapshot-writer", daemon=True
+            )
+            self._thread.start()
+        except BaseException as exc:
+            self.last_error = repr(exc)
+            with self._lock:
+                self._state = FAILED
+            self._done.set()
+            raise
         # Handoff, not a sleep: return once the writer's read txn pins this index.
         pinned.wait(timeout=10.0)
         self.last_stall = time.perf_counter() - t0

@@ -372,6 +372,7 @@ def scan(
     consume: Callable[[int, list[tuple[bytes, bytes]]], None] | None = None,
     *,
     check_first: bool = True,
+    check_order: bool = True,
     on_meta: Callable[[SnapshotMeta], None] | None = None,
 ) -> SnapshotInfo:
     """Full structural pass: decode every chunk of a known type, check everything.
@@ -382,6 +383,8 @@ def scan(
     changed, so a consumer must treat its output as provisional until this
     returns. ``check_first`` runs the checksum pass before decoding anything,
     so a corrupt file is reported as such and the consumer never sees it.
+    ``check_order=False`` leaves the key-order check to a consumer that
+    enforces it anyway (LMDB's append mode does).
     """
     name = _name(path)
     with _open(path) as f:
@@ -400,17 +403,14 @@ def scan(
             if chunk.records is None:
                 acc[1] = -1  # skipped: byte size unknown, take the summary's
                 continue
-            prev = last_key.get(chunk.code, b"")
-            nbytes = 0
-            for k, v in chunk.records:
-                if k <= prev:
-                    raise CorruptError(
-                        f"{name}: keys of type {chunk.code} are not strictly increasing"
-                    )
-                prev = k
-                nbytes += len(k) + len(v)
-            last_key[chunk.code] = prev
-            acc[1] += nbytes
+            if check_order:
+                prev = last_key.get(chunk.code, b"")
+                for k, _ in chunk.records:
+                    if k <= prev:
+                        raise CorruptError(unordered(name, chunk.code))
+                    prev = k
+                last_key[chunk.code] = prev
+            acc[1] += chunk.raw_size - RECORD.size * chunk.count  # framing was checked exactly
             if consume is not None:
                 consume(chunk.code, chunk.records)
         end = read_end(r, layout)
@@ -429,6 +429,10 @@ def scan(
                 f"{name}: end summary lists {n} records of type {code} that are missing"
             )
     return _info(path, layout, meta, end)
+
+
+def unordered(name: str, code: int) -> str:
+    return f"{name}: keys of type {code} are not strictly increasing"
 
 
 def verify(path: str) -> SnapshotInfo:

@@ -2,13 +2,16 @@
 
 Steps, and why:
 
-1. ``verify`` the whole file first (checksum, structure, counts, types, store
-   schema): a bad file is refused before any work.
+1. Check integrity first (header, version, trailer, SHA-256, metadata, end
+   summary, record types, store schema): a damaged file is refused before
+   any work.
 2. Write the records into a *fresh* LMDB environment in a temporary
    directory beside the store (same filesystem, so the final rename is
    atomic). Records arrive sorted per database, so they are appended with
    ``putmulti(append=True)``; the temporary environment commits in batches
-   and is fsynced at the end. The file is re-hashed during this pass.
+   and is fsynced at the end. This pass also makes every structural check
+   of ``verify`` and re-hashes the file (so a file changed since step 1 is
+   caught); on any failure the temporary store is deleted.
 3. Swap: with the live environment closed (``FSM.reopen``), one
    ``rename(tmp/data.mdb, store/data.mdb)`` replaces the state atomically;
    the directory is fsynced. LMDB's lock file is reinitialised by the first
@@ -32,17 +35,17 @@ from typing import TYPE_CHECKING
 import lmdb
 
 from fsm.store import DEFAULT_MAP_SIZE, STORE_SCHEMA, StateStore
-from snapshot.errors import RestoreError, SnapshotError
-from snapshot.format import TYPE_NAMES, SnapshotMeta
+from snapshot.errors import CorruptError, RestoreError, SnapshotError, UnknownRecordTypeError
+from snapshot.format import TYPE_NAMES, SnapshotMeta, ignorable
 from snapshot.info import SnapshotInfo
-from snapshot.reader import scan, verify
+from snapshot.reader import inspect, scan, unordered
 from snapshot.writer import fsync_dir
 
 if TYPE_CHECKING:
     from fsm.machine import FSM
 
 DATA_FILE = "data.mdb"
-_COMMIT_BYTES = 64 << 20  # commit the temporary env every so often to bound dirty pages
+_COMMIT_CHUNKS = 64  # ~64 MiB of records per temporary-env commit, to bound dirty pages
 
 
 def _store_dir(target: FSM | str | os.PathLike) -> str:
@@ -75,19 +78,24 @@ def build_store(path: str, dest_dir: str, *, map_size: int = DEFAULT_MAP_SIZE) -
         def consume(code: int, records: list[tuple[bytes, bytes]]) -> None:
             nonlocal txn, pending
             db = store.dbs[TYPE_NAMES[code]]
+            # Append mode: LMDB refuses a key that is not greater than the previous one.
             consumed, added = txn.cursor(db=db).putmulti(records, append=True)
             if consumed != len(records) or added != len(records):
-                raise RestoreError(
-                    f"{name}: records of {TYPE_NAMES[code]} could not be appended in order"
-                )
-            pending += sum(len(k) + len(v) for k, v in records)
-            if pending >= _COMMIT_BYTES:
+                raise CorruptError(unordered(name, code))
+            pending += 1
+            if pending >= _COMMIT_CHUNKS:
                 txn.commit()
                 txn = store.begin_write()
                 pending = 0
 
         try:
-            info = scan(path, consume, check_first=False, on_meta=lambda m: _check_meta(name, m))
+            info = scan(
+                path,
+                consume,
+                check_first=False,
+                check_order=False,
+                on_meta=lambda m: _check_meta(name, m),
+            )
             txn.commit()
         except BaseException:
             txn.abort()
@@ -116,13 +124,29 @@ def restore(
 ) -> SnapshotInfo:
     """Replace the state of ``target`` (an open FSM, or a store directory nobody has open) with the snapshot's.
 
-    Verifies the file fully first (skip with ``verified=`` if the caller just
-    did). On any failure raises a ``SnapshotError`` and the previous state is
+    Verification is complete before anything is replaced, in two steps:
+    first the integrity checks (header, version, trailer, SHA-256, metadata,
+    end summary, record types, store schema: what ``inspect`` reads), then
+    the full structural pass, which runs while the records are written into
+    the temporary store and re-hashes the file; the swap happens only after
+    both passed. (A separate ``verify`` pass first would read and decode the
+    whole file once more for no extra safety: ~6 s of 18 s at 1,000,000
+    objects.) ``verified=`` skips the first step when the caller just ran
+    ``verify`` or ``inspect``.
+
+    On any failure raises a ``SnapshotError`` and the previous state is
     intact. After success the FSM's digest equals the source's digest at the
     snapshot's index.
     """
     name = os.path.basename(path)
-    info = verified if verified is not None else verify(path)
+    info = verified if verified is not None else inspect(path)
+    for code in info.ignored_types:
+        if not ignorable(code):
+            label = info.meta.types.get(code, "?") if info.meta is not None else "?"
+            raise UnknownRecordTypeError(
+                f"{name}: record type {code} ({label}) is unknown to this build and not "
+                "ignorable; upgrade caravan to restore this snapshot"
+            )
     if info.meta is not None:
         _check_meta(name, info.meta)
     store_dir = _store_dir(target)

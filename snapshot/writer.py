@@ -266,12 +266,20 @@ def write_file(
         raise
 
 
-def save(fsm: FSM, path: str, *, term: int | None = None, cluster_id: str = "") -> SnapshotInfo:
+def save(
+    fsm: FSM, path: str, *, term: int | None = None, cluster_id: str = "", commit: bool = False
+) -> SnapshotInfo:
     """Save the FSM's committed state to ``path`` atomically (``path.partial`` then rename).
 
-    Commits the pending group first so the file reflects everything applied.
+    The file holds the last committed group, consistent at the applied index
+    recorded in its metadata (one read transaction). ``commit=True`` first
+    commits the pending group; only the thread that applies entries (the raft
+    tick) may do that, because the pending write transaction belongs to it.
+    From any other thread (an RPC handler), pass a barrier through the log
+    first if the snapshot must include a given write.
     """
-    fsm.commit()
+    if commit:
+        fsm.commit()
     partial = path + ".partial"
     with fsm.read() as reader:
         info = write_file(reader, partial, term=term, cluster_id=cluster_id)

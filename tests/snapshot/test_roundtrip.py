@@ -84,3 +84,17 @@ def test_empty_store_round_trips(tmp_path) -> None:
     dst = new_fsm(str(tmp_path / "dst"))
     restore(path, dst)
     assert dst.digest() == src.digest()
+
+
+def test_save_holds_the_last_committed_group_unless_asked_to_commit(tmp_path) -> None:
+    from fsm import messages as m
+    from tests.snapshot.support import T0
+
+    src = new_fsm(str(tmp_path / "src"))
+    nxt = apply_entries(src, example_entries(n=3))
+    committed = src.applied_index
+    src.apply(nxt, m.encode_entry(m.Barrier(), time=T0 + 10**12, rid="pending"))
+    assert (
+        save(src, str(tmp_path / "a.snap")).index == committed
+    )  # the pending group is not visible
+    assert save(src, str(tmp_path / "b.snap"), commit=True).index == nxt
