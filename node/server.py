@@ -116,7 +116,8 @@ class Server:
         """
         if args.get(FORWARDED):
             raise RPCError.not_leader(leader)
-        deadline = time.monotonic() + WRITE_TIMEOUT
+        blocking = _blocking_wait(args)  # a blocking query may rightly take that much longer
+        deadline = time.monotonic() + WRITE_TIMEOUT + blocking
         while True:
             if self.raft.is_leader:
                 return await fn(self, ctx, args)
@@ -129,7 +130,7 @@ class Server:
                         request_id=ctx.request_id,
                         token=ctx.token,
                         address=leader,
-                        timeout=max(0.05, min(FORWARD_ATTEMPT, remaining)),
+                        timeout=max(0.05, min(FORWARD_ATTEMPT + blocking, remaining)),
                     )
                 except RPCError as exc:
                     if exc.code not in RETRY_FORWARD or remaining <= 0:
@@ -419,6 +420,14 @@ class Server:
         except raft_errors.RaftError as exc:
             raise RPCError(UNAVAILABLE, f"leadership transfer failed: {exc}") from None
         return {"Leader": self.rpc_of_raft.get(raft_target, raft_target)}
+
+
+def _blocking_wait(args: dict[str, Any]) -> float:
+    """Seconds a blocking query (``min_index`` + ``wait``) may wait on the leader; 0 for other calls."""
+    wait = args.get("wait")
+    if not args.get("min_index") or isinstance(wait, bool) or not isinstance(wait, int | float) or wait <= 0:
+        return 0.0
+    return min(float(wait), READ_WAIT_MAX)
 
 
 class _Forward(Exception):
