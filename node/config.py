@@ -19,6 +19,8 @@ Example (``/etc/caravan/s1.toml``)::
     fsync = true
     rpc_bind  = "0.0.0.0:4647"            # default: this server's rpc_addr
     raft_bind = "10.0.0.1:4648"           # default: this server's raft_addr
+    http_addr = "0.0.0.0:4646"            # Nomad-compatible HTTP API; "off" disables it
+    http_event_heartbeat = "30s"          # {} lines on idle /v1/event/stream responses
 
     [[server]]
     id        = "s1"
@@ -73,9 +75,10 @@ from pathlib import Path
 from typing import Any
 
 from fsm.journal import Retention
-from node.framing import DEFAULT_MAX_FRAME, parse_address
+from node.framing import DEFAULT_MAX_FRAME, format_address, parse_address
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_HTTP_PORT = 4646  # Nomad's HTTP port, so Nomad clients find the API without settings
 MIN_PASSWORD_LENGTH = 16
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -221,6 +224,17 @@ class ServerConfig:
     fsync: bool = True
     gc: GCConfig = field(default_factory=GCConfig)
     journal: Retention = field(default_factory=Retention)
+    # None: not configured (<rpc_bind host>:4646 if that port is free); "": HTTP API off.
+    http_addr: str | None = None
+    http_event_heartbeat: float = 30.0
+
+    @property
+    def http_bind(self) -> str | None:
+        """Where the HTTP API listens, or None when it is turned off."""
+        if self.http_addr is None:
+            host, _ = parse_address(self.rpc_bind)
+            return format_address(host, DEFAULT_HTTP_PORT)
+        return self.http_addr or None
 
     @property
     def self_entry(self) -> ServerEntry:
@@ -313,6 +327,8 @@ _TOP_KEYS = (
     "server",
     "gc",
     "journal",
+    "http_addr",
+    "http_event_heartbeat",
 )
 _SERVER_KEYS = ("id", "rpc_addr", "raft_addr")
 
@@ -526,7 +542,18 @@ class _Parser:
             fsync=fsync,
             gc=self.gc(data.get("gc", {})),
             journal=self.journal(data.get("journal", {})),
+            http_addr=self.http_addr(data.get("http_addr")),
+            http_event_heartbeat=self.duration(
+                data.get("http_event_heartbeat", "30s"), "http_event_heartbeat", allow_zero=False
+            ),
         )
+
+    def http_addr(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if value in ("", "off"):
+            return ""
+        return self.address(value, "http_addr")
 
 
 def load_config(path: str | Path) -> ServerConfig:
