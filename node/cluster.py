@@ -39,6 +39,7 @@ class ClusterNode:
     log_file: str
     config_file: str
     pid: int = 0
+    http_address: str = ""  # the server's Nomad-compatible HTTP API ("" : its config's default)
 
 
 @dataclass
@@ -50,6 +51,10 @@ class Cluster:
     @property
     def rpc_addresses(self) -> list[str]:
         return [n.rpc_addr for n in self.nodes]
+
+    @property
+    def http_addresses(self) -> list[str]:
+        return [n.http_address for n in self.nodes if n.http_address]
 
     def node(self, name: str) -> ClusterNode:
         for node in self.nodes:
@@ -91,6 +96,10 @@ def render_config(node: ClusterNode, members: list[ClusterNode], password_file: 
         f"raft_password_file = {_toml_str(password_file)}",
         f"log_file = {_toml_str(node.log_file)}",
         'log_level = "info"',
+    ]
+    if node.http_address:
+        lines.append(f"http_addr = {_toml_str(node.http_address)}")
+    lines += [
         extra,
     ]
     for member in members:
@@ -127,6 +136,7 @@ def plan(directory: str, count: int, hosts: list[str] | None = None, extra_confi
                 data_dir=str(root / name / "data"),
                 log_file=str(root / name / "server.log"),
                 config_file=str(root / name / "server.toml"),
+                http_address=f"{host}:{free_port(host)}",
             )
         )
     for node in nodes:
