@@ -51,6 +51,16 @@ Example (``/etc/caravan/s1.toml``)::
     job_batch = 2048
     token_batch = 4096
 
+    [scheduler]                           # the leader's lifecycle loops (Nomad's defaults)
+    workers = 2                           # scheduler workers on the leader
+    heartbeat_ttl = "10s"                 # clients heartbeat within this; told to them
+    heartbeat_grace = "10s"               # a node is marked down after ttl + grace
+    eval_delivery_limit = 3               # deliveries before an eval is failed
+    eval_nack_timeout = "60s"             # an unacked eval is redelivered after this
+    eval_nack_delay = "1s"                # first redelivery delay (later ones: eval_nack_delay_later)
+    eval_nack_delay_later = "20s"
+    failed_eval_followup = "1m"           # a failed eval's follow-up eval waits this long
+
     [journal]                             # must be the same on every server
     max_batches = 100000
     max_bytes = "256MiB"
@@ -202,6 +212,20 @@ class GCConfig:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    """The leader's scheduling loops (seconds, counts); Nomad's defaults."""
+
+    workers: int = 2
+    heartbeat_ttl: float = 10.0
+    heartbeat_grace: float = 10.0
+    eval_delivery_limit: int = 3
+    eval_nack_timeout: float = 60.0
+    eval_nack_delay: float = 1.0
+    eval_nack_delay_later: float = 20.0
+    failed_eval_followup: float = 60.0
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """A validated server config; build it with ``load`` / ``loads`` / ``from_dict``.
 
@@ -227,6 +251,7 @@ class ServerConfig:
     # None: not configured (<rpc_bind host>:4646 if that port is free); "": HTTP API off.
     http_addr: str | None = None
     http_event_heartbeat: float = 30.0
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     @property
     def http_bind(self) -> str | None:
@@ -329,6 +354,7 @@ _TOP_KEYS = (
     "journal",
     "http_addr",
     "http_event_heartbeat",
+    "scheduler",
 )
 _SERVER_KEYS = ("id", "rpc_addr", "raft_addr")
 
@@ -471,6 +497,20 @@ class _Parser:
                 values[key] = self.duration(value, name, allow_zero=key.endswith("_threshold"))
         return GCConfig(**values)
 
+    def scheduler(self, table: Any) -> SchedulerConfig:
+        if not isinstance(table, dict):
+            raise ConfigError("[scheduler] must be a table")
+        fields = {f.name: f for f in dataclasses.fields(SchedulerConfig)}
+        _check_keys(table, tuple(fields), " in [scheduler]")
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            name = f"scheduler.{key}"
+            if type(fields[key].default) is int:
+                values[key] = self.positive_int(value, name)
+            else:
+                values[key] = self.duration(value, name, allow_zero=False)
+        return SchedulerConfig(**values)
+
     def journal(self, table: Any) -> Retention:
         if not isinstance(table, dict):
             raise ConfigError("[journal] must be a table")
@@ -546,6 +586,7 @@ class _Parser:
             http_event_heartbeat=self.duration(
                 data.get("http_event_heartbeat", "30s"), "http_event_heartbeat", allow_zero=False
             ),
+            scheduler=self.scheduler(data.get("scheduler", {})),
         )
 
     def http_addr(self, value: Any) -> str | None:
