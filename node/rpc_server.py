@@ -250,6 +250,9 @@ class RPCServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._address: str | None = None
+        # Optional ``observer(method, code, seconds)`` after each request
+        # ("ok" or the error code): metrics hook in, the server does not depend on them.
+        self.observer: Callable[[str, str, float], None] | None = None
 
     def register(
         self, method: str, handler: Handler | StreamHandler, *, streaming: bool = False
@@ -269,6 +272,15 @@ class RPCServer:
     @property
     def methods(self) -> list[str]:
         return sorted(self._methods)
+
+    def lookup(self, method: str) -> tuple[Handler | StreamHandler, bool] | None:
+        """(handler, streaming) registered for ``method``, or None.
+
+        For in-process front ends (the HTTP API): calling the registered
+        handler runs exactly the code path of the RPC, forwarding included.
+        """
+        entry = self._methods.get(method)
+        return None if entry is None else (entry.handler, entry.streaming)
 
     @property
     def address(self) -> str:
@@ -373,6 +385,7 @@ class RPCServer:
             request_id, method, token, conn.peer, asyncio.get_running_loop(), log, transport
         )
         started = time.monotonic()
+        code = "cancelled"
         try:
             if entry.streaming:
                 await self._run_stream(conn, ctx, entry.handler, args)
@@ -382,19 +395,27 @@ class RPCServer:
                     raise TypeError(f"handler for {method!r} must be an async function")
                 result = await result
                 await conn.send({"id": request_id, "ok": True, "result": result})
+            code = "ok"
             log.debug("rpc request done", ms=round((time.monotonic() - started) * 1000, 3))
         except ConnectionError:
+            code = "closed"
             log.debug("rpc connection closed before the answer was sent")
         except RPCError as err:
+            code = err.code
             log.debug("rpc request failed", code=err.code, error=err.message)
             await self._send_error(conn, ctx, err)
         except Exception:
+            code = INTERNAL
             log.exception("rpc handler crashed")
             err = RPCError(
                 INTERNAL,
                 f"internal error in {method}; the server logged the details under request id {request_id}",
             )
             await self._send_error(conn, ctx, err)
+        finally:
+            if self.observer is not None:
+                with contextlib.suppress(Exception):  # a metrics fault must not fail a request
+                    self.observer(method, code, time.monotonic() - started)
 
     async def _run_stream(
         self,
