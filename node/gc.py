@@ -125,6 +125,16 @@ def _split_units(units: list[EvalUnit]) -> list[EvalUnit]:
     return out
 
 
+def _split_unit(unit: EvalUnit) -> list[EvalUnit] | None:
+    """A unit too big for one entry as smaller ones (allocs first, the eval last)."""
+    if unit.eval is not None and unit.allocs:
+        return [EvalUnit(unit.job_id, None, unit.allocs), EvalUnit(unit.job_id, unit.eval, [])]
+    if len(unit.allocs) > 1:
+        half = len(unit.allocs) // 2
+        return [EvalUnit(unit.job_id, None, unit.allocs[:half]), EvalUnit(unit.job_id, None, unit.allocs[half:])]
+    return None
+
+
 def _pack(
     items: list[Any],
     cap: int,
@@ -132,8 +142,13 @@ def _pack(
     make: Callable[[list[Any]], Any],
     limit: int,
     measure: Callable[[Any], int],
+    split: Callable[[Any], list[Any] | None] = lambda _: None,
 ) -> list[Any]:
-    """Greedy batches of ``items`` with at most ``cap`` ids and ``limit`` encoded bytes each."""
+    """Greedy batches of ``items`` with at most ``cap`` ids and ``limit`` encoded bytes each.
+
+    An item that alone exceeds either bound is ``split`` (in order) if it can be.
+    """
+    items = list(items)
     bodies: list[Any] = []
     i, guess = 0, 0
     while i < len(items):
@@ -146,10 +161,14 @@ def _pack(
         while True:
             body = make(items[i : i + n])
             size = measure(body)
-            if size <= limit:
+            if size <= limit and (n > 1 or count(items[i]) <= cap):
                 break
             if n == 1:
-                raise GCError(f"one reap item encodes to {size} bytes, over the {limit} byte entry limit")
+                parts = split(items[i])
+                if parts is None:
+                    raise GCError(f"one reap item encodes to {size} bytes, over the {limit} byte entry limit")
+                items[i : i + 1] = parts
+                continue
             n = max(1, min(n - 1, n * limit // size))
         bodies.append(body)
         i += n
@@ -171,6 +190,7 @@ def reap_bodies(plan: Plan, limits: Limits, measure: Callable[[Any], int] = entr
             ),
             limit,
             measure,
+            _split_unit,
         )
     makers: dict[str, tuple[int, Callable[[list[m.Reap]], Any]]] = {
         GC_JOB: (limits.job_batch, lambda rs: m.JobBatchDeregister(jobs=rs)),
