@@ -3,8 +3,12 @@
 Each feature module registers its RPC methods with ``node.endpoints.method``
 when imported, and may offer leader loops: coroutines ``loop(server)`` that
 run only while this server is the raft leader (started when it wins,
-cancelled when it loses leadership). Adding a feature is one line here, so
-features do not edit the server's core.
+cancelled when it loses leadership), and services: coroutines
+``start(server)`` awaited once the server's RPC listener is up, on every
+server whatever its role, each returning an async ``stop()`` that the server
+awaits when it shuts down (the HTTP API is one). A service that cannot start
+(its port is taken) raises, and the server exits with that error. Adding a
+feature is one line here, so features do not edit the server's core.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ if TYPE_CHECKING:
     from node.server import Server
 
 LeaderLoop = Callable[["Server"], Awaitable[Any]]
+ServiceStop = Callable[[], Awaitable[None]]
+Service = Callable[["Server"], Awaitable[ServiceStop]]
 
 # Modules imported for their endpoint registrations and LEADER_LOOPS.
 FEATURE_MODULES: tuple[str, ...] = ("node.stream", "node.gc", "node.worker_endpoints")
@@ -29,3 +35,11 @@ def load() -> list[LeaderLoop]:
         module = importlib.import_module(name)
         loops.extend(getattr(module, "LEADER_LOOPS", ()))
     return loops
+
+
+def services() -> list[Service]:
+    """Every feature module's SERVICES (started with the server, on every server)."""
+    found: list[Service] = []
+    for name in FEATURE_MODULES:
+        found.extend(getattr(importlib.import_module(name), "SERVICES", ()))
+    return found

@@ -82,6 +82,7 @@ class Server:
         self._applied_event: asyncio.Event | None = None
         self._heartbeats: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[Any]] = []
+        self._service_stops: list[features.ServiceStop] = []
         self._stopping = threading.Event()
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
         self._settle_lock = threading.Lock()
@@ -148,6 +149,8 @@ class Server:
         self.fsm.on_commit(self._on_commit)
         self.raft = RaftNode(self.config.raft_config(data_dir=str(Path(self.config.data_dir) / "raft")), self.fsm, on_leadership=self._on_leadership)
         address = await self.rpc.start()
+        for start in features.services():
+            self._service_stops.append(await start(self))
         self.log.info("server started", rpc=address, raft=self.config.raft_addr)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,6 +163,11 @@ class Server:
         self._stopping.set()
         for task in self._leader_tasks:
             task.cancel()
+        for stop_service in reversed(self._service_stops):
+            try:
+                await stop_service()
+            except Exception as exc:  # noqa: BLE001 - stopping the rest matters more
+                self.log.warning("service did not stop cleanly", error=repr(exc))
         await self.rpc.close()
         await self.forwarder.close()
         self.raft.destroy()
