@@ -244,7 +244,7 @@ class RaftConfig:
 
         ``password`` is deliberately *not* passed: pysyncobj's own encryption
         needs the optional ``cryptography`` package; the adapter installs its
-        own HMAC authenticator on the transport instead (raft/auth.py).
+        own frame authenticator (keyed BLAKE2b MAC) on the transport instead (raft/auth.py).
         """
         from pysyncobj import SyncObjConf
 

@@ -17,21 +17,29 @@ from pysyncobj.transport import TCPTransport
 
 
 class CaravanTransport(TCPTransport):
-    """TCPTransport whose receive and send paths call back into the node."""
+    """TCPTransport whose receive and send paths call back into the node.
+
+    The hooks are looked up per message (they exist from SyncObj's first
+    line, before this transport is built) and pysyncobj's own handlers are
+    passed in, so the hot path costs two extra Python calls per message.
+    """
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj name)
-        hook = getattr(self._syncObj, "_caravan_on_message", None)
-        if hook is None or not isinstance(message, dict):
-            super()._onMessageReceived(node, message)
+        deliver = self._onMessageReceivedCallback
+        if deliver is None:
             return
-        hook(node, message, super()._onMessageReceived)
+        hook = getattr(self._syncObj, "_caravan_on_message", None)
+        if hook is None or message.__class__ is not dict:
+            deliver(node, message)
+        else:
+            hook(node, message, deliver)
 
     def send(self, node: Any, message: Any) -> bool:
         hook = getattr(self._syncObj, "_caravan_on_send", None)
-        if hook is None or not isinstance(message, dict):
-            return super().send(node, message)
-        return hook(node, message, super().send)
+        if hook is None or message.__class__ is not dict:
+            return TCPTransport.send(self, node, message)
+        return hook(node, message, self.raw_send)
 
     def raw_send(self, node: Any, message: Any) -> bool:
         """Send without the hooks (used to release held messages)."""
-        return super().send(node, message)
+        return TCPTransport.send(self, node, message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raft import PROFILES, ConfigError, RaftConfig
-from raft.auth import HmacAuthenticator, InvalidTag
+from raft.auth import InvalidTag, LinkAuthenticator
 
 
 def cfg(**kw: object) -> RaftConfig:
@@ -28,7 +28,7 @@ def test_password_is_mandatory_with_a_one_line_error() -> None:
 def test_password_never_appears_in_repr() -> None:
     c = cfg(password="s3cret-value")
     assert "s3cret-value" not in repr(c)
-    assert "s3cret-value" not in repr(HmacAuthenticator("s3cret-value"))
+    assert "s3cret-value" not in repr(LinkAuthenticator("s3cret-value"))
 
 
 def test_bind_defaults_to_the_self_host_never_0000() -> None:
@@ -69,13 +69,13 @@ def test_compaction_is_off_without_a_snapshot_serializer() -> None:
 
 
 def test_authenticator_round_trip_and_rejections() -> None:
-    a = HmacAuthenticator("pw")
+    a = LinkAuthenticator("pw")
     tok = a.encrypt_at_time(b"payload", 42)
     assert a.extract_timestamp(tok) == 42
     assert a.decrypt(tok) == b"payload"
     with pytest.raises(InvalidTag):
         a.decrypt(tok[:-1] + bytes([tok[-1] ^ 1]))
     with pytest.raises(InvalidTag):
-        HmacAuthenticator("other").decrypt(tok)
+        LinkAuthenticator("other").decrypt(tok)
     with pytest.raises(InvalidTag):
         a.decrypt(b"\x80\x02junk")
