@@ -239,7 +239,7 @@ class RaftConfig:
         if not str(self.data_dir):
             raise ConfigError("raft data dir is required")
 
-    def to_syncobj_conf(self, **callbacks: Any) -> Any:
+    def to_syncobj_conf(self, **overrides: Any) -> Any:
         """Build the :class:`pysyncobj.SyncObjConf` for this config.
 
         ``password`` is deliberately *not* passed: pysyncobj's own encryption
@@ -257,31 +257,32 @@ class RaftConfig:
             # snapshot format, never compact (the journal keeps everything).
             compaction_entries = 2**62
             compaction_time = 10.0**12
-        conf = SyncObjConf(
-            autoTick=True,
-            autoTickPeriod=prof.auto_tick_period,
-            appendEntriesUseBatch=prof.append_entries_use_batch,
-            appendEntriesPeriod=prof.append_entries_period,
-            appendEntriesBatchSizeBytes=CHUNK_THRESHOLD_BYTES,
-            raftMinTimeout=prof.raft_min_timeout,
-            raftMaxTimeout=prof.raft_max_timeout,
-            leaderFallbackTimeout=prof.leader_fallback_timeout,
-            connectionTimeout=max(prof.connection_timeout, prof.raft_max_timeout),
-            connectionRetryTime=prof.connection_retry_time,
-            commandsWaitLeader=prof.commands_wait_leader,
-            commandsQueueSize=prof.commands_queue_size,
-            sendBufferSize=prof.send_buffer_size,
-            recvBufferSize=prof.recv_buffer_size,
-            bindAddress=self.effective_bind_address,
-            journalFile=self.journal_file,
-            fullDumpFile=self.dump_file,
-            logCompactionMinEntries=compaction_entries,
-            logCompactionMinTime=compaction_time,
-            logCompactionBatchSize=CHUNK_THRESHOLD_BYTES,
-            dynamicMembershipChange=self.dynamic_membership,
-            serializer=self.serializer,
-            deserializer=self.deserializer,
-            useFork=False,
-            **callbacks,
-        )
+        kwargs: dict[str, Any] = {
+            "autoTick": True,
+            "autoTickPeriod": prof.auto_tick_period,
+            "appendEntriesUseBatch": prof.append_entries_use_batch,
+            "appendEntriesPeriod": prof.append_entries_period,
+            "appendEntriesBatchSizeBytes": CHUNK_THRESHOLD_BYTES,
+            "raftMinTimeout": prof.raft_min_timeout,
+            "raftMaxTimeout": prof.raft_max_timeout,
+            "leaderFallbackTimeout": prof.leader_fallback_timeout,
+            "connectionTimeout": max(prof.connection_timeout, prof.raft_max_timeout),
+            "connectionRetryTime": prof.connection_retry_time,
+            "commandsWaitLeader": prof.commands_wait_leader,
+            "commandsQueueSize": prof.commands_queue_size,
+            "sendBufferSize": prof.send_buffer_size,
+            "recvBufferSize": prof.recv_buffer_size,
+            "bindAddress": self.effective_bind_address,
+            "journalFile": self.journal_file,
+            "fullDumpFile": self.dump_file,
+            "logCompactionMinEntries": compaction_entries,
+            "logCompactionMinTime": compaction_time,
+            "logCompactionBatchSize": CHUNK_THRESHOLD_BYTES,
+            "dynamicMembershipChange": self.dynamic_membership,
+            "serializer": self.serializer,
+            "deserializer": self.deserializer,
+            "useFork": False,
+        }
+        kwargs.update(overrides)
+        conf = SyncObjConf(**kwargs)
         return conf

@@ -460,16 +460,22 @@ class _Replica(SyncObj):
 
     # -- end of tick: group commit, callbacks, tasks ---------------------------
 
-    def _finish_tick(self) -> None:
-        if self._pending_commit:
+    def commit_pending(self) -> bool:
+        """Tick thread: commit the target's pending write txn, if any."""
+        if self._pending_commit and not self._halted:
             self._pending_commit = False
             try:
                 self._target.commit()
             except BaseException as exc:  # noqa: BLE001
                 self._halted = True
                 self._owner._fatal("commit", self.raftLastApplied, exc)
-                return
+                return False
             self._commits += 1
+        return not self._halted
+
+    def _finish_tick(self) -> None:
+        if not self.commit_pending():
+            return
         if self._deferred:
             batch, self._deferred = self._deferred, []
             for fn, args in batch:
@@ -695,7 +701,11 @@ class RaftNode:
             self._log.warning(
                 "raft_truncation_fix_disabled", note="TEST ONLY: acknowledged writes can be lost"
             )
-        conf = config.to_syncobj_conf(onStateChanged=self._on_state_changed)
+        hooks: dict[str, Any] = {"onStateChanged": self._on_state_changed}
+        if config.serializer is not None and config.deserializer is not None:
+            hooks["serializer"] = self._wrap_snapshot_hook(config.serializer)
+            hooks["deserializer"] = self._wrap_snapshot_hook(config.deserializer)
+        conf = config.to_syncobj_conf(**hooks)
         self._obj = _Replica(self, config, conf, target)
         transport = self._obj._SyncObj__transport
         if not transport._bindOverEvent.wait(bind_timeout) or not transport.ready:
@@ -953,6 +963,20 @@ class RaftNode:
         self._log.info("raft_stopped")
 
     # -- internals ---------------------------------------------------------------
+
+    def _wrap_snapshot_hook(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """pysyncobj calls the snapshot serializer/deserializer on the tick
+        thread, after this tick's entries were applied but before our
+        end-of-tick commit: commit first, so the serializer reads (and the
+        deserializer replaces) a store that holds every applied entry."""
+
+        def hook(*args: Any) -> Any:
+            obj = getattr(self, "_obj", None)
+            if obj is not None:
+                obj.commit_pending()
+            return fn(*args)
+
+        return hook
 
     def _on_state_changed(self, old: int, new: int) -> None:
         # May run before self._obj is assigned (pysyncobj ticks during its

@@ -22,6 +22,7 @@ from raft import (
     MembershipChangeError,
     NodeStoppedError,
     NotLeaderError,
+    RaftNode,
     UnknownOutcomeError,
     encoded_entry_size,
 )
@@ -204,3 +205,62 @@ def test_apply_failure_halts_the_node_instead_of_wedging(single_node: Any) -> No
     with pytest.raises((NodeStoppedError, NotLeaderError)):
         node.submit_sync(b"after", timeout=1)
     assert b"BOOM" not in target.entries.values()
+
+
+# -- snapshot hooks --------------------------------------------------------------
+
+
+class PendingTarget(MemTarget):
+    """Tracks whether applied entries are still uncommitted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = False
+
+    def apply(self, index: int, entry: bytes) -> object:
+        self.pending = True
+        return super().apply(index, entry)
+
+    def commit(self) -> None:
+        self.pending = False
+        super().commit()
+
+
+def test_snapshot_hooks_see_a_committed_store_and_restore_on_restart(
+    single_node: Any, tmp_path: Path
+) -> None:
+    seen: list[tuple[bool, int]] = []
+    target = PendingTarget()
+
+    def serializer(file_name: str, raft_data: Any) -> None:
+        seen.append((target.pending, target.applied_index))
+        with open(file_name, "wb") as f:
+            pickle.dump(raft_data, f)
+
+    loaded: list[Any] = []
+
+    def deserializer(file_name: str) -> Any:
+        with open(file_name, "rb") as f:
+            data = pickle.load(f)
+        loaded.append(data)
+        return data
+
+    node, _ = single_node(target, serializer=serializer, deserializer=deserializer)
+    for i in range(20):
+        node.submit(b"e%d" % i, None)
+    node.submit_sync(b"last")
+    node._obj.forceLogCompaction()
+    wait_for(lambda: seen and os.path.exists(node.config.dump_file), 10, "a snapshot")
+    assert seen[0][0] is False, "serializer ran with uncommitted applied entries"
+    assert seen[0][1] >= 20
+    wait_for(lambda: node.status()["first_log_index"] > 1, 10, "the journal to be compacted")
+    cfg = node.config
+    node.destroy()
+    again = RaftNode(cfg, PendingTarget())
+    try:
+        wait_for(lambda: loaded, 10, "the deserializer at restart")
+        assert (
+            loaded[0][0][1] >= 20
+        )  # (last applied entry, previous entry, cluster): its raft index
+    finally:
+        again.destroy()
