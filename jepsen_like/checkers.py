@@ -1,0 +1,258 @@
+"""Checkers: turn a recorded run into verdicts.
+
+Each checker returns a ``CheckerResult`` whose ``status`` is ``ok``,
+``anomaly`` (the run found a bug), ``unknown`` (could not decide: a search
+timed out, a final read never succeeded) or ``skipped`` (feature absent).
+Anomalies name the operations involved (``process`` + ``call_time``) so the
+HTML timeline can highlight them.
+
+* linearizability -- the register workload's history against
+  ``RegisterModel``, partitioned per key (``jepsen_like.linearizability``).
+* set -- every acknowledged add is in the final read; nothing is present
+  that was never attempted or that definitely failed; a read never misses an
+  add acknowledged before it started; an element once read never vanishes
+  from a read that started after.
+* convergence -- after healing, every server reaches the same applied index
+  with the same state digest (observations recorded by the runner).
+* server-logs -- a server that stopped on a fatal apply error is an anomaly;
+  error/critical lines are counted for the summary.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from jepsen_like.history import Event, Operation, operations_from_events
+from jepsen_like.linearizability import Verdict, check
+from jepsen_like.models import RegisterModel
+
+Status = Literal["ok", "anomaly", "unknown", "skipped"]
+
+
+@dataclass
+class CheckerResult:
+    checker: str
+    workload: str | None
+    status: Status
+    summary: str
+    operations: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+    #: operations to highlight: {"workload", "process", "call_time", "why"}
+    highlight: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def anomaly(self) -> bool:
+        return self.status == "anomaly"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckerResult:
+        return cls(**data)
+
+
+def _mark(workload: str, op: Operation, why: str) -> dict[str, Any]:
+    return {"workload": workload, "process": op.process, "call_time": op.call_time, "why": why}
+
+
+# -- linearizability -------------------------------------------------------------------
+def check_register(events: Sequence[Event], timeout: float = 120.0) -> CheckerResult:
+    ops = operations_from_events(events)
+    counted = [op for op in ops if op.status != "fail"]
+    result = check(RegisterModel(), ops, timeout=timeout)
+    details: dict[str, Any] = {
+        "verdict": str(result.verdict),
+        "partitions": result.partitions,
+        "elapsed": round(result.elapsed, 3),
+        "ok": sum(op.status == "ok" for op in ops),
+        "fail": sum(op.status == "fail" for op in ops),
+        "info": sum(op.status == "info" for op in ops),
+    }
+    if result.verdict is Verdict.NOT_LINEARIZABLE and result.failure is not None:
+        failure = result.failure
+        marks = [_mark("register", failure.blocking, "returned, yet cannot be linearized")]
+        marks += [_mark("register", op, "could not be linearized next") for op in failure.stuck]
+        marks += [_mark("register", op, "end of the longest linearizable prefix") for op in failure.longest_linearization[-3:]]
+        details["key"] = failure.key
+        details["explanation"] = result.explanation
+        return CheckerResult(
+            "linearizability", "register", "anomaly",
+            f"NOT linearizable on key {failure.key!r} ({failure.operations} operations in that key)",
+            len(counted), details, marks,
+        )
+    if result.verdict is Verdict.UNKNOWN:
+        details["timed_out_keys"] = list(result.timed_out_keys)
+        return CheckerResult("linearizability", "register", "unknown", result.explanation, len(counted), details)
+    return CheckerResult(
+        "linearizability", "register", "ok",
+        f"{len(counted)} operations on {result.partitions} keys linearizable ({result.elapsed:.1f}s)",
+        len(counted), details,
+    )
+
+
+# -- set ----------------------------------------------------------------------------------
+def check_set(events: Sequence[Event]) -> CheckerResult:
+    ops = operations_from_events(events)
+    adds: dict[int, Operation] = {}
+    reads: list[Operation] = []
+    final: Operation | None = None
+    for op in ops:
+        f = op.input.get("f") if isinstance(op.input, dict) else None
+        if f == "add":
+            adds[int(op.input["value"])] = op
+        elif f == "read" and op.status == "ok":
+            reads.append(op)
+            if op.input.get("final"):
+                final = op
+    ok_adds = {e for e, op in adds.items() if op.status == "ok"}
+    info_adds = {e for e, op in adds.items() if op.status == "info"}
+    failed_adds = {e for e, op in adds.items() if op.status == "fail"}
+    details: dict[str, Any] = {
+        "attempted": len(adds),
+        "acknowledged": len(ok_adds),
+        "failed": len(failed_adds),
+        "unknown": len(info_adds),
+        "reads": len(reads),
+    }
+    marks: list[dict[str, Any]] = []
+    problems: list[str] = []
+
+    # Reads during the run: nothing acknowledged before a read started is missing,
+    # and nothing a finished read saw vanishes from a read that started after it.
+    reads.sort(key=lambda op: op.call_time)
+    stale: list[dict[str, Any]] = []
+    vanished: list[dict[str, Any]] = []
+    acked = sorted((op.return_time, e) for e, op in adds.items() if op.status == "ok")
+    for read in reads:
+        seen = set(read.output or [])
+        missing = [e for t, e in acked if t < read.call_time and e not in seen]
+        if missing:
+            stale.append({"read_at": read.call_time, "missing": missing[:20], "count": len(missing)})
+            marks.append(_mark("set", read, f"misses {len(missing)} acknowledged adds, e.g. {missing[:5]}"))
+            for e in missing[:5]:
+                marks.append(_mark("set", adds[e], "acknowledged, then missing from a later read"))
+        for earlier in reads:
+            if earlier.return_time is not None and earlier.return_time < read.call_time:
+                gone = sorted(set(earlier.output or []) - seen)
+                if gone:
+                    vanished.append({"seen_at": earlier.call_time, "gone_at": read.call_time, "elements": gone[:20], "count": len(gone)})
+                    marks.append(_mark("set", read, f"{len(gone)} elements seen earlier are gone, e.g. {gone[:5]}"))
+                    break
+    if stale:
+        problems.append(f"{len(stale)} reads missed acknowledged adds")
+    if vanished:
+        problems.append(f"{len(vanished)} reads lost elements an earlier read saw")
+    details["stale_reads"] = stale[:20]
+    details["vanished"] = vanished[:20]
+
+    if final is None:
+        details["final_read"] = False
+        status: Status = "anomaly" if problems else "unknown"
+        summary = "; ".join(problems) if problems else "no final read succeeded after healing; cannot check for lost adds"
+        return CheckerResult("set", "set", status, summary, len(adds), details, marks)
+
+    present = set(final.output or [])
+    lost = sorted(ok_adds - present)
+    never = sorted(present - set(adds))
+    resurrected = sorted(present & failed_adds)
+    details.update(
+        final_read=True,
+        present=len(present),
+        lost=lost[:100],
+        lost_count=len(lost),
+        unexpected=never[:100],
+        unexpected_count=len(never),
+        failed_but_present=resurrected[:100],
+        failed_but_present_count=len(resurrected),
+        recovered=len(present & info_adds),
+    )
+    for e in lost[:20]:
+        marks.append(_mark("set", adds[e], "acknowledged add missing from the final read (lost write)"))
+    for e in resurrected[:20]:
+        marks.append(_mark("set", adds[e], "add reported as failed, yet present in the final read"))
+    if lost:
+        problems.append(f"{len(lost)} acknowledged adds lost, e.g. {lost[:5]}")
+    if never:
+        problems.append(f"{len(never)} elements present that were never added, e.g. {never[:5]}")
+    if resurrected:
+        problems.append(f"{len(resurrected)} adds reported as certainly failed are present, e.g. {resurrected[:5]}")
+    if problems:
+        marks.append(_mark("set", final, "final read"))
+        return CheckerResult("set", "set", "anomaly", "; ".join(problems), len(adds), details, marks)
+    return CheckerResult(
+        "set", "set", "ok",
+        f"{len(ok_adds)} acknowledged adds all present; {len(present & info_adds)} of {len(info_adds)} "
+        f"unknown-outcome adds present; nothing unexpected ({len(reads)} reads checked)",
+        len(adds), details,
+    )
+
+
+# -- convergence ----------------------------------------------------------------------------
+def check_convergence(observation: dict[str, Any] | None) -> CheckerResult:
+    """Verdict over the runner's final digest polls (``convergence.json``)."""
+    if not observation:
+        return CheckerResult("convergence", None, "unknown", "no convergence observation was recorded")
+    final: dict[str, Any] = observation.get("final") or {}
+    details = {"final": final, "polls": observation.get("polls", 0), "waited": observation.get("waited")}
+    silent = sorted(name for name, obs in final.items() if not obs)
+    if silent:
+        return CheckerResult(
+            "convergence", None, "anomaly",
+            f"after healing, {', '.join(silent)} never answered (crashed or wedged); see its server log",
+            details=details,
+        )
+    indexes = {obs["index"] for obs in final.values()}
+    if len(indexes) > 1:
+        shown = ", ".join(f"{n}@{o['index']}" for n, o in sorted(final.items()))
+        return CheckerResult(
+            "convergence", None, "anomaly",
+            f"servers did not reach the same applied index within {observation.get('waited', 0):.0f}s: {shown}",
+            details=details,
+        )
+    digests = {obs["digest"] for obs in final.values()}
+    if len(digests) > 1:
+        shown = ", ".join(f"{n}={o['digest'][:12]}" for n, o in sorted(final.items()))
+        return CheckerResult(
+            "convergence", None, "anomaly",
+            f"replicas DIVERGED: same applied index {indexes.pop()}, different state digests ({shown})",
+            details=details,
+        )
+    return CheckerResult(
+        "convergence", None, "ok",
+        f"all {len(final)} servers at applied index {indexes.pop()} with one digest {digests.pop()[:12]}",
+        details=details,
+    )
+
+
+# -- server logs ------------------------------------------------------------------------------
+FATAL_MARKERS = ("fatal apply error",)
+
+
+def check_server_logs(cluster_dir: str | Path) -> CheckerResult:
+    root = Path(cluster_dir)
+    counts: dict[str, dict[str, int]] = {}
+    fatal: list[str] = []
+    for log in sorted(root.glob("server*/server.log")):
+        levels = {"error": 0, "critical": 0}
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            level = str(record.get("level", "")).lower()
+            if level in levels:
+                levels[level] += 1
+            text = str(record.get("event", "")).lower()
+            if any(marker in text for marker in FATAL_MARKERS):
+                fatal.append(f"{log.parent.name}: {record.get('event')} {record.get('error', '')}"[:300])
+        counts[log.parent.name] = levels
+    details = {"levels": counts, "fatal": fatal[:20]}
+    if fatal:
+        return CheckerResult("server-logs", None, "anomaly", f"{len(fatal)} fatal apply errors: {fatal[0]}", details=details)
+    errors = sum(c["error"] + c["critical"] for c in counts.values())
+    return CheckerResult("server-logs", None, "ok", f"no fatal errors ({errors} error/critical log lines)", details=details)

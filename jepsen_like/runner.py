@@ -1,0 +1,349 @@
+"""One run: start a cluster, run workloads under a nemesis, heal, check, report.
+
+Phases (all times on the run's monotonic clock):
+
+1. set-up -- lay out ``--nodes`` servers under ``OUT/cluster`` with the
+   raft proxies, start them, wait for a leader, probe each workload;
+2. faults -- client lanes run for ``--time`` seconds while the nemesis
+   injects faults;
+3. heal -- clients stop, the nemesis undoes its current fault, the runner
+   undoes anything left (continue, restart, heal the network) and waits for
+   a leader;
+4. final -- workloads' final reads (the set's read of everything), then the
+   convergence observation: poll ``debug.digest`` (stale) on every server
+   until all report one applied index;
+5. check + report -- ``checkers`` over the recorded files, then
+   ``report.write`` (results.json, summary.txt, timeline.html, plot.png).
+
+Everything a checker needs is on disk, so ``python -m jepsen_like check
+OUT`` re-checks a run without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jepsen_like import checkers
+from jepsen_like.history import load_events
+from jepsen_like.nemesis import FAULTS, Nemesis, Timing
+from jepsen_like.recorder import (
+    FAULTS_FILE,
+    Clock,
+    FaultLog,
+    HistoryRecorder,
+    history_file,
+    load_faults,
+)
+from jepsen_like.testbed import Testbed, TestbedError
+from jepsen_like.workloads import WORKLOADS, Lane, RunContext, Workload
+from node.rpc_client import RPCClient
+
+RUN_FILE = "run.json"
+CONVERGENCE_FILE = "convergence.json"
+RESULTS_FILE = "results.json"
+
+EXIT_OK = 0
+EXIT_ANOMALY = 1
+EXIT_UNKNOWN = 2
+
+
+class RunError(RuntimeError):
+    """The run could not be carried out (bad options, cluster would not start)."""
+
+
+@dataclass
+class RunOptions:
+    out: str
+    seed: int = 0
+    nodes: int = 3
+    time: float = 60.0
+    nemeses: list[str] = field(default_factory=lambda: ["kill", "pause", "partition"])
+    workloads: list[str] = field(default_factory=lambda: ["register", "set"])
+    register_lanes: int = 4
+    set_lanes: int = 2
+    op_timeout: float = 5.0
+    think: float = 0.02
+    quiet: tuple[float, float] = (2.0, 5.0)
+    hold: tuple[float, float] = (2.0, 6.0)
+    checker_timeout: float = 120.0
+    convergence_wait: float = 60.0
+    #: extra environment for the server processes (test-only switches)
+    server_env: dict[str, str] = field(default_factory=dict)
+    keep_cluster_data: bool = True
+
+    def validate(self) -> None:
+        if self.nodes not in (3, 5):
+            raise RunError("--nodes must be 3 or 5")
+        if self.time <= 0:
+            raise RunError("--time must be positive")
+        unknown = [n for n in self.nemeses if n not in FAULTS and n != "none"]
+        if unknown:
+            raise RunError(f"unknown nemesis {', '.join(unknown)}; choose from {', '.join(FAULTS)} or none")
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        if unknown:
+            raise RunError(f"unknown workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+        if not self.workloads:
+            raise RunError("give at least one workload")
+        if self.op_timeout <= 0:
+            raise RunError("--op-timeout must be positive")
+        out = Path(self.out)
+        if out.exists() and any(out.iterdir()):
+            raise RunError(f"{out} is not empty; give a new directory for the run")
+
+
+@contextmanager
+def _server_env(extra: dict[str, str]) -> Iterator[None]:
+    """Server processes inherit the harness's environment; set the extras around the run."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _build_workloads(options: RunOptions) -> list[Workload]:
+    built: list[Workload] = []
+    for name in options.workloads:
+        workload = WORKLOADS[name]()
+        if name == "register":
+            workload.lanes = options.register_lanes
+        elif name == "set":
+            workload.lanes = options.set_lanes
+        built.append(workload)
+    return built
+
+
+def run(options: RunOptions, log: Any = print) -> int:
+    """Carry out one run; returns the exit code (0 ok, 1 anomaly, 2 unknown)."""
+    options.validate()
+    out = Path(options.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(options.seed)
+    nemesis_rng = random.Random(rng.getrandbits(64))
+    clock = Clock()
+    meta: dict[str, Any] = {
+        "options": {**asdict(options), "quiet": list(options.quiet), "hold": list(options.hold)},
+        "seed": options.seed,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+    }
+    workloads = _build_workloads(options)
+    lane = 0
+    for workload in workloads:
+        workload.first_lane = lane
+        lane += workload.lanes
+    final_lane = lane
+    total_lanes = lane + 1
+    meta["lanes"] = {w.name: [w.first_lane, w.lanes] for w in workloads} | {"final": [final_lane, 1]}
+    meta["total_lanes"] = total_lanes
+    (out / RUN_FILE).write_text(json.dumps(meta, indent=2))
+
+    with _server_env(options.server_env):
+        testbed = Testbed.create(out / "cluster", options.nodes)
+        try:
+            return _run_on(testbed, options, workloads, out, clock, nemesis_rng, rng, meta, total_lanes, final_lane, log)
+        finally:
+            testbed.teardown()
+            if not options.keep_cluster_data:
+                for node in testbed.cluster.nodes:
+                    shutil.rmtree(node.data_dir, ignore_errors=True)
+
+
+def _run_on(
+    testbed: Testbed,
+    options: RunOptions,
+    workloads: list[Workload],
+    out: Path,
+    clock: Clock,
+    nemesis_rng: random.Random,
+    rng: random.Random,
+    meta: dict[str, Any],
+    total_lanes: int,
+    final_lane: int,
+    log: Any,
+) -> int:
+    try:
+        testbed.start_all(timeout=60.0)
+    except TestbedError as exc:
+        raise RunError(str(exc)) from None
+    log(f"cluster of {options.nodes} up in {testbed.directory}; leader {testbed.leader()}")
+
+    # Probe workloads and faults; skipped ones are reported, not run.
+    skipped: dict[str, str] = {}
+    with RPCClient(testbed.rpc_addresses, timeout=5.0) as probe_client:
+        active: list[Workload] = []
+        for workload in workloads:
+            reason = workload.probe(probe_client)
+            if reason:
+                skipped[f"workload {workload.name}"] = reason
+                log(f"workload {workload.name}: {reason}")
+            else:
+                active.append(workload)
+    faults = []
+    for name in options.nemeses:
+        if name == "none":
+            continue
+        fault = FAULTS[name]()
+        reason = fault.unavailable(testbed)
+        if reason:
+            skipped[f"nemesis {name}"] = reason
+            log(f"nemesis {name}: {reason}")
+        else:
+            faults.append(fault)
+
+    stop = threading.Event()
+    ctx = RunContext(
+        addresses=testbed.rpc_addresses,
+        clock=clock,
+        stop=stop,
+        op_timeout=options.op_timeout,
+        think=options.think,
+        total_lanes=total_lanes,
+    )
+    recorders = {w.name: HistoryRecorder(out / history_file(w.name), clock) for w in active}
+    fault_log = FaultLog(out / FAULTS_FILE, clock)
+    nemesis = Nemesis(testbed, faults, nemesis_rng, fault_log, stop, Timing(quiet=options.quiet, hold=options.hold))
+
+    threads: list[threading.Thread] = []
+    crashes: list[str] = []
+    for workload in active:
+        for i in range(workload.lanes):
+            lane = Lane(workload.first_lane + i, ctx, recorders[workload.name])
+            lane_rng = random.Random(rng.getrandbits(64))
+
+            def body(w: Workload = workload, ln: Lane = lane, r: random.Random = lane_rng) -> None:
+                try:
+                    w.run_lane(ln, ctx, r)
+                except Exception as exc:  # noqa: BLE001 - a crashed client is a harness bug: report it
+                    crashes.append(f"{w.name} lane {ln.lane}: {type(exc).__name__}: {exc}")
+
+            threads.append(threading.Thread(target=body, name=f"{workload.name}-{i}", daemon=True))
+    meta["phases"] = {"faults_start": clock.now()}
+    for thread in threads:
+        thread.start()
+    nemesis.start()
+    log(f"running {', '.join(w.name for w in active) or 'no workload'} for {options.time:g}s under "
+        f"{', '.join(f.name for f in faults) or 'no faults'} (seed {options.seed})")
+    stop.wait(options.time)
+    stop.set()
+    for thread in threads:
+        thread.join(options.op_timeout * 3 + 10)
+    nemesis.join(60.0)
+    meta["phases"]["faults_end"] = clock.now()
+
+    testbed.heal_all()
+    try:
+        leader = testbed.wait_for_leader(60.0)
+    except TestbedError as exc:
+        leader = None
+        crashes.append(f"after healing: {exc}")
+    meta["phases"]["healed"] = clock.now()
+    log(f"healed; leader {leader}")
+
+    final_ctx = RunContext(
+        addresses=testbed.rpc_addresses, clock=clock, stop=threading.Event(),
+        op_timeout=max(options.op_timeout, 10.0), total_lanes=total_lanes,
+    )
+    for workload in active:
+        workload.final(Lane(final_lane, final_ctx, recorders[workload.name]), final_ctx, time.monotonic() + 60.0)
+    meta["phases"]["final_reads"] = clock.now()
+    observation = observe_convergence(testbed, options.convergence_wait)
+    (out / CONVERGENCE_FILE).write_text(json.dumps(observation, indent=2))
+    meta["phases"]["end"] = clock.now()
+    for recorder in recorders.values():
+        recorder.close()
+
+    meta["skipped"] = skipped
+    meta["harness_errors"] = crashes + nemesis.errors
+    meta["notes"] = ctx.notes
+    meta["proxies"] = testbed.proxies.stats() if testbed.proxies else {}
+    meta["active_workloads"] = [w.name for w in active]
+    (out / RUN_FILE).write_text(json.dumps(meta, indent=2))
+    return check_dir(out, log=log, checker_timeout=options.checker_timeout)
+
+
+def observe_convergence(testbed: Testbed, wait: float) -> dict[str, Any]:
+    """Poll every server's stale digest until all report one applied index (or ``wait`` passes)."""
+    started = time.monotonic()
+    polls = 0
+    final: dict[str, Any] = {}
+    while True:
+        polls += 1
+        final = {}
+        for name in testbed.names:
+            d = testbed.digest(name)
+            final[name] = {"digest": d["digest"], "index": d["index"]} if d else None
+        answered = [o for o in final.values() if o]
+        if len(answered) == len(final) and len({o["index"] for o in answered}) == 1:
+            break
+        if time.monotonic() - started > wait:
+            break
+        time.sleep(0.2)  # polling a condition with a deadline
+    return {"final": final, "polls": polls, "waited": round(time.monotonic() - started, 3)}
+
+
+def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0) -> int:
+    """Check a recorded run directory; writes results and the report; returns the exit code."""
+    from jepsen_like import report
+
+    out = Path(out)
+    if not (out / RUN_FILE).exists():
+        raise RunError(f"{out} has no {RUN_FILE}; is it a run directory written by 'jepsen_like run'?")
+    meta = json.loads((out / RUN_FILE).read_text())
+    results: list[checkers.CheckerResult] = []
+    for name, reason in (meta.get("skipped") or {}).items():
+        kind, _, what = name.partition(" ")
+        results.append(checkers.CheckerResult(kind, what if kind == "workload" else None, "skipped", reason))
+    events: dict[str, list[Any]] = {}
+    for name in meta.get("active_workloads", []):
+        path = out / history_file(name)
+        events[name] = load_events(path) if path.exists() else []
+    if "register" in events:
+        results.append(checkers.check_register(events["register"], timeout=checker_timeout))
+    if "set" in events:
+        results.append(checkers.check_set(events["set"]))
+    convergence = None
+    if (out / CONVERGENCE_FILE).exists():
+        convergence = json.loads((out / CONVERGENCE_FILE).read_text())
+    results.append(checkers.check_convergence(convergence))
+    if (out / "cluster").exists():
+        results.append(checkers.check_server_logs(out / "cluster"))
+    for error in meta.get("harness_errors") or []:
+        results.append(checkers.CheckerResult("harness", None, "unknown", error))
+    faults = load_faults(out / FAULTS_FILE)
+    (out / RESULTS_FILE).write_text(json.dumps([r.to_json() for r in results], indent=2, default=str))
+    code = exit_code(results)
+    report.write(out, meta, events, faults, results, code)
+    for r in results:
+        log(f"  {r.status:8} {r.checker}{'/' + r.workload if r.workload else ''}: {r.summary}")
+    log(f"verdict: {verdict_word(code)} -- report in {out}")
+    return code
+
+
+def exit_code(results: list[checkers.CheckerResult]) -> int:
+    if any(r.status == "anomaly" for r in results):
+        return EXIT_ANOMALY
+    if any(r.status == "unknown" for r in results):
+        return EXIT_UNKNOWN
+    return EXIT_OK
+
+
+def verdict_word(code: int) -> str:
+    return {EXIT_OK: "VALID", EXIT_ANOMALY: "ANOMALY", EXIT_UNKNOWN: "UNKNOWN"}.get(code, "?")

@@ -1,0 +1,228 @@
+"""A real cluster for one run: server processes, their configs and the raft proxies.
+
+The harness is a client of the cluster: it starts and signals processes with
+``node.cluster`` and talks to servers over RPC; it imports nothing of the
+server's internals.
+
+How partitions work (per-link TCP proxies)
+------------------------------------------
+pysyncobj knows a peer only by the address string in its peer list, and the
+two ends of a pair share ONE TCP connection, which only the end with the
+greater address string dials (``TCPTransport._shouldConnect``: ``self.address
+> peer.address``). The dialer sends its own address as the first message and
+the acceptor looks that string up in *its* peer list. So per server:
+
+* its own raft address (its identity, where it listens) must be what every
+  peer that *accepts* its connection lists for it, and
+* the address it lists for a peer it *dials* may be anything that reaches
+  that peer -- as long as that string sorts below its own address, so it
+  still decides to dial.
+
+The layout below satisfies both: server *k* (1-based) has the identity
+``127.0.1.k:PORT``; for each pair ``i < j``, server *j* (greater identity)
+lists server *i* at a proxy ``127.0.0.1:P_ij`` (``127.0.0.1`` sorts below
+every ``127.0.1.x``), which forwards to server *i*'s identity, while server
+*i* lists server *j* at *j*'s real identity and never dials it. Every raft
+connection thus passes through exactly one proxy per pair, owned by the
+harness, and the configs differ between servers only in the raft_addr of
+lower-ranked peers. Leader names stay consistent: a server maps the raft
+address it sees to an RPC address through its own config, and RPC
+addresses are the same in every config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from jepsen_like.proxy import LinkProxies
+from node import cluster as cl
+from node.errors import RPCError
+from node.rpc_client import RPCClient
+
+
+class TestbedError(RuntimeError):
+    """The cluster under test could not be set up or controlled."""
+
+
+IDENTITY_NET = "127.0.1."
+PROXY_HOST = "127.0.0.1"
+RPC_HOST = "127.0.0.1"
+
+
+@dataclass
+class Testbed:
+    """The servers of one run. Build with ``Testbed.create``; always ``teardown``."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+    directory: Path
+    cluster: cl.Cluster
+    proxies: LinkProxies | None
+    paused: set[str] = field(default_factory=set)
+
+    @classmethod
+    def create(cls, directory: str | Path, count: int, *, extra_config: str = "", proxies: bool = True) -> Testbed:
+        """Lay out ``count`` servers under ``directory`` (configs, proxies); start nothing yet."""
+        if count not in (1, 3, 5):
+            raise TestbedError("--nodes must be 1, 3 or 5")
+        root = Path(directory).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        password_file = root / "raft-password"
+        password_file.write_text(secrets.token_urlsafe(24) + "\n")
+        password_file.chmod(0o600)
+        nodes: list[cl.ClusterNode] = []
+        for k in range(1, count + 1):
+            host = f"{IDENTITY_NET}{k}" if proxies else RPC_HOST
+            name = f"server{k}"
+            nodes.append(
+                cl.ClusterNode(
+                    id=name,
+                    rpc_addr=f"{RPC_HOST}:{cl.free_port(RPC_HOST)}",
+                    raft_addr=f"{host}:{cl.free_port(host)}",
+                    data_dir=str(root / name / "data"),
+                    log_file=str(root / name / "server.log"),
+                    config_file=str(root / name / "server.toml"),
+                )
+            )
+        net = LinkProxies(PROXY_HOST) if proxies else None
+        views: dict[str, list[cl.ClusterNode]] = {n.id: list(nodes) for n in nodes}
+        if net is not None:
+            for i, low in enumerate(nodes):
+                for high in nodes[i + 1 :]:
+                    via = net.add(high.id, low.id, low.raft_addr)
+                    if not via < high.raft_addr:  # the dialing rule above; cannot fail with this layout
+                        raise TestbedError(f"proxy address {via} does not sort below {high.raft_addr}")
+                    views[high.id] = [replace(n, raft_addr=via) if n.id == low.id else n for n in views[high.id]]
+        for node in nodes:
+            Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(node.config_file).write_text(cl.render_config(node, views[node.id], str(password_file), extra_config))
+        cluster = cl.Cluster(dir=str(root), nodes=nodes)
+        cluster.save()
+        return cls(directory=root, cluster=cluster, proxies=net)
+
+    # -- names ----------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [n.id for n in self.cluster.nodes]
+
+    @property
+    def rpc_addresses(self) -> list[str]:
+        return self.cluster.rpc_addresses
+
+    def node(self, name: str) -> cl.ClusterNode:
+        return self.cluster.node(name)
+
+    # -- processes --------------------------------------------------------------------
+    def start_all(self, timeout: float = 60.0) -> None:
+        for node in self.cluster.nodes:
+            self.start(node.id)
+        self.wait_for_leader(timeout)
+
+    def start(self, name: str) -> None:
+        node = self.node(name)
+        if cl.alive(node.pid):
+            return
+        cl.start_node(node)
+        self.paused.discard(name)
+        self.cluster.save()
+
+    def kill(self, name: str) -> None:
+        """kill -9 (works on a paused process too)."""
+        cl.kill(self.cluster, name, signal.SIGKILL)
+        self.paused.discard(name)
+
+    def alive(self, name: str) -> bool:
+        return cl.alive(self.node(name).pid)
+
+    def pause(self, name: str) -> None:
+        node = self.node(name)
+        if cl.alive(node.pid):
+            os.kill(node.pid, signal.SIGSTOP)
+            self.paused.add(name)
+
+    def resume(self, name: str) -> None:
+        node = self.node(name)
+        if cl.alive(node.pid):
+            os.kill(node.pid, signal.SIGCONT)
+        self.paused.discard(name)
+
+    # -- network --------------------------------------------------------------------------
+    def partition(self, groups: list[list[str]]) -> list[tuple[str, str]]:
+        if self.proxies is None:
+            raise TestbedError("this testbed was built without proxies; partitions need them")
+        return self.proxies.partition(groups)
+
+    def heal_network(self) -> None:
+        if self.proxies is not None:
+            self.proxies.heal()
+
+    def heal_all(self) -> None:
+        """Undo every fault: continue paused servers, start dead ones, heal the network."""
+        for name in list(self.paused):
+            self.resume(name)
+        self.heal_network()
+        for name in self.names:
+            if not self.alive(name):
+                self.start(name)
+
+    # -- observation ------------------------------------------------------------------------
+    def status(self, name: str, timeout: float = 1.0) -> dict[str, Any] | None:
+        if name in self.paused or not self.alive(name):
+            return None
+        return cl.status_of(self.node(name).rpc_addr, timeout)
+
+    def leader(self) -> str | None:
+        """The server that believes it leads with the highest term (None if none answers)."""
+        best: tuple[int, str] | None = None
+        for name in self.names:
+            st = self.status(name)
+            if st and st.get("Role") == "leader":
+                term = int(st.get("Term") or 0)
+                if best is None or term > best[0]:
+                    best = (term, name)
+        return best[1] if best else None
+
+    def wait_for_leader(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            name = self.leader()
+            if name is not None:
+                return name
+            time.sleep(0.1)
+        raise TestbedError(f"no leader within {timeout:g}s; see the server logs under {self.directory}")
+
+    def client(self, name: str, timeout: float = 5.0) -> RPCClient:
+        return RPCClient([self.node(name).rpc_addr], timeout=timeout)
+
+    def digest(self, name: str, timeout: float = 3.0) -> dict[str, Any] | None:
+        """``debug.digest`` read stale from one server: {digest, index, node_id}, or None."""
+        if name in self.paused or not self.alive(name):
+            return None
+        try:
+            with self.client(name, timeout) as client:
+                return client.call("debug.digest", {"stale": True}, timeout=timeout)
+        except (RPCError, OSError):
+            return None
+
+    # -- teardown -----------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Stop every server (continuing paused ones first, or SIGTERM waits) and the proxies."""
+        for name in self.names:
+            with contextlib.suppress(Exception):
+                self.resume(name)
+        try:
+            cl.down(self.cluster, timeout=10.0)
+        finally:
+            for node in self.cluster.nodes:  # belt and braces: never leave a server behind
+                if cl.alive(node.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(node.pid, signal.SIGKILL)
+            if self.proxies is not None:
+                self.proxies.close()

@@ -1,0 +1,383 @@
+"""Workloads: what the clients do, and how each call becomes invoke/ok/fail/info.
+
+Each workload runs ``lanes`` client threads. A lane is one sequential client
+(a Jepsen "process"): it records ``invoke``, makes one RPC, records the
+completion. After an ``info`` (unknown outcome) the operation may still be in
+flight, so the lane continues under a new process id (``lane + k * lanes
+total``), as Jepsen does; a timeline draws all of a lane's processes on one row.
+
+Outcome rules (``classify``):
+
+* ``ok`` -- the server answered with a result;
+* ``fail`` -- the request certainly had no effect: ``not_leader``,
+  ``no_leader`` and ``unavailable`` (the RPC contract: not executed, see
+  ``node.errors.NOT_EXECUTED``), and answers that reject the request as
+  such (bad_request, conflict, not_found, permission_denied, ...);
+* ``info`` -- anything else (timeouts, ``unknown_outcome``, lost
+  connections, internal errors): the write may or may not have happened.
+
+Reads have no effect, so a read that gets no answer is recorded as ``fail``
+(it constrains nothing either way, and dropping it keeps the checker fast).
+
+Workloads:
+
+* ``register`` -- per key (a job), a read/write/compare-and-set register
+  held in the job's ``Meta["v"]``. A write registers the job with a new,
+  globally unique value; a read is a linearizable ``job.get``; a cas is a
+  read of (value, JobModifyIndex) followed by ``job.register`` with
+  ``enforce_index`` = that index, recorded as its own operation
+  ``cas(from=value read, to=new)``. Because every written value is unique
+  and a job's JobModifyIndex changes exactly when its spec (here: the value)
+  changes, "the index is unchanged" is equivalent to "the value is still
+  ``from``", so the RegisterModel's cas is the exact specification (no ABA).
+  ``conflict`` is a definite "not equal" (ok, output False). Keys rotate
+  after a bounded number of operations so each key's history stays small
+  enough for the exponential-worst-case linearizability search.
+* ``set`` -- unique job registrations ``add(e)`` plus occasional reads of
+  the whole set (``job.list`` over 16 id prefixes); after the faults are
+  healed a final read must contain every acknowledged add and nothing that
+  was never attempted or that definitely failed.
+* ``lifecycle`` and ``journal`` -- need the GC (``system.gc``) and change
+  journal (``event.stream``) RPCs; the workload probes for them and is
+  skipped, with the reason in the results, while a server lacks them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from jepsen_like.recorder import Clock, HistoryRecorder
+from node.errors import (
+    BAD_REQUEST,
+    CONFLICT,
+    FRAME_TOO_LARGE,
+    MALFORMED,
+    NOT_EXECUTED,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    UNKNOWN_METHOD,
+    RPCError,
+)
+from node.rpc_client import RPCClient
+
+Outcome = Literal["fail", "info"]
+
+#: Answers that reject the request itself: it was validated and refused, or
+#: applied as a deterministic error (no effect).
+DEFINITE_ERRORS = frozenset({BAD_REQUEST, CONFLICT, NOT_FOUND, PERMISSION_DENIED, MALFORMED, FRAME_TOO_LARGE, UNKNOWN_METHOD})
+
+SET_BUCKETS = 16
+
+
+def classify(err: BaseException) -> Outcome:
+    """``fail`` if the request certainly had no effect, else ``info``."""
+    if isinstance(err, RPCError) and (err.code in NOT_EXECUTED or err.code in DEFINITE_ERRORS):
+        return "fail"
+    return "info"
+
+
+def error_text(err: BaseException) -> str:
+    if isinstance(err, RPCError):
+        return f"{err.code}: {err.message}"[:200]
+    return f"{type(err).__name__}: {err}"[:200]
+
+
+# -- the context clients share ---------------------------------------------------------
+@dataclass
+class RunContext:
+    """What every workload's clients share during a run."""
+
+    addresses: list[str]
+    clock: Clock
+    stop: threading.Event
+    op_timeout: float = 5.0
+    think: float = 0.02  # mean pause between a lane's operations (seconds)
+    total_lanes: int = 1
+    notes: list[str] = field(default_factory=list)
+    _unique: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unique(self) -> int:
+        with self._lock:
+            return next(self._unique)
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if len(self.notes) < 200:
+                self.notes.append(text)
+
+    def client(self, rng: random.Random) -> RPCClient:
+        addresses = list(self.addresses)
+        rng.shuffle(addresses)
+        return RPCClient(addresses, timeout=self.op_timeout)
+
+    def pause(self, rng: random.Random) -> None:
+        """Think time between operations (pacing, not synchronization)."""
+        if self.think > 0:
+            self.stop.wait(rng.expovariate(1.0 / self.think))
+
+
+class Lane:
+    """One sequential client; a new process id after every ``info``."""
+
+    def __init__(self, lane: int, ctx: RunContext, recorder: HistoryRecorder) -> None:
+        self.lane = lane
+        self.ctx = ctx
+        self.recorder = recorder
+        self.process = lane
+        self.ops = 0
+
+    def invoke(self, value: Any, key: Any = None) -> None:
+        self.recorder.record(self.process, "invoke", value, key)
+        self.ops += 1
+
+    def complete(self, type: Literal["ok", "fail", "info"], value: Any = None, key: Any = None) -> None:
+        self.recorder.record(self.process, type, value, key)
+        if type == "info":
+            self.process += self.ctx.total_lanes
+
+
+# -- workloads -------------------------------------------------------------------------------
+class Workload:
+    """Base: ``lanes`` client threads calling ``step`` until the run stops."""
+
+    name = "workload"
+    model = "none"
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.first_lane = 0
+
+    def probe(self, client: RPCClient) -> str | None:
+        """A reason to skip this workload on this cluster, or None."""
+        return None
+
+    def run_lane(self, lane: Lane, ctx: RunContext, rng: random.Random) -> None:
+        with ctx.client(rng) as client:
+            while not ctx.stop.is_set():
+                self.step(lane, client, rng)
+                ctx.pause(rng)
+
+    def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:
+        raise NotImplementedError
+
+    def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
+        """Reads after the faults are healed (default: none)."""
+
+
+def _job(job_id: str, meta: dict[str, str]) -> dict[str, Any]:
+    return {
+        "ID": job_id,
+        "Type": "service",
+        "Meta": meta,
+        "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}],
+    }
+
+
+class _KeyPool:
+    """Active register keys; each is retired after ``ops_per_key`` operations."""
+
+    def __init__(self, prefix: str, active: int, ops_per_key: int) -> None:
+        self.prefix = prefix
+        self.ops_per_key = ops_per_key
+        self._next = itertools.count(active)
+        self._keys = [f"{prefix}{i}" for i in range(active)]
+        self._counts = dict.fromkeys(self._keys, 0)
+        self._lock = threading.Lock()
+
+    def pick(self, rng: random.Random) -> str:
+        with self._lock:
+            slot = rng.randrange(len(self._keys))
+            key = self._keys[slot]
+            self._counts[key] += 1
+            if self._counts[key] >= self.ops_per_key:
+                fresh = f"{self.prefix}{next(self._next)}"
+                self._keys[slot] = fresh
+                self._counts[fresh] = 0
+            return key
+
+
+class RegisterWorkload(Workload):
+    name = "register"
+    model = "register"
+
+    def __init__(self, lanes: int = 4, keys: int = 3, ops_per_key: int = 120) -> None:
+        super().__init__(lanes)
+        self.pool = _KeyPool("reg-", keys, ops_per_key)
+        self.ctx: RunContext | None = None
+
+    def run_lane(self, lane: Lane, ctx: RunContext, rng: random.Random) -> None:
+        self.ctx = ctx
+        super().run_lane(lane, ctx, rng)
+
+    def _read(self, lane: Lane, client: RPCClient, key: str) -> tuple[bool, int | None, int]:
+        """One read op: (answered, value, JobModifyIndex)."""
+        lane.invoke({"f": "read"}, key)
+        try:
+            job = client.call("job.get", {"job_id": key})["data"]
+        except RPCError as err:
+            if err.code == NOT_FOUND:
+                lane.complete("ok", None, key)
+                return True, None, 0
+            lane.complete("fail", {"error": error_text(err)}, key)
+            return False, None, 0
+        except OSError as err:
+            lane.complete("fail", {"error": error_text(err)}, key)
+            return False, None, 0
+        value = int(job["Meta"]["v"])
+        lane.complete("ok", value, key)
+        return True, value, int(job["JobModifyIndex"])
+
+    def _register(self, lane: Lane, client: RPCClient, key: str, value: int, enforce: int | None) -> None:
+        args: dict[str, Any] = {"job": _job(key, {"v": str(value)})}
+        if enforce is not None:
+            args["enforce_index"] = enforce
+        try:
+            client.call("job.register", args)
+        except (RPCError, OSError) as err:
+            if enforce is not None and isinstance(err, RPCError) and err.code == CONFLICT:
+                lane.complete("ok", False, key)
+                return
+            lane.complete(classify(err), {"error": error_text(err)}, key)
+            return
+        lane.complete("ok", True if enforce is not None else None, key)
+
+    def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:
+        assert self.ctx is not None
+        key = self.pool.pick(rng)
+        roll = rng.random()
+        if roll < 0.5:
+            self._read(lane, client, key)
+        elif roll < 0.75:
+            value = self.ctx.unique()
+            lane.invoke({"f": "write", "value": value}, key)
+            self._register(lane, client, key, value, None)
+        else:
+            answered, current, index = self._read(lane, client, key)
+            if not answered:
+                return
+            value = self.ctx.unique()
+            lane.invoke({"f": "cas", "from": current, "to": value}, key)
+            self._register(lane, client, key, value, index)
+
+
+def set_job_id(element: int) -> str:
+    return f"set{element % SET_BUCKETS:x}-{element}"
+
+
+def set_element(job_id: str) -> int | None:
+    head, sep, tail = job_id.partition("-")
+    if not sep or not head.startswith("set") or not tail.isdigit():
+        return None
+    return int(tail)
+
+
+class SetWorkload(Workload):
+    name = "set"
+    model = "set"
+
+    def __init__(self, lanes: int = 2, read_fraction: float = 0.02) -> None:
+        super().__init__(lanes)
+        self.read_fraction = read_fraction
+        self.ctx: RunContext | None = None
+
+    def run_lane(self, lane: Lane, ctx: RunContext, rng: random.Random) -> None:
+        self.ctx = ctx
+        super().run_lane(lane, ctx, rng)
+
+    def read_all(self, client: RPCClient) -> list[int]:
+        """Every element, bucket by bucket (each bucket read is linearizable)."""
+        found: set[int] = set()
+        for bucket in range(SET_BUCKETS):
+            rows = client.call("job.list", {"prefix": f"set{bucket:x}-"})["data"]
+            for row in rows:
+                element = set_element(row["ID"])
+                if element is not None:
+                    found.add(element)
+        return sorted(found)
+
+    def _read(self, lane: Lane, client: RPCClient, final: bool = False) -> bool:
+        lane.invoke({"f": "read", "final": True} if final else {"f": "read"})
+        try:
+            elements = self.read_all(client)
+        except (RPCError, OSError) as err:
+            lane.complete("fail", {"error": error_text(err)})
+            return False
+        lane.complete("ok", elements)
+        return True
+
+    def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:
+        assert self.ctx is not None
+        if rng.random() < self.read_fraction:
+            self._read(lane, client)
+            return
+        element = self.ctx.unique()
+        lane.invoke({"f": "add", "value": element})
+        try:
+            client.call("job.register", {"job": _job(set_job_id(element), {})})
+        except (RPCError, OSError) as err:
+            lane.complete(classify(err), {"error": error_text(err)})
+            return
+        lane.complete("ok")
+
+    def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
+        rng = random.Random(0)
+        with ctx.client(rng) as client:
+            while time.monotonic() < deadline:
+                if self._read(lane, client, final=True):
+                    return
+                ctx.stop.wait(0.5)  # the cluster is recovering: retry until the deadline
+
+
+class _ProbedWorkload(Workload):
+    """A workload that needs RPC methods other features add; skipped until they exist."""
+
+    needs: tuple[str, ...] = ()
+    what = ""
+
+    def __init__(self, lanes: int = 2) -> None:
+        super().__init__(lanes)
+
+    def probe(self, client: RPCClient) -> str | None:
+        missing = [m for m in self.needs if _missing_method(client, m)]
+        if missing:
+            return f"the servers have no {', '.join(missing)} RPC yet ({self.what} not built); skipped"
+        return f"the {self.name} workload is not implemented in this harness version yet; skipped"
+
+    def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+def _missing_method(client: RPCClient, method: str) -> bool:
+    """True only for an explicit ``unknown_method``; any other answer means it exists."""
+    try:
+        client.call(method, {"probe": True}, timeout=5.0)
+    except RPCError as err:
+        return err.code == UNKNOWN_METHOD
+    return False
+
+
+class LifecycleWorkload(_ProbedWorkload):
+    name = "lifecycle"
+    needs = ("system.gc",)
+    what = "leader garbage collection"
+
+
+class JournalWorkload(_ProbedWorkload):
+    name = "journal"
+    needs = ("event.stream",)
+    what = "the change journal's event stream"
+
+
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "register": RegisterWorkload,
+    "set": SetWorkload,
+    "lifecycle": LifecycleWorkload,
+    "journal": JournalWorkload,
+}
