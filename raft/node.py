@@ -891,7 +891,11 @@ class RaftNode:
         for _ in range(5):
             try:
                 return self._status_once(obj)
-            except RuntimeError:  # a dict changed size under us (tick thread)
+            except (
+                RuntimeError,
+                IndexError,
+            ):  # the tick thread changed a dict / rewrote the journal list
+                time.sleep(0.001)
                 continue
         return self._status_once(obj)
 
