@@ -42,6 +42,15 @@ log = structlog.get_logger("caravan.fsm")
 
 DEFAULT_REQUEST_TTL = 10 * 60 * 1_000_000_000  # how long a retried request id is remembered
 
+#: TEST ONLY -- a deliberate bug for jepsen_like's must-fail campaign
+#: (tests/jepsen/test_must_fail.py). With ``=1`` in the environment of a
+#: server, its FSM re-applies, after a restart, the entries it had already
+#: applied (as if ``applied_index`` were not persisted and requests were not
+#: deduplicated), breaking exactly-once: a replayed job registration bumps the
+#: job's version again, so the restarted replica's digest diverges. Read once,
+#: at construction, never inside apply. Never set it outside that test.
+UNSAFE_REAPPLY_ENV = "CARAVAN_UNSAFE_SKIP_APPLIED_INDEX_CHECK"
+
 
 @dataclass
 class ApplyResult:
@@ -86,6 +95,10 @@ class FSM:
             self._applied = r.applied_index
             self._last_time = r.last_time
             schema = r.meta_int(META_SCHEMA)
+        # TEST ONLY (see UNSAFE_REAPPLY_ENV): entries up to this index are applied again.
+        self._unsafe_reapply_upto = self._applied if os.environ.get(UNSAFE_REAPPLY_ENV) == "1" else 0
+        if self._unsafe_reapply_upto:
+            log.warning("TEST ONLY: re-applying entries after restart (exactly-once disabled)", env=UNSAFE_REAPPLY_ENV)
         if schema not in (0, STORE_SCHEMA):
             raise FatalApplyError(f"store schema {schema} is newer than this build reads ({STORE_SCHEMA})")
 
@@ -101,7 +114,7 @@ class FSM:
     def apply(self, index: int, entry: bytes) -> ApplyResult:
         """Apply one committed entry inside the pending write transaction. Never raises."""
         try:
-            if index <= self._applied:
+            if index <= self._applied and index > self._unsafe_reapply_upto:
                 return ApplyResult(index, True, skipped=True)
             return self._apply(index, entry)
         except FatalApplyError as exc:
@@ -221,7 +234,7 @@ class FSM:
             return self._consume(index, ApplyResult(index, False, code="bad_request", error=str(exc)))
         self._last_time = max(self._last_time, decoded.time)
         now = self._last_time
-        if decoded.rid:
+        if decoded.rid and index > self._unsafe_reapply_upto:
             prior = txn.get(decoded.rid.encode(), db=self.store.dbs["requests"])
             if prior is not None:
                 data = codec.unpack(prior)
