@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from fsm import codec
 from snapshot.errors import SnapshotError, SnapshotWriteError
 from snapshot.format import RaftData
 from snapshot.reader import verify
@@ -113,21 +116,45 @@ def make_deserializer(
 class BackgroundSnapshotter:
     """Asynchronous compaction for pysyncobj: serializer, checker and deserializer sharing state.
 
-    Pass ``conf_kwargs()`` into ``SyncObjConf``. ``last_stall`` is how long
-    the last ``serializer`` call held the tick thread (seconds).
+    Pass ``conf_kwargs()`` into ``SyncObjConf``. Two ways to write off the tick:
+
+    - ``mode="process"`` (default): a child process (``snapshot.dump_worker``)
+      opens the LMDB environment read-only and writes the dump, on the other
+      core and outside this process's GIL, so the tick keeps its pace. The
+      child's read transaction starts a little after the serializer returns,
+      so the dump may hold state *newer* than ``raft_data``'s index; that is
+      safe because the FSM skips every entry at or below its applied index
+      when pysyncobj replays the log after the dump (the metadata records the
+      FSM's index, the raft data records pysyncobj's).
+    - ``mode="thread"``: a thread in this process, handed a read transaction
+      pinned at exactly this index before ``serializer`` returns. Its Python
+      record loop competes with the tick for the GIL (see the benchmark).
+
+    The background work only writes ``dump_file.partial``; the rename over
+    ``dump_file`` happens in ``serialize_checker``, i.e. in the tick thread,
+    so it can never race pysyncobj installing a dump received from the
+    leader (also in the tick thread). ``last_stall`` is how long the last
+    ``serializer`` call held the tick (seconds).
     """
 
-    def __init__(self, fsm: FSM, dump_file: str, *, cluster_id: str = "") -> None:
+    def __init__(
+        self, fsm: FSM, dump_file: str, *, cluster_id: str = "", mode: str = "process"
+    ) -> None:
+        if mode not in ("process", "thread"):
+            raise ValueError(f"mode must be 'process' or 'thread', not {mode!r}")
         self.fsm = fsm
+        self.mode = mode
         self.dump_file = os.path.abspath(dump_file)
         self.partial = self.dump_file + ".partial"
         self.cluster_id = cluster_id
         self.last_stall = 0.0
-        self.last_duration = 0.0
         self.last_error: str = ""
         self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
         self._state = NOT_SERIALIZING
         self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None
+        self._ok = False
         self._cancel = threading.Event()
         self._done = threading.Event()
         self._done.set()
@@ -148,29 +175,53 @@ class BackgroundSnapshotter:
                 os.unlink(file_name)
             self.fsm.commit()
             raft = RaftData.from_pysyncobj(raft_data)
-            pinned = threading.Event()
+            self._ok = False
             self._cancel.clear()
             self._done.clear()
-            self._thread = threading.Thread(
-                target=self._run, args=(raft, pinned), name="caravan-snapshot-writer", daemon=True
-            )
-            self._thread.start()
+            if self.mode == "process":
+                self._spawn(raft)
+            else:
+                pinned = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._run,
+                    args=(raft, pinned),
+                    name="caravan-snapshot-writer",
+                    daemon=True,
+                )
+                self._thread.start()
+                # Handoff, not a sleep: return once the writer's read txn pins this index.
+                pinned.wait(timeout=10.0)
         except BaseException as exc:
             self.last_error = repr(exc)
             with self._lock:
                 self._state = FAILED
             self._done.set()
             raise
-        # Handoff, not a sleep: return once the writer's read txn pins this index.
-        pinned.wait(timeout=10.0)
-        self.last_stall = time.perf_counter() - t0
+        finally:
+            self.last_stall = time.perf_counter() - t0
 
     def serialize_checker(self) -> int:
+        """SERIALIZING while the write runs; then installs the file and reports SUCCESS or FAILED once."""
         with self._lock:
-            state = self._state
-            if state in (SUCCESS, FAILED):
-                self._state = NOT_SERIALIZING
-            return state
+            if self._state != SERIALIZING:
+                return NOT_SERIALIZING
+        if not self._finished():
+            return SERIALIZING
+        state = FAILED
+        if self._ok:
+            try:
+                os.replace(self.partial, self.dump_file)
+                fsync_dir(os.path.dirname(self.dump_file))
+                state = SUCCESS
+            except OSError as exc:
+                self.last_error = f"installing the dump failed: {exc}"
+                log.error("raft dump not installed", error=self.last_error)
+        if state != SUCCESS:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.partial)
+        with self._lock:
+            self._state = NOT_SERIALIZING
+        return state
 
     def deserializer(self, file_name: str) -> tuple:
         return self._deserialize(file_name)
@@ -186,24 +237,87 @@ class BackgroundSnapshotter:
 
     # -- control -----------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until no background write is running; True if none is."""
+        """Wait until the background write has finished (the checker then installs it)."""
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            self._finished()
         return self._done.wait(timeout)
 
     def cancel(self) -> None:
-        """Stop a running write at its next chunk and wait for the thread to exit."""
+        """Stop a running write and wait for it to end; its partial file is removed."""
         self._cancel.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        self._finished()
+        self._ok = False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.partial)
 
     @property
     def busy(self) -> bool:
         return not self._done.is_set()
 
-    # -- the writer thread ---------------------------------------------------------
+    # -- background work -----------------------------------------------------------
+    def _finished(self) -> bool:
+        with self._finish_lock:
+            return self._reap()
+
+    def _reap(self) -> bool:
+        proc = self._proc
+        if proc is not None and not self._done.is_set():
+            if proc.poll() is None:
+                return False
+            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+            if proc.stderr:
+                proc.stderr.close()
+            self._ok = proc.returncode == 0 and not self._cancel.is_set()
+            if not self._ok:
+                self.last_error = err.splitlines()[-1] if err else f"exit status {proc.returncode}"
+                log.warning("raft dump not written", error=self.last_error)
+            else:
+                self.last_error = ""
+            self._proc = None
+            self._done.set()
+        return self._done.is_set()
+
+    def _spawn(self, raft: RaftData) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        store = self.fsm.store
+        args = [
+            sys.executable,
+            "-m",
+            "snapshot.dump_worker",
+            "--store",
+            store.path,
+            "--map-size",
+            str(store.env.info()["map_size"]),
+            "--out",
+            self.partial,
+            "--raft",
+            codec.pack(raft.to_wire()).hex(),
+            "--cluster-id",
+            self.cluster_id,
+        ]
+        self._proc = subprocess.Popen(
+            args,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
     def _run(self, raft: RaftData, pinned: threading.Event) -> None:
-        t0 = time.perf_counter()
-        state = FAILED
         try:
             with self.fsm.read() as reader:
                 write_file(
@@ -214,9 +328,7 @@ class BackgroundSnapshotter:
                     cancel=self._cancel,
                     on_ready=pinned.set,
                 )
-            os.replace(self.partial, self.dump_file)
-            fsync_dir(os.path.dirname(self.dump_file))
-            state = SUCCESS
+            self._ok = not self._cancel.is_set()
             self.last_error = ""
         except SnapshotWriteError as exc:
             self.last_error = exc.message
@@ -226,10 +338,4 @@ class BackgroundSnapshotter:
             log.error("raft dump failed", error=repr(exc))
         finally:
             pinned.set()
-            with contextlib.suppress(FileNotFoundError):
-                if state != SUCCESS:
-                    os.unlink(self.partial)
-            self.last_duration = time.perf_counter() - t0
-            with self._lock:
-                self._state = state
             self._done.set()
