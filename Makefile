@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm clean
+.PHONY: install run test lint bench bench-fsm clean jepsen
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -22,6 +22,18 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# Fault-injection campaign (minutes): one 60 s run per seed, cycling the
+# nemeses, each checked for lost writes, non-linearizable reads and diverged
+# replicas; exits non-zero if any run found an anomaly. Reports under
+# JEPSEN_OUT (each run: summary.txt, timeline.html, plot.png, histories).
+JEPSEN_OUT ?= .caravan/jepsen
+JEPSEN_SEEDS ?= 1:8
+JEPSEN_NEMESIS ?= kill,kill-all,pause,partition
+JEPSEN_TIME ?= 60
+jepsen: $(STAMP)
+	$(BIN)/python -m jepsen_like campaign --seeds $(JEPSEN_SEEDS) --rotate --nemesis $(JEPSEN_NEMESIS) \
+		--time $(JEPSEN_TIME) --workload register,set --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
