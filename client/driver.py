@@ -1,0 +1,110 @@
+"""The ``sim`` task driver: what a simulated task does, from its ``Config``.
+
+``{"run_for": "2s", "exit_code": 0, "fail_rate": 0.0}``:
+
+- ``run_for`` (Go duration string, or nanoseconds as an integer): the task
+  exits after that long. Without it the task runs until it is stopped.
+- ``exit_code``: the exit code when it exits; non-zero means failed.
+- ``fail_rate`` (0..1): the chance that the task fails anyway (for load
+  tests). A task without ``run_for`` that draws a failure fails after
+  ``fail_after`` (default a random 0.5-5 s).
+
+An allocation runs all its group's tasks: it completes when every task has
+exited successfully, fails as soon as one fails, and runs until stopped if
+any task has no ``run_for``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_DURATION = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class DriverError(ValueError):
+    """A task config the sim driver cannot run; the message names the field."""
+
+
+def parse_duration(value: Any, field: str) -> float:
+    """Seconds from a Go duration string ("1m30s") or integer nanoseconds."""
+    if isinstance(value, bool):
+        raise DriverError(f"{field}: expected a duration like \"2s\", got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise DriverError(f"{field}: must not be negative")
+        return float(value) / 1e9
+    if not isinstance(value, str) or not value:
+        raise DriverError(f"{field}: expected a duration like \"2s\", got {value!r}")
+    if value == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(value):
+        match = _DURATION.match(value, pos)
+        if match is None:
+            raise DriverError(f"{field}: invalid duration {value!r} (use e.g. \"500ms\", \"2s\", \"1m\")")
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    return total
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    run_for: float | None  # seconds; None: until stopped
+    exit_code: int = 0
+    fail_rate: float = 0.0
+    fail_after: float | None = None
+
+
+def task_spec(task: dict[str, Any]) -> TaskSpec:
+    """A Nomad-JSON task (Name, Driver, Config) as the sim driver reads it."""
+    name = str(task.get("Name", "task"))
+    driver = task.get("Driver", "sim")
+    if driver != "sim":
+        raise DriverError(f"task {name}: driver {driver!r} is not available on simulated nodes (use \"sim\")")
+    config = task.get("Config") or {}
+    if not isinstance(config, dict):
+        raise DriverError(f"task {name}: Config must be a map")
+    run_for = parse_duration(config["run_for"], f"task {name}: run_for") if "run_for" in config else None
+    exit_code = config.get("exit_code", 0)
+    if not isinstance(exit_code, int) or isinstance(exit_code, bool):
+        raise DriverError(f"task {name}: exit_code must be an integer")
+    fail_rate = config.get("fail_rate", 0.0)
+    if not isinstance(fail_rate, int | float) or isinstance(fail_rate, bool) or not 0 <= fail_rate <= 1:
+        raise DriverError(f"task {name}: fail_rate must be a number between 0 and 1")
+    fail_after = parse_duration(config["fail_after"], f"task {name}: fail_after") if "fail_after" in config else None
+    return TaskSpec(name, run_for, exit_code, float(fail_rate), fail_after)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an allocation's run ends: after ``after`` seconds (None: never), failed or not."""
+
+    after: float | None
+    failed: bool
+    description: str
+
+
+def plan_run(tasks: list[TaskSpec], rng: random.Random) -> Outcome:
+    """Decide up front when and how a simulated allocation ends."""
+    ends: list[tuple[float | None, bool, str]] = []
+    for t in tasks:
+        if t.fail_rate and rng.random() < t.fail_rate:
+            after = t.run_for if t.run_for is not None else (t.fail_after if t.fail_after is not None else rng.uniform(0.5, 5.0))
+            ends.append((after, True, f"task {t.name} failed (simulated, fail_rate {t.fail_rate:g})"))
+        elif t.run_for is None:
+            ends.append((None, False, ""))
+        else:
+            failed = t.exit_code != 0
+            ends.append((t.run_for, failed, f"task {t.name} exited with code {t.exit_code}" if failed else ""))
+    failures = [e for e in ends if e[1]]
+    if failures:
+        after, _, why = min(failures, key=lambda e: e[0] if e[0] is not None else float("inf"))
+        return Outcome(after, True, why)
+    if any(e[0] is None for e in ends) or not ends:
+        return Outcome(None, False, "")
+    return Outcome(max(e[0] for e in ends if e[0] is not None), False, "all tasks exited successfully")

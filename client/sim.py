@@ -1,0 +1,442 @@
+"""``caravan client sim``: one process simulating N client nodes (Nomad's nodesim).
+
+It talks to the cluster only as a client (RPC), like a fleet of Nomad
+clients would:
+
+- registers its nodes (``node.register``), then heartbeats all of them in
+  one ``node.heartbeat`` call every third of the TTL the leader answers with
+  (re-registering any node the servers no longer know);
+- follows the change journal (``event.stream``, Allocation records) from the
+  index of its registration, resuming on another server after a break and
+  reloading its nodes' allocations (``alloc.list``) if told to reset;
+- runs each allocation placed on its nodes as a simulated task with the
+  ``sim`` driver (``client.driver``), fetching the job version's task
+  config; reports ``running``, then ``complete``/``failed``; stops a task
+  when the server stops its alloc; for allocs of a deployment it reports
+  health once the task has run for the group's ``min_healthy_time``
+  (unhealthy if it fails first), as Nomad's client does;
+- batches status changes into ``alloc.update`` calls (every
+  ``report_interval``, at most ``REPORT_BATCH`` allocs per call).
+
+Killing the process is a client crash: its nodes miss their heartbeats, the
+leader marks them down and their allocs lost, and replaces them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.driver import DriverError, Outcome, plan_run, task_spec
+from node.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
+from node.rpc_client import AsyncRPCClient
+
+REPORT_BATCH = 200
+DEFAULT_MIN_HEALTHY = 10.0  # Nomad's default update.min_healthy_time, for service groups without one
+RPC_TIMEOUT = 15.0
+STREAM_HEARTBEAT = 5.0
+TERMINAL = ("complete", "failed", "lost")
+SERVER_TERMINAL = ("stop", "evict")
+
+
+class SimError(Exception):
+    """The simulation cannot start (no server answers, bad arguments)."""
+
+
+@dataclass
+class SimConfig:
+    servers: list[str]
+    nodes: int = 1
+    cpu: int = 4000
+    memory_mb: int = 8192
+    disk_mb: int = 0
+    datacenter: str = "dc1"
+    node_class: str = "sim"
+    name_prefix: str = ""
+    token: str | None = None
+    report_interval: float = 0.1
+    seed: int | None = None
+    verbose: bool = False
+
+
+@dataclass
+class SimNode:
+    id: str
+    name: str
+
+    def register_args(self, cfg: SimConfig) -> dict[str, Any]:
+        return {
+            "node": {
+                "ID": self.id,
+                "Name": self.name,
+                "Datacenter": cfg.datacenter,
+                "NodeClass": cfg.node_class,
+                "Attributes": {
+                    "driver.sim": "1",
+                    "kernel.name": "linux",
+                    "cpu.arch": "amd64",
+                    "unique.hostname": self.name,
+                },
+                "Resources": {"CPU": cfg.cpu, "MemoryMB": cfg.memory_mb, "DiskMB": cfg.disk_mb},
+                "Status": "ready",
+                "SchedulingEligibility": "eligible",
+            }
+        }
+
+
+@dataclass
+class Run:
+    alloc_id: str
+    node_id: str
+    job_id: str
+    job_version: int
+    deployment_id: str
+    task_group: str
+    task: asyncio.Task[Any] | None = None
+    started: float = 0.0
+    healthy_reported: str = ""  # deployment id whose health was reported
+    finished: bool = False
+    quiet_stop: bool = False  # stopped because the server marked it lost: no report
+
+
+@dataclass
+class SimStats:
+    registered: int = 0
+    heartbeats: int = 0
+    started: int = 0
+    completed: int = 0
+    failed: int = 0
+    stopped: int = 0
+    reports: int = 0
+    report_calls: int = 0
+    resets: int = 0
+    stream_breaks: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class SimClient:
+    def __init__(self, cfg: SimConfig) -> None:
+        if cfg.nodes < 1:
+            raise SimError("--nodes must be at least 1")
+        if not cfg.servers:
+            raise SimError("--servers needs at least one server RPC address")
+        self.cfg = cfg
+        prefix = cfg.name_prefix or f"sim-{uuid.uuid4().hex[:6]}"
+        self.nodes = {n.id: n for n in (SimNode(str(uuid.uuid4()), f"{prefix}-{i}") for i in range(cfg.nodes))}
+        self.rpc = AsyncRPCClient(cfg.servers, token=cfg.token, timeout=RPC_TIMEOUT)
+        self.rng = random.Random(cfg.seed)
+        self.runs: dict[str, Run] = {}
+        self.done: set[str] = set()  # allocs this client ran to an end (late records are ignored)
+        self.pending: dict[str, dict[str, Any]] = {}  # alloc id -> update to report
+        self.jobs: dict[tuple[str, int], dict[str, Any]] = {}
+        self.ttl = 10.0
+        self.stats = SimStats()
+        self.index = 0
+        self.stop_event = asyncio.Event()
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def run(self) -> None:
+        if not self.stats.registered:
+            await self.register(list(self.nodes.values()))
+        tasks = [
+            asyncio.create_task(self._heartbeats(), name="sim-heartbeat"),
+            asyncio.create_task(self._follow(), name="sim-follow"),
+            asyncio.create_task(self._reporter(), name="sim-report"),
+        ]
+        try:
+            await self.stop_event.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for run in list(self.runs.values()):
+                if run.task is not None:
+                    run.task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._flush(), 2.0)
+            await self.rpc.close()
+
+    async def register(self, nodes: list[SimNode]) -> None:
+        sem = asyncio.Semaphore(16)
+
+        async def one(node: SimNode) -> int:
+            async with sem:
+                out = await self.rpc.call("node.register", node.register_args(self.cfg))
+                return int(out.get("Index", 0))
+
+        indexes = await asyncio.gather(*(one(n) for n in nodes))
+        self.stats.registered += len(nodes)
+        self.index = max([self.index, *indexes])
+
+    def say(self, message: str) -> None:
+        if self.cfg.verbose:
+            print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    # -- heartbeats -----------------------------------------------------------------
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                out = await self.rpc.call("node.heartbeat", {"node_ids": sorted(self.nodes)}, timeout=max(2.0, self.ttl / 2))
+                self.stats.heartbeats += 1
+                self.ttl = float(out.get("HeartbeatTTL") or self.ttl)
+                unknown = [self.nodes[i] for i in out.get("Unknown") or [] if i in self.nodes]
+                if unknown:
+                    self.say(f"re-registering {len(unknown)} node(s) the servers do not know")
+                    await self.register(unknown)
+            except RPCError as exc:
+                self.stats.errors.append(f"heartbeat: {exc.message}")
+            await asyncio.sleep(max(0.05, self.ttl / 3))
+
+    # -- following allocations -----------------------------------------------------
+    async def _follow(self) -> None:
+        backoff = 0.05
+        while True:
+            args = {"index": self.index, "topics": ["Allocation"], "heartbeat": STREAM_HEARTBEAT}
+            try:
+                async for item in self.rpc.stream("event.stream", args, idle_timeout=3 * STREAM_HEARTBEAT + 10):
+                    backoff = 0.05
+                    if "index" in item:
+                        self.index = max(self.index, item["index"])
+                        for record in item.get("events") or []:
+                            self.on_record(record)
+                    elif "progress" in item:
+                        self.index = max(self.index, item["progress"])
+            except RPCError as exc:
+                if exc.code == RESET_REQUIRED:
+                    await self._reload()
+                    continue
+                self.stats.stream_breaks += 1
+                if exc.code != UNAVAILABLE:
+                    self.stats.errors.append(f"event stream: {exc.message}")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _reload(self) -> None:
+        """The journal moved past us: read our nodes' allocs and carry on from that index."""
+        self.stats.resets += 1
+        index = self.index
+        for node_id in sorted(self.nodes):
+            out = await self.rpc.call("alloc.list", {"node_id": node_id})
+            index = max(index, int(out.get("index", 0)), int(out.get("applied_index", 0)))
+            seen = set()
+            for alloc in out.get("data") or []:
+                seen.add(alloc["ID"])
+                self.on_alloc(_snake_alloc(alloc))
+            for run in [r for r in self.runs.values() if r.node_id == node_id and r.alloc_id not in seen]:
+                self._stop(run, quiet=True)
+        self.index = index
+
+    def on_record(self, record: list[Any]) -> None:
+        topic, _type, key, obj = record
+        if topic != "Allocation":
+            return
+        if obj is None:
+            run = self.runs.get(key)
+            if run is not None:
+                self._stop(run, quiet=True)
+            return
+        self.on_alloc(obj)
+
+    def on_alloc(self, alloc: dict[str, Any]) -> None:
+        """React to an allocation (wire shape) placed on, or changed on, one of our nodes."""
+        if alloc.get("node_id") not in self.nodes:
+            return
+        alloc_id = alloc["id"]
+        run = self.runs.get(alloc_id)
+        server_terminal = alloc.get("desired_status") in SERVER_TERMINAL
+        client_status = alloc.get("client_status")
+        if run is None:
+            if server_terminal or client_status in TERMINAL or alloc_id in self.done:
+                return
+            run = Run(
+                alloc_id,
+                alloc["node_id"],
+                alloc["job_id"],
+                int(alloc.get("job_version", 0)),
+                alloc.get("deployment_id") or "",
+                alloc.get("task_group") or "",
+            )
+            self.runs[alloc_id] = run
+            run.task = asyncio.create_task(self._run(run), name=f"alloc-{alloc_id[:8]}")
+            self.stats.started += 1
+            return
+        if client_status == "lost" or (server_terminal and client_status in TERMINAL):
+            self._stop(run, quiet=True)
+        elif server_terminal:
+            self._stop(run, quiet=False)
+        else:
+            run.job_version = int(alloc.get("job_version", run.job_version))
+            run.deployment_id = alloc.get("deployment_id") or ""
+
+    def _stop(self, run: Run, *, quiet: bool) -> None:
+        if run.finished:
+            return
+        run.quiet_stop = quiet
+        if run.task is not None:
+            run.task.cancel()
+
+    # -- running an allocation -------------------------------------------------------
+    async def job_spec(self, job_id: str, version: int) -> dict[str, Any]:
+        found = self.jobs.get((job_id, version))
+        if found is not None:
+            return found
+        for stale in (True, False):
+            job = (await self.rpc.call("job.get", {"job_id": job_id, "stale": stale}))["data"]
+            self.jobs[(job_id, int(job.get("Version", 0)))] = job
+            if int(job.get("Version", 0)) == version:
+                return job
+            if int(job.get("Version", 0)) > version:
+                break
+        versions = (await self.rpc.call("job.versions", {"job_id": job_id}))["data"]["Versions"]
+        for job in versions:
+            self.jobs[(job_id, int(job.get("Version", 0)))] = job
+        found = self.jobs.get((job_id, version))
+        if found is None:
+            raise DriverError(f"job {job_id} version {version} is no longer known to the servers")
+        return found
+
+    async def _run(self, run: Run) -> None:
+        now_ns = time.time_ns()
+        run.started = time.monotonic()
+        outcome: Outcome | None = None
+        names: list[str] = []
+        try:
+            try:
+                job = await self.job_spec(run.job_id, run.job_version)
+                group = next((g for g in job.get("TaskGroups") or [] if g.get("Name") == run.task_group), None)
+                if group is None:
+                    raise DriverError(f"job {run.job_id} has no task group {run.task_group!r}")
+                tasks = [task_spec(t) for t in group.get("Tasks") or []]
+                outcome = plan_run(tasks, self.rng)
+            except (DriverError, RPCError) as exc:
+                self._report(run, "failed", str(exc), {}, failed=True)
+                self.stats.failed += 1
+                run.finished = True
+                return
+            names = [t.name for t in tasks]
+            self._report(run, "running", "", {n: {"State": "running", "StartedAt": now_ns} for n in names})
+            self.say(f"alloc {run.alloc_id[:8]} running on {self.nodes[run.node_id].name}")
+            health = asyncio.create_task(self._health(run, job, group))
+            try:
+                if outcome.after is None:
+                    await asyncio.Event().wait()  # until stopped
+                await asyncio.sleep(outcome.after)
+            finally:
+                health.cancel()
+            end_ns = time.time_ns()
+            states = {n: {"State": "dead", "Failed": outcome.failed, "StartedAt": now_ns, "FinishedAt": end_ns} for n in names}
+            status = "failed" if outcome.failed else "complete"
+            self._report(run, status, outcome.description, states, failed=outcome.failed)
+            if outcome.failed:
+                self.stats.failed += 1
+            else:
+                self.stats.completed += 1
+            run.finished = True
+            self.say(f"alloc {run.alloc_id[:8]} {status}")
+        except asyncio.CancelledError:
+            if not run.finished and not run.quiet_stop:
+                end_ns = time.time_ns()
+                states = {n: {"State": "dead", "StartedAt": now_ns, "FinishedAt": end_ns} for n in names} if outcome else {}
+                self._report(run, "complete", "alloc stopped by the server", states)
+                self.stats.stopped += 1
+            run.finished = True
+        finally:
+            self.done.add(run.alloc_id)
+            self.runs.pop(run.alloc_id, None)
+
+    async def _health(self, run: Run, job: dict[str, Any], group: dict[str, Any]) -> None:
+        """Report the alloc healthy once it ran ``min_healthy_time`` (deployment allocs only)."""
+        if job.get("Type") != "service":
+            return
+        update = group.get("Update") or {}
+        min_healthy = update.get("MinHealthyTime")
+        wait = DEFAULT_MIN_HEALTHY if min_healthy is None else float(min_healthy) / 1e9
+        await asyncio.sleep(max(0.0, wait - (time.monotonic() - run.started)))
+        if run.deployment_id and run.healthy_reported != run.deployment_id:
+            run.healthy_reported = run.deployment_id
+            self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": True, "Timestamp": time.time_ns()}})
+
+    # -- reporting ------------------------------------------------------------------------
+    def _report(self, run: Run, status: str, description: str, states: dict[str, Any], *, failed: bool = False) -> None:
+        update: dict[str, Any] = {"ClientStatus": status, "ClientDescription": description}
+        if states:
+            update["TaskStates"] = states
+        if failed and run.deployment_id and run.healthy_reported != run.deployment_id:
+            run.healthy_reported = run.deployment_id
+            update["DeploymentStatus"] = {"Healthy": False, "Timestamp": time.time_ns()}
+        self._merge(run.alloc_id, update)
+
+    def _merge(self, alloc_id: str, update: dict[str, Any]) -> None:
+        old = self.pending.get(alloc_id)
+        self.pending[alloc_id] = {**(old or {}), **update, "ID": alloc_id}
+        if "ClientStatus" not in self.pending[alloc_id]:
+            self.pending[alloc_id]["ClientStatus"] = "running"
+
+    async def _reporter(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.report_interval)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        while self.pending:
+            ids = list(self.pending)[:REPORT_BATCH]
+            batch = [self.pending.pop(i) for i in ids]
+            try:
+                await self.rpc.call("alloc.update", {"allocs": batch})
+                self.stats.reports += len(batch)
+                self.stats.report_calls += 1
+            except RPCError as exc:
+                self.stats.errors.append(f"alloc.update: {exc.message}")
+                for item in batch:  # put back unless something newer came meanwhile
+                    self.pending.setdefault(item["ID"], item)
+                return
+
+
+def _snake_alloc(alloc: dict[str, Any]) -> dict[str, Any]:
+    """The few fields of a Nomad-JSON alloc that ``on_alloc`` reads, in wire names."""
+    return {
+        "id": alloc["ID"],
+        "node_id": alloc["NodeID"],
+        "job_id": alloc["JobID"],
+        "job_version": alloc.get("JobVersion", 0),
+        "deployment_id": alloc.get("DeploymentID", ""),
+        "desired_status": alloc.get("DesiredStatus"),
+        "client_status": alloc.get("ClientStatus"),
+        "task_group": alloc.get("TaskGroup", ""),
+    }
+
+
+async def _main(cfg: SimConfig) -> int:
+    sim = SimClient(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, sim.stop_event.set)
+    try:
+        await sim.register(list(sim.nodes.values()))
+    except RPCError as exc:
+        print(f"Error: could not register nodes: {exc.message}", flush=True)
+        await sim.rpc.close()
+        return 1
+    print(
+        f"Simulating {len(sim.nodes)} node(s) in {cfg.datacenter} ({cfg.cpu} MHz, {cfg.memory_mb} MB each) "
+        f"against {','.join(cfg.servers)}",
+        flush=True,
+    )
+    for node in sim.nodes.values():
+        print(f"  node {node.id} {node.name}", flush=True)
+    await sim.run()
+    return 0
+
+
+def run_sim(cfg: SimConfig) -> int:
+    """Entry point of ``caravan client sim``: run until SIGTERM/SIGINT."""
+    try:
+        return asyncio.run(_main(cfg))
+    except SimError as exc:
+        print(f"Error: {exc}", flush=True)
+        return 1

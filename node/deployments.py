@@ -1,0 +1,138 @@
+"""The deployment watcher: ends rollouts of service jobs (leader only).
+
+A deployment is created by the scheduler when a service job's new version
+(or first version) places allocations; clients report each new alloc's
+health once it has run for the group's ``min_healthy_time`` (or unhealthy
+if it fails first), and the FSM counts them per task group. The watcher
+decides, for every active deployment:
+
+- *successful* when every group has ``healthy >= desired_total``;
+- *failed* when an alloc was unhealthy, or when no alloc became healthy
+  within ``progress_deadline`` of the last progress (the deployment's start
+  or the newest healthy alloc);
+- *cancelled* when the job was stopped or a newer version replaced it;
+- otherwise, each time more allocs became healthy it creates a
+  ``deployment-watcher`` eval so the scheduler places the next
+  ``max_parallel`` batch of the rolling update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fsm import messages as m
+from fsm.store import StateReader
+from fsm.structs import (
+    DEPLOYMENT_CANCELLED,
+    DEPLOYMENT_FAILED,
+    DEPLOYMENT_SUCCESSFUL,
+    Deployment,
+    Evaluation,
+)
+from node.errors import RPCError
+from node.heartbeat import job_eval
+
+if TYPE_CHECKING:
+    from node.lifecycle import Lifecycle
+
+TRIGGER_DEPLOYMENT = "deployment-watcher"
+WATCH_INTERVAL = 1.0
+
+DESC_SUCCESSFUL = "Deployment completed successfully"
+DESC_UNHEALTHY = "Failed due to unhealthy allocations"
+DESC_DEADLINE = "Failed due to progress deadline"
+DESC_STOPPED = "Cancelled because job is stopped"
+DESC_NEWER = "Cancelled due to newer version of job"
+
+
+@dataclass
+class Decision:
+    deployment_id: str
+    status: str = ""  # new terminal status, or "" to keep running
+    description: str = ""
+    healthy: int = 0
+    eval: Evaluation | None = None  # continue the rollout
+
+
+def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | None) -> Decision:
+    """What to do with one active deployment at ``now`` (wall clock, ns)."""
+    out = Decision(dep.id)
+    job = reader.job(dep.job_id)
+    if job is None or job.stop:
+        out.status, out.description = DEPLOYMENT_CANCELLED, DESC_STOPPED
+        return out
+    if job.version != dep.job_version or job.job_modify_index != dep.job_modify_index:
+        out.status, out.description = DEPLOYMENT_CANCELLED, DESC_NEWER
+        return out
+    states = dep.task_groups
+    out.healthy = sum(s.healthy_allocs for s in states.values())
+    if any(s.unhealthy_allocs > 0 for s in states.values()):
+        out.status, out.description = DEPLOYMENT_FAILED, DESC_UNHEALTHY
+        return out
+    if all(s.healthy_allocs >= s.desired_total for s in states.values()):
+        out.status, out.description = DEPLOYMENT_SUCCESSFUL, DESC_SUCCESSFUL
+        return out
+    progress = dep.create_time
+    for alloc in reader.allocs_by_deployment(dep.id):
+        if alloc.deployment_status is not None and alloc.deployment_status.healthy:
+            progress = max(progress, alloc.modify_time)
+    for state in states.values():
+        if state.progress_deadline and state.healthy_allocs < state.desired_total and now > progress + state.progress_deadline:
+            out.status, out.description = DEPLOYMENT_FAILED, DESC_DEADLINE
+            return out
+    if seen_healthy is None or out.healthy > seen_healthy:
+        out.eval = job_eval(job, TRIGGER_DEPLOYMENT)
+        out.eval.deployment_id = dep.id
+    return out
+
+
+def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Decision]:
+    """Decisions for the active deployments among ``ids``."""
+    now = max(time.time_ns(), reader.last_time)
+    out = []
+    for dep_id in ids:
+        dep = reader.deployment(dep_id)
+        if dep is not None and dep.active():
+            out.append(decide(reader, dep, now, seen.get(dep_id)))
+    return out
+
+
+class DeploymentWatcher:
+    def __init__(self, lc: Lifecycle) -> None:
+        self.lc = lc
+        self.server = lc.server
+        self.poke = asyncio.Event()
+        self.seen: dict[str, int] = {}  # deployment id -> healthy allocs when last looked at
+        self.log = self.server.log.bind(component="deployments")
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.poke.wait(), WATCH_INTERVAL)
+            except TimeoutError:
+                pass
+            self.poke.clear()
+            ids = sorted(self.lc.active_deployments)
+            if not ids:
+                continue
+            seen = dict(self.seen)
+            for decision in await self.server.local(lambda r, ids=ids, seen=seen: look(r, ids, seen)):
+                await self._act(decision)
+
+    async def _act(self, d: Decision) -> None:
+        try:
+            if d.status:
+                await self.server.propose(
+                    m.DeploymentStatusUpdate(deployment_id=d.deployment_id, status=d.status, status_description=d.description)
+                )
+                self.seen.pop(d.deployment_id, None)
+                self.log.info("deployment finished", deployment=d.deployment_id, status=d.status, why=d.description)
+                return
+            if d.eval is not None and not self.lc.broker.has_queued(d.eval.namespace, d.eval.job_id):
+                await self.lc.writer.create([d.eval])
+            self.seen[d.deployment_id] = d.healthy
+        except RPCError as exc:
+            self.log.warning("deployment update failed; retrying", deployment=d.deployment_id, error=str(exc))

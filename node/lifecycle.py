@@ -1,0 +1,500 @@
+"""The job lifecycle on the leader: one object per leadership term that wires it together.
+
+``lifecycle_loop`` (a leader loop) builds a ``Lifecycle`` when this server
+wins leadership and drops it when leadership is lost: the eval broker and
+the blocked-evals tracker (``node.broker``), the plan applier
+(``node.plan_apply``), the scheduler workers (``node.workers``), the
+heartbeat monitor (``node.heartbeat``) and the deployment watcher
+(``node.deployments``).
+
+The broker learns of evaluations by following the change journal with a
+``fsm.cursor.Cursor`` — the same way caches do — rather than from the
+endpoints that write them, so every writer (job registration, plans, node
+updates, the GC engineer's ``eval.update``, another leader's entries
+replayed before this one took over) reaches it the same way:
+
+- the first catch-up is a rebuild: the pending evals of the state go to the
+  broker, the blocked ones to the tracker (and are re-checked once, since
+  capacity may have changed while nobody watched), and jobs left without
+  an eval after a failover (live allocs on a down node, failed allocs not
+  yet handled) get one;
+- then each batch: a pending eval is enqueued; a blocked eval is tracked;
+  a complete eval that placed everything untracks its job's blocked eval;
+  an alloc or node change that frees or adds capacity unblocks blocked
+  evals; a failed alloc (or a finished service alloc) gets an eval for its
+  job; a node that went down (or draining) gets evals for the jobs on it,
+  a node that became usable gets evals for system jobs — each only if the
+  job has no eval queued already (one that has not started will see the
+  change anyway).
+
+Writes of evals the leader makes on its own (canceled duplicates, failed
+evals and their follow-ups, evals for failures) go through ``EvalWriter`` in
+batched EvalUpsert entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsm import codec
+from fsm import messages as m
+from fsm.cursor import Cursor, Record
+from fsm.store import StateReader
+from fsm.structs import (
+    CLIENT_COMPLETE,
+    CLIENT_FAILED,
+    DESIRED_RUN,
+    EVAL_BLOCKED,
+    EVAL_CANCELED,
+    EVAL_COMPLETE,
+    EVAL_FAILED,
+    EVAL_PENDING,
+    EVAL_TERMINAL,
+    NODE_DOWN,
+    NODE_ELIGIBLE,
+    NODE_READY,
+    SECOND,
+    Evaluation,
+)
+from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
+from node.acl import Need
+from node.broker import BlockedEvals, EvalBroker
+from node.deployments import DeploymentWatcher
+from node.endpoints import method
+from node.errors import RPCError
+from node.heartbeat import (
+    HeartbeatMonitor,
+    job_eval,
+    node_down_evals,
+    node_drain_evals,
+    node_up_evals,
+)
+from node.plan_apply import PlanApplier
+from node.rpc_server import RequestContext
+from node.workers import Worker, WorkerStats
+
+if TYPE_CHECKING:
+    from node.server import Server
+
+TOPICS = (TOPIC_EVAL, TOPIC_ALLOC, TOPIC_NODE, TOPIC_DEPLOYMENT)
+TRIGGER_ALLOC_FAILURE = "alloc-failure"
+TRIGGER_ALLOC_STOP = "alloc-stop"
+TRIGGER_FAILED_FOLLOWUP = "failed-eval-follow-up"
+TRIGGER_LEADER = "leader-recovery"
+WRITE_BATCH = 200  # evals per EvalUpsert entry
+HOUSEKEEPING_INTERVAL = 0.2
+TAIL_IDLE_WAKE = 1.0
+
+_CURRENT: weakref.WeakKeyDictionary[Any, Lifecycle] = weakref.WeakKeyDictionary()
+
+
+def current(server: Server) -> Lifecycle | None:
+    """This server's lifecycle while it leads, else None."""
+    return _CURRENT.get(server)
+
+
+@dataclass
+class NodeView:
+    status: str
+    eligibility: str
+    drain: bool
+
+    @property
+    def usable(self) -> bool:
+        return self.status == NODE_READY and self.eligibility == NODE_ELIGIBLE and not self.drain
+
+
+@dataclass
+class Initial:
+    """What a new leader reads once: the broker's and tracker's contents, and loose ends."""
+
+    index: int
+    pending: list[Evaluation] = field(default_factory=list)
+    blocked: list[Evaluation] = field(default_factory=list)
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    deployments: set[str] = field(default_factory=set)
+    orphans: list[Evaluation] = field(default_factory=list)  # evals for jobs a dead leader left without one
+
+    @classmethod
+    def load(cls, reader: StateReader) -> Initial:
+        init = cls(index=reader.applied_index)
+        for status, out in ((EVAL_PENDING, init.pending), (EVAL_BLOCKED, init.blocked)):
+            for eval_id in reader.eval_ids_by_status(status):
+                ev = reader.eval(eval_id)
+                if ev is not None:
+                    out.append(ev)
+        init.pending.sort(key=lambda e: e.create_index)
+        for node in reader.nodes():
+            init.nodes[node.id] = NodeView(node.status, node.scheduling_eligibility, node.drain)
+        init.deployments = {d.id for d in reader.deployments() if d.active()}
+        covered = {e.job_id for e in init.pending}
+        needy: dict[str, str] = {}
+        for _, raw in reader.iter_raw("allocs"):
+            alloc = codec.unpack(raw)
+            job_id = alloc["job_id"]
+            if job_id in covered or job_id in needy or alloc["desired_status"] != DESIRED_RUN:
+                continue
+            status = alloc["client_status"]
+            if status == CLIENT_FAILED and not alloc.get("next_allocation") and not alloc.get("followup_eval_id"):
+                needy[job_id] = TRIGGER_ALLOC_FAILURE
+            elif status not in (CLIENT_FAILED, CLIENT_COMPLETE, "lost"):
+                view = init.nodes.get(alloc["node_id"])
+                if view is None or view.status == NODE_DOWN:
+                    needy[job_id] = "node-update"
+        for job_id, trigger in sorted(needy.items()):
+            job = reader.job(job_id)
+            if job is not None and not job.stop:
+                init.orphans.append(job_eval(job, trigger))
+        return init
+
+
+class EvalWriter:
+    """Batches the leader's own eval writes into EvalUpsert entries."""
+
+    def __init__(self, server: Server, followup_delay: float) -> None:
+        self.server = server
+        self.followup_delay = followup_delay
+        self.log = server.log.bind(component="eval_writer")
+
+    async def create(self, evals: list[Evaluation]) -> None:
+        for i in range(0, len(evals), WRITE_BATCH):
+            await self.server.propose(m.EvalUpsert(evals=evals[i : i + WRITE_BATCH]))
+
+    async def finish(self, evals: list[Evaluation], status: str, description: str) -> None:
+        """Give ``evals`` a terminal status, skipping those already finished in state."""
+
+        def current(reader: StateReader) -> list[Evaluation]:
+            out = []
+            for ev in evals:
+                now = reader.eval(ev.id)
+                if now is not None and now.status not in EVAL_TERMINAL:
+                    now.status = status
+                    now.status_description = description
+                    out.append(now)
+            return out
+
+        todo = await self.server.local(current)
+        extra: list[Evaluation] = []
+        if status == EVAL_FAILED:
+            # Nomad: a failed eval gets a delayed follow-up so the job is tried again later.
+            wait_until = time.time_ns() + int(self.followup_delay * SECOND)
+            for ev in todo:
+                follow = Evaluation(
+                    id=str(uuid.uuid4()),
+                    job_id=ev.job_id,
+                    namespace=ev.namespace,
+                    priority=ev.priority,
+                    type=ev.type,
+                    triggered_by=TRIGGER_FAILED_FOLLOWUP,
+                    job_modify_index=ev.job_modify_index,
+                    status=EVAL_PENDING,
+                    wait_until=wait_until,
+                    previous_eval=ev.id,
+                )
+                ev.next_eval = follow.id
+                extra.append(follow)
+        if todo:
+            await self.create(todo + extra)
+            self.log.info("evaluations finished by the leader", status=status, count=len(todo))
+
+
+class Lifecycle:
+    """One leadership term: follows the journal and runs the lifecycle's tasks."""
+
+    def __init__(self, server: Server) -> None:
+        cfg = server.config.scheduler
+        self.server = server
+        self.log = server.log.bind(component="lifecycle")
+        self.broker = EvalBroker(
+            delivery_limit=cfg.eval_delivery_limit,
+            nack_timeout=cfg.eval_nack_timeout,
+            nack_delay=cfg.eval_nack_delay,
+            nack_delay_later=cfg.eval_nack_delay_later,
+        )
+        self.blocked = BlockedEvals()
+        self.applier = PlanApplier(server)
+        self.stats = WorkerStats()
+        self.writer = EvalWriter(server, cfg.failed_eval_followup)
+        self.heartbeats = HeartbeatMonitor(self)
+        self.deployments = DeploymentWatcher(self)
+        self.nodes: dict[str, NodeView] = {}
+        self.active_deployments: set[str] = set()
+        self.cursor = Cursor(self, TOPICS)
+        self.started = time.monotonic()
+        self._rebuilt: Initial | None = None
+        self._batches: list[tuple[int, Sequence[Record]]] = []
+        # Work the tail found that needs state reads (resolved after each catch-up).
+        self._job_needs: dict[str, str] = {}  # job id -> trigger
+        self._node_needs: dict[str, str] = {}  # node id -> "down" | "up" | "drain"
+
+    # -- Follower (called inside Cursor.catch_up, on an executor thread) ----------
+    def rebuild(self, reader: StateReader) -> None:
+        self._rebuilt = Initial.load(reader)
+        self._batches = []
+
+    def apply(self, index: int, records: Sequence[Record]) -> None:
+        self._batches.append((index, records))
+
+    # -- running ------------------------------------------------------------------
+    async def run(self) -> None:
+        _CURRENT[self.server] = self
+        try:
+            await self.follow()
+            workers = [
+                Worker(self.server, self.broker, self.blocked, self.applier, self.stats, f"w{i}")
+                for i in range(self.server.config.scheduler.workers)
+            ]
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._tail())
+                tg.create_task(self.applier.run())
+                for worker in workers:
+                    tg.create_task(worker.run())
+                tg.create_task(self._housekeeping())
+                tg.create_task(self.heartbeats.run())
+                tg.create_task(self.deployments.run())
+        finally:
+            self.broker.disable()
+            if _CURRENT.get(self.server) is self:
+                del _CURRENT[self.server]
+
+    async def _tail(self) -> None:
+        while True:
+            event = self.server._applied_event
+            await self.follow()
+            if event is None:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                await asyncio.wait_for(event.wait(), TAIL_IDLE_WAKE)
+            except TimeoutError:
+                pass
+
+    async def follow(self) -> None:
+        """Catch up with the journal and act on what changed."""
+
+        def step(reader: StateReader) -> tuple[Initial | None, list[tuple[int, Sequence[Record]]]]:
+            self.cursor.catch_up(reader)
+            rebuilt, batches = self._rebuilt, self._batches
+            self._rebuilt, self._batches = None, []
+            return rebuilt, batches
+
+        rebuilt, batches = await self.server.local(step)
+        if rebuilt is not None:
+            await self._restore(rebuilt)
+        for index, records in batches:
+            self.dispatch(index, records)
+        await self._resolve()
+
+    async def _restore(self, init: Initial) -> None:
+        for ev in init.pending:
+            self.broker.enqueue(ev)
+        for ev in init.blocked:
+            for again in self.blocked.block(ev):
+                self.broker.enqueue(again)
+        for ev in self.blocked.capacity_changed(init.index):
+            self.broker.enqueue(ev)
+        self.nodes = init.nodes
+        self.active_deployments = init.deployments
+        self.deployments.poke.set()
+        orphans = [e for e in init.orphans if not self.broker.has_queued(e.namespace, e.job_id)]
+        if orphans:
+            for ev in orphans:
+                ev.triggered_by = TRIGGER_LEADER if ev.triggered_by == "node-update" else ev.triggered_by
+            await self.writer.create(orphans)
+        self.log.info(
+            "lifecycle started",
+            index=init.index,
+            pending=len(init.pending),
+            blocked=len(init.blocked),
+            nodes=len(init.nodes),
+            deployments=len(init.deployments),
+            orphans=len(orphans),
+        )
+
+    def dispatch(self, index: int, records: Sequence[Record]) -> None:
+        """Act on one journal batch (on the event loop; no state reads here)."""
+        capacity = False
+        for topic, _type, key, obj in records:
+            if topic == TOPIC_EVAL:
+                self._on_eval(key, obj)
+            elif topic == TOPIC_ALLOC:
+                if obj is None:
+                    capacity = True
+                    continue
+                capacity |= self._on_alloc(obj)
+            elif topic == TOPIC_NODE:
+                capacity |= self._on_node(key, obj)
+            elif topic == TOPIC_DEPLOYMENT:
+                if obj is not None and obj.get("status") in ("running", "paused"):
+                    self.active_deployments.add(key)
+                else:
+                    self.active_deployments.discard(key)
+                self.deployments.poke.set()
+        if capacity:
+            for ev in self.blocked.capacity_changed(index):
+                self.broker.enqueue(ev)
+
+    def _on_eval(self, key: str, obj: dict[str, Any] | None) -> None:
+        if obj is None:
+            self.blocked.forget(key)
+            return
+        ev = codec.from_wire(Evaluation, obj)
+        if ev.status == EVAL_PENDING:
+            self.broker.enqueue(ev)
+        elif ev.status == EVAL_BLOCKED:
+            for again in self.blocked.block(ev):
+                self.broker.enqueue(again)
+        elif ev.status == EVAL_COMPLETE and not ev.failed_tg_allocs:
+            stale = self.blocked.untrack(ev.namespace, ev.job_id, keep=ev.id)
+            if stale is not None:
+                asyncio.ensure_future(self._finish([stale], EVAL_CANCELED, "canceled: a newer evaluation placed everything"))
+        else:
+            self.blocked.forget(ev.id)
+
+    def _on_alloc(self, alloc: dict[str, Any]) -> bool:
+        """Returns whether the alloc freed capacity; notes jobs that need an eval."""
+        if alloc.get("deployment_id"):
+            self.deployments.poke.set()
+        status = alloc["client_status"]
+        desired = alloc["desired_status"]
+        if desired == DESIRED_RUN and not alloc.get("next_allocation"):
+            if status == CLIENT_FAILED and not alloc.get("followup_eval_id"):
+                self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_FAILURE)
+            elif status == CLIENT_COMPLETE:
+                self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_STOP)
+        return desired != DESIRED_RUN or status in (CLIENT_FAILED, CLIENT_COMPLETE, "lost")
+
+    def _on_node(self, node_id: str, obj: dict[str, Any] | None) -> bool:
+        before = self.nodes.get(node_id)
+        if obj is None:
+            self.nodes.pop(node_id, None)
+            return False
+        view = NodeView(obj["status"], obj["scheduling_eligibility"], bool(obj.get("drain")))
+        self.nodes[node_id] = view
+        if view.status == NODE_DOWN and (before is None or before.status != NODE_DOWN):
+            self._node_needs[node_id] = "down"
+            return False
+        if view.drain and (before is None or not before.drain):
+            self._node_needs[node_id] = "drain"
+            return True
+        if view.usable and (before is None or not before.usable):
+            self._node_needs[node_id] = "up"
+            return True
+        return False
+
+    async def _resolve(self) -> None:
+        """Turn what the tail noted into evals (reading state once for all of it)."""
+        if not self._job_needs and not self._node_needs:
+            return
+        job_needs, self._job_needs = self._job_needs, {}
+        node_needs, self._node_needs = self._node_needs, {}
+
+        def build(reader: StateReader) -> list[Evaluation]:
+            out: list[Evaluation] = []
+            for job_id, trigger in sorted(job_needs.items()):
+                job = reader.job(job_id)
+                if job is None or job.stop:
+                    continue
+                if trigger == TRIGGER_ALLOC_STOP and job.type == "batch":
+                    continue
+                out.append(job_eval(job, trigger))
+            for node_id, what in sorted(node_needs.items()):
+                if what == "down":
+                    out += node_down_evals(reader, node_id)
+                elif what == "drain":
+                    out += node_drain_evals(reader, node_id)
+                else:
+                    out += node_up_evals(reader, node_id)
+            return out
+
+        evals = await self.server.local(build)
+        seen: set[str] = set()
+        todo = []
+        for ev in evals:
+            if ev.job_id in seen or self.broker.has_queued(ev.namespace, ev.job_id):
+                continue
+            seen.add(ev.job_id)
+            todo.append(ev)
+        if todo:
+            try:
+                await self.writer.create(todo)
+            except RPCError as exc:
+                self.log.warning("could not create evaluations", error=str(exc), count=len(todo))
+
+    async def _finish(self, evals: list[Evaluation], status: str, description: str) -> None:
+        try:
+            await self.writer.finish(evals, status, description)
+        except RPCError as exc:
+            self.log.warning("could not finish evaluations", error=str(exc), status=status)
+
+    async def _housekeeping(self) -> None:
+        """Write what the broker and tracker decided: failed and canceled evals."""
+        limit = self.server.config.scheduler.eval_delivery_limit
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            self.broker.tick()
+            failed = self.broker.take_failed()
+            if failed:
+                await self._finish(failed, EVAL_FAILED, f"evaluation reached its delivery limit ({limit})")
+            canceled = self.broker.take_cancelable() + self.blocked.take_duplicates()
+            if canceled:
+                await self._finish(canceled, EVAL_CANCELED, "canceled: a newer evaluation of the job supersedes it")
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "Broker": {**self.broker.counts(), "Blocked": len(self.blocked)},
+            "BrokerTotals": {
+                "Enqueued": self.broker.stats.enqueued,
+                "Delivered": self.broker.stats.delivered,
+                "Acked": self.broker.stats.acked,
+                "Nacked": self.broker.stats.nacked,
+                "Failed": self.broker.stats.failed,
+                "Canceled": self.broker.stats.canceled,
+                "Unblocks": self.blocked.unblocks,
+            },
+            "Workers": self.stats.to_nomad(),
+            "PlanApplier": {
+                "Plans": self.applier.stats.plans,
+                "PartialPlans": self.applier.stats.partial,
+                "RejectedPlacements": self.applier.stats.rejected_placements,
+                "Entries": self.applier.stats.entries,
+                "Placed": self.applier.stats.placed,
+            },
+            "Nodes": len(self.nodes),
+            "ActiveDeployments": len(self.active_deployments),
+            "LeaderSeconds": round(time.monotonic() - self.started, 3),
+        }
+
+
+async def lifecycle_loop(server: Server) -> None:
+    """Leader loop: the whole lifecycle for as long as this server leads."""
+    await Lifecycle(server).run()
+
+
+LEADER_LOOPS = [lifecycle_loop]
+
+
+@method("scheduler.stats")
+async def scheduler_stats(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """The leader's broker, worker and plan-applier counters (``reset`` clears the worker stats)."""
+    from node.server import _Forward
+
+    await server.authorize(ctx, Need.READ)
+    if not server.raft.is_leader:
+        raise _Forward(server.leader_rpc())
+    lc = current(server)
+    if lc is None:
+        raise RPCError("unavailable", "the lifecycle is not running yet on the leader; retry in a moment")
+    out = lc.status()
+    if args.get("reset"):
+        lc.stats.latencies.clear()
+        lc.stats.placements = lc.stats.plan_conflicts = lc.stats.evals = 0
+        lc.applier.stats.plans = lc.applier.stats.partial = lc.applier.stats.rejected_placements = 0
+    out["Leader"] = server.rpc.address
+    return out

@@ -1,0 +1,205 @@
+"""The plan applier: the leader's single writer of scheduler plans (Nomad's planApply).
+
+Workers plan concurrently on snapshots that may already be stale; the
+applier takes their plans one at a time and checks each against the newest
+committed state before anything reaches the log (optimistic concurrency, as
+Nomad's plan applier and Protean's replicated store do):
+
+- every node that receives a new placement must still exist, be ready and
+  eligible and not draining, and have room for everything the plan puts on
+  it once the plan's own stops are taken off (usage from a journal-driven
+  ``NodeUsageCache`` caught up to the same read);
+- an in-place update must still find its alloc live and unchanged;
+- a follow-up annotation must still find its alloc wanted.
+
+Placements on a node that fails a check are rejected (all of that node's,
+as Nomad does); the rest of the plan commits *without* the eval updates and
+the worker plans the eval again on the newer state. A whole plan commits
+with its evals in the last entry. Plans larger than one raft entry
+(``max_entry_bytes``) are cut by ``scheduler.plan.to_entries``; all entries
+but the last are proposed together, and the last (the one carrying the
+evals) only once they all committed, so an eval is never marked done for a
+plan that is not in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsm.caches import NodeUsageCache
+from fsm.messages import encode_entry
+from fsm.store import StateReader
+from fsm.structs import DESIRED_RUN, NODE_ELIGIBLE, NODE_READY, Resources
+from raft.node import encoded_entry_size
+from scheduler.feasibility import exhausted_dimension
+from scheduler.plan import Plan, to_entries
+
+if TYPE_CHECKING:
+    from node.server import Server
+
+
+def entry_size(body: Any) -> int:
+    """Bytes ``body`` takes in the raft log (what ``max_entry_bytes`` limits)."""
+    return encoded_entry_size(encode_entry(body, time=time.time_ns(), rid=uuid.uuid4().hex))
+
+
+@dataclass
+class PlanResult:
+    index: int = 0  # raft index of the last committed entry (0: nothing written)
+    whole: bool = True  # every placement accepted and the evals written
+    placed: int = 0
+    stopped: int = 0
+    rejected: int = 0  # placements rejected
+    rejected_nodes: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)  # node id -> why
+    entries: int = 0
+
+
+@dataclass
+class ApplierStats:
+    plans: int = 0
+    partial: int = 0
+    rejected_placements: int = 0
+    entries: int = 0
+    placed: int = 0
+
+
+def check_plan(reader: StateReader, plan: Plan, cache: NodeUsageCache) -> tuple[Plan, dict[str, str]]:
+    """(the part of ``plan`` that still fits, {rejected node: reason}) at ``reader``'s index."""
+    cache.catch_up(reader)
+    rejected: dict[str, str] = {}
+    by_node: dict[str, list] = {}
+    for alloc in plan.place:
+        by_node.setdefault(alloc.node_id, []).append(alloc)
+    freed: dict[str, Resources] = {}
+    stop_ids = {s.id for s in plan.stop if s.desired_status != DESIRED_RUN}
+    for stop_id in stop_ids:
+        alloc = reader.alloc(stop_id)
+        if alloc is None or alloc.terminal() or alloc.node_id not in by_node:
+            continue
+        f = freed.setdefault(alloc.node_id, Resources(cpu=0, memory_mb=0, disk_mb=0))
+        f.cpu += alloc.resources.cpu
+        f.memory_mb += alloc.resources.memory_mb
+        f.disk_mb += alloc.resources.disk_mb
+    for node_id, allocs in sorted(by_node.items()):
+        node = reader.node(node_id)
+        new = [a for a in allocs if a.id not in plan.inplace]
+        if node is None:
+            rejected[node_id] = "node no longer exists"
+            continue
+        if new and node.status != NODE_READY:
+            rejected[node_id] = f"node is {node.status}"
+            continue
+        if new and (node.drain or node.scheduling_eligibility != NODE_ELIGIBLE):
+            rejected[node_id] = "node is draining or ineligible"
+            continue
+        used = cache.usage(node_id)
+        f = freed.get(node_id)
+        if f is not None:
+            used.cpu -= f.cpu
+            used.memory_mb -= f.memory_mb
+            used.disk_mb -= f.disk_mb
+        stale = False
+        for alloc in allocs:
+            if alloc.id in plan.inplace:
+                current = reader.alloc(alloc.id)
+                if current is None or current.terminal() or current.modify_index != alloc.modify_index:
+                    stale = True
+                    break
+                # The live copy's claim is already in ``used``; add only the difference.
+                used.cpu += alloc.resources.cpu - current.resources.cpu
+                used.memory_mb += alloc.resources.memory_mb - current.resources.memory_mb
+                used.disk_mb += alloc.resources.disk_mb - current.resources.disk_mb
+            else:
+                used.cpu += alloc.resources.cpu
+                used.memory_mb += alloc.resources.memory_mb
+                used.disk_mb += alloc.resources.disk_mb
+        if stale:
+            rejected[node_id] = "an in-place update found its allocation changed"
+            continue
+        zero = Resources(cpu=0, memory_mb=0, disk_mb=0)
+        dim = exhausted_dimension(node.resources, zero, used)
+        if dim is not None:
+            rejected[node_id] = f"resources exhausted: {dim}"
+    annotations_ok = True
+    for stop in plan.stop:
+        if stop.desired_status == DESIRED_RUN:
+            current = reader.alloc(stop.id)
+            if current is None or current.desired_status != DESIRED_RUN or current.next_allocation:
+                annotations_ok = False
+    if not rejected and annotations_ok:
+        return plan, {}
+    accepted = plan.without_nodes(rejected)
+    if not annotations_ok:
+        accepted.stop = [s for s in accepted.stop if s.desired_status != DESIRED_RUN]
+        rejected.setdefault("", "a follow-up annotation found its allocation changed")
+    return accepted, rejected
+
+
+class PlanApplier:
+    """One per leadership term: a queue of plans and the task that commits them."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.cache = NodeUsageCache()
+        self.queue: asyncio.Queue[tuple[Plan, asyncio.Future[PlanResult]]] = asyncio.Queue()
+        self.stats = ApplierStats()
+        self.log = server.log.bind(component="plan_apply")
+
+    async def submit(self, plan: Plan) -> PlanResult:
+        """Queue ``plan`` and wait for its outcome (raises what proposing raised)."""
+        future: asyncio.Future[PlanResult] = asyncio.get_running_loop().create_future()
+        await self.queue.put((plan, future))
+        return await future
+
+    async def run(self) -> None:
+        while True:
+            plan, future = await self.queue.get()
+            if future.cancelled():
+                continue
+            try:
+                result = await self.apply(plan)
+            except asyncio.CancelledError:
+                if not future.done():
+                    future.cancel()
+                raise
+            except Exception as exc:  # noqa: BLE001 - handed to the worker, which nacks
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result(result)
+
+    async def apply(self, plan: Plan) -> PlanResult:
+        accepted, rejected = await self.server.local(lambda r: check_plan(r, plan, self.cache))
+        result = PlanResult(whole=not rejected)
+        if rejected:
+            result.rejected_nodes = sorted(n for n in rejected if n)
+            result.reasons = dict(rejected)
+            result.rejected = len(plan.place) - len(accepted.place)
+            self.stats.partial += 1
+            self.stats.rejected_placements += result.rejected
+            self.log.info("plan partly rejected; its eval is planned again", eval_id=plan.eval_id, rejected=result.rejected, nodes=len(result.rejected_nodes))
+        self.stats.plans += 1
+        if accepted.empty():
+            return result
+        bodies = to_entries(accepted, self.server.raft.max_entry_bytes, entry_size)
+        head, last = bodies[:-1], bodies[-1]
+        if head:
+            outcomes = await asyncio.gather(*(self.server.propose(b) for b in head), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                result.index = max(result.index, outcome["index"])
+        out = await self.server.propose(last)
+        result.index = max(result.index, out["index"])
+        result.entries = len(bodies)
+        result.placed = len(accepted.new_placements)
+        result.stopped = len(accepted.stop)
+        self.stats.entries += len(bodies)
+        self.stats.placed += result.placed
+        return result

@@ -1,0 +1,139 @@
+"""Scheduler workers: leader loops that turn evaluations into committed plans.
+
+Each worker dequeues an eval from the broker, reads one consistent snapshot
+(a single LMDB read transaction, with its own journal-driven usage cache
+caught up to exactly that index), runs the scheduler off the event loop, and
+hands the plan to the plan applier in this process (no RPC hop: the workers
+run on the leader, as Nomad's do). A plan the applier only partly accepts
+is planned again on newer state, up to ``MAX_ATTEMPTS`` times; then the eval
+is nacked and redelivered later. The eval is acked only after its plan —
+with the eval's own new status — is in the log, so a leader that dies
+mid-way leaves the eval pending for the next leader (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsm.caches import NodeUsageCache
+from fsm.store import StateReader
+from fsm.structs import EVAL_TERMINAL, Evaluation
+from node.broker import BrokerError, EvalBroker
+from node.plan_apply import PlanApplier, PlanResult
+from scheduler.errors import SchedulerError
+from scheduler.generic import schedule
+from scheduler.plan import Plan
+from scheduler.state import load_snapshot
+
+if TYPE_CHECKING:
+    from node.broker import BlockedEvals
+    from node.server import Server
+
+MAX_ATTEMPTS = 5
+LATENCY_SAMPLES = 20_000
+
+
+@dataclass
+class WorkerStats:
+    """What the leader's workers did this term (``scheduler.stats``)."""
+
+    evals: int = 0
+    skipped: int = 0
+    nacked: int = 0
+    placements: int = 0
+    plan_conflicts: int = 0  # plans the applier only partly accepted
+    latencies: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def to_nomad(self) -> dict[str, Any]:
+        return {
+            "EvalsProcessed": self.evals,
+            "EvalsSkipped": self.skipped,
+            "EvalsNacked": self.nacked,
+            "Placements": self.placements,
+            "PlanConflicts": self.plan_conflicts,
+            "EvalLatencyMs": {
+                "Count": len(self.latencies),
+                "P50": round(self.percentile(0.50) * 1000, 2),
+                "P99": round(self.percentile(0.99) * 1000, 2),
+                "Max": round(max(self.latencies, default=0.0) * 1000, 2),
+            },
+        }
+
+
+class Worker:
+    def __init__(
+        self,
+        server: Server,
+        broker: EvalBroker,
+        blocked: BlockedEvals,
+        applier: PlanApplier,
+        stats: WorkerStats,
+        name: str,
+    ) -> None:
+        self.server = server
+        self.broker = broker
+        self.blocked = blocked
+        self.applier = applier
+        self.stats = stats
+        self.cache = NodeUsageCache()
+        self.log = server.log.bind(component="worker", worker=name)
+
+    async def run(self) -> None:
+        while True:
+            got = await self.broker.dequeue()
+            if got is None:
+                continue
+            ev, token = got
+            try:
+                await self.process(ev)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the eval is redelivered
+                self.stats.nacked += 1
+                self.log.warning("evaluation failed; nacking it", eval_id=ev.id, job_id=ev.job_id, error=str(exc))
+                try:
+                    self.broker.nack(ev.id, token)
+                except BrokerError:
+                    pass
+                continue
+            try:
+                self.broker.ack(ev.id, token)
+            except BrokerError as exc:
+                self.log.warning("ack refused", eval_id=ev.id, error=str(exc))
+
+    def plan(self, reader: StateReader, ev: Evaluation) -> Plan | None:
+        """Schedule ``ev`` on one snapshot; None when the eval is already finished."""
+        current = reader.eval(ev.id)
+        if current is None or current.status in EVAL_TERMINAL:
+            return None
+        snap = load_snapshot(reader, current, time.time_ns(), self.cache)
+        return schedule(snap)
+
+    async def process(self, ev: Evaluation) -> None:
+        enqueued = self.broker.enqueued_at(ev.id)
+        for _attempt in range(MAX_ATTEMPTS):
+            plan = await self.server.local(lambda r: self.plan(r, ev))
+            if plan is None:
+                self.stats.skipped += 1
+                return
+            if plan.blocked_eval_id:
+                self.blocked.expect(plan.blocked_eval_id, plan.snapshot_index)
+            result: PlanResult = await self.applier.submit(plan)
+            self.stats.placements += result.placed
+            if result.whole:
+                self.stats.evals += 1
+                if enqueued is not None:
+                    self.stats.latencies.append(time.monotonic() - enqueued)
+                return
+            self.stats.plan_conflicts += 1
+        raise SchedulerError(f"evaluation {ev.id}: the plan was rejected {MAX_ATTEMPTS} times in a row")

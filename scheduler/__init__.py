@@ -1,0 +1,18 @@
+"""Placement: turn an evaluation and a consistent state snapshot into a plan.
+
+Nomad's shape, in pure functions over ``fsm`` records (no I/O, no clock: the
+caller passes ``now``), so every rule can be tested on hand-built states:
+
+- ``reconcile``: desired allocations per task group versus existing ones
+  (place, stop, replace lost, reschedule failed, update on a new version).
+- ``admission``: a separate step in front of placement that may hold back
+  placements (quota cohorts, later); today it admits everything.
+- ``feasibility``: validation rules (hard filters), one small class each.
+- ``ranking``: preference rules combined in strict priority, continuous
+  scores quantized into buckets (Protean), ties broken at random.
+- ``generic`` (service and batch jobs) and ``system`` (one alloc per eligible
+  node) build a ``plan.Plan``; ``plan`` turns it into PlanApply entries.
+
+``scheduler`` imports ``fsm`` only; the leader side (broker, workers, plan
+applier) lives in ``node/``.
+"""

@@ -1,0 +1,313 @@
+"""The scheduler for service and batch jobs (Nomad's generic scheduler), and the entry point.
+
+``schedule(snapshot)`` reconciles every task group, passes the wanted
+placements through admission, picks nodes with the selector, and returns a
+``Plan`` whose evals say how the evaluation ended:
+
+- everything placed: the eval is complete;
+- some placements found no node: the eval is complete and a *blocked* eval
+  (status ``blocked``, with the reasons per group) waits for capacity — or,
+  when the eval being processed is itself that blocked eval, it is written
+  back as blocked (re-blocked) rather than spawning another;
+- failed allocs to reschedule later: follow-up evals with ``wait_until``.
+
+Service jobs roll out a new version through a deployment: destructive
+updates at most ``max_parallel`` at a time (allocs placed by the deployment
+and not yet healthy count against it); placements carry the deployment id.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import uuid
+from collections import Counter, defaultdict
+
+from fsm.messages import AllocStop
+from fsm.structs import (
+    CLIENT_PENDING,
+    DEPLOYMENT_RUNNING,
+    DESIRED_RUN,
+    DESIRED_STOP,
+    EVAL_BLOCKED,
+    EVAL_COMPLETE,
+    EVAL_PENDING,
+    Allocation,
+    Deployment,
+    DeploymentState,
+    Evaluation,
+    Job,
+    TaskGroup,
+    UpdateStrategy,
+)
+from scheduler.admission import ADMIT_ALL, Admission
+from scheduler.feasibility import PlacementContext, ask_for
+from scheduler.plan import Plan
+from scheduler.ranking import Request, Selector
+from scheduler.reconcile import UNLIMITED, GroupPlan, reconcile_group
+from scheduler.reschedule import batch_followups, next_tracker, policy_for
+from scheduler.state import Snapshot
+
+TRIGGER_QUEUED = "queued-allocs"
+TRIGGER_FOLLOWUP = "alloc-failure"
+BLOCKED_DESCRIPTION = "created to place remaining allocations"
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def update_strategy(job: Job, group: TaskGroup) -> UpdateStrategy | None:
+    """The group's rolling-update settings: its own, else Nomad's default for service jobs."""
+    if job.type != "service":
+        return None
+    return group.update if group.update is not None else UpdateStrategy()
+
+
+def _current_deployment(snap: Snapshot) -> Deployment | None:
+    dep, job = snap.deployment, snap.job
+    if dep is None or job is None:
+        return None
+    if dep.job_version == job.version and dep.job_modify_index == job.job_modify_index:
+        return dep
+    return None
+
+
+def _in_flight(allocs: list[Allocation], group: str, dep: Deployment) -> int:
+    """Allocs placed by ``dep`` in ``group`` that are live and not yet healthy."""
+    n = 0
+    for a in allocs:
+        if a.task_group != group or a.deployment_id != dep.id or a.terminal():
+            continue
+        if a.deployment_status is None or a.deployment_status.healthy is None:
+            n += 1
+    return n
+
+
+def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment | None) -> int:
+    strategy = update_strategy(job, group)
+    if strategy is None or strategy.max_parallel <= 0:
+        return UNLIMITED
+    if dep is None:
+        return strategy.max_parallel
+    if not dep.active():
+        # A failed or cancelled rollout stops; a successful one has nothing left to roll.
+        return 0 if dep.status != "successful" else strategy.max_parallel
+    return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
+
+
+def schedule(snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None) -> Plan:
+    """Plan the evaluation in ``snap`` (dispatching system jobs to their own scheduler)."""
+    if snap.job is not None and snap.job.type == "system":
+        from scheduler.system import schedule_system
+
+        return schedule_system(snap, rng=rng)
+    return schedule_generic(snap, admission=admission, rng=rng)
+
+
+def schedule_generic(snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None) -> Plan:
+    ev, job, now = snap.eval, snap.job, snap.now
+    rng = rng or random.Random(ev.id)
+    plan = Plan(eval_id=ev.id, job_id=ev.job_id, snapshot_index=snap.index)
+    by_group: dict[str, list[Allocation]] = defaultdict(list)
+    for alloc in snap.allocs:
+        by_group[alloc.task_group].append(alloc)
+    groups: dict[str, TaskGroup] = {}
+    if job is not None and not job.stop:
+        groups = {g.name: g for g in job.task_groups}
+    dep = _current_deployment(snap)
+
+    plans: dict[str, GroupPlan] = {}
+    for name in sorted(set(groups) | set(by_group)):
+        group = groups.get(name)
+        limit = _limit(job, group, snap.allocs, dep) if job is not None and group is not None else UNLIMITED
+        plans[name] = reconcile_group(
+            job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit
+        )
+
+    # Stops first: what they free is available to this plan's placements.
+    ctx = PlacementContext(usage={k: copy.copy(v) for k, v in snap.usage.items()}, job_allocs=Counter())
+    for alloc in snap.allocs:
+        if not alloc.terminal():
+            ctx.job_allocs[alloc.node_id] += 1
+    selector = Selector(list(snap.nodes.values()), ctx, rng=rng)
+    for gp in plans.values():
+        for stop in gp.stop:
+            plan.stop.append(
+                AllocStop(id=stop.alloc.id, desired_status=DESIRED_STOP, desired_description=stop.description, client_status=stop.client_status)
+            )
+            selector.release(stop.alloc.node_id, stop.alloc.resources, same_job=True)
+        for updated in gp.inplace:
+            plan.place.append(updated)
+            plan.inplace.add(updated.id)
+
+    failures: dict[str, str] = {}
+    queued: dict[str, int] = {}
+    deployment = _deployment_for(snap, plans, groups, dep)
+    if deployment is not None and deployment is not dep:
+        plan.deployment = deployment
+    dep_id = deployment.id if deployment is not None and deployment.active() else ""
+    for name, gp in plans.items():
+        group = groups.get(name)
+        if group is None or job is None:
+            continue
+        queued[name] = 0
+        wanted = gp.place
+        admitted = admission.admit(job, group, len(wanted))
+        held_back = len(wanted) - admitted.count
+        ask = ask_for(job, group)
+        policy = policy_for(job, group)
+        unplaced = 0
+        for p in wanted[: admitted.count]:
+            request = Request(ask, previous_node=p.previous.node_id if p.reschedule and p.previous else "")
+            node = selector.select(request)
+            if node is None:
+                unplaced += 1
+                continue
+            selector.claim(node, ask)
+            plan.place.append(
+                Allocation(
+                    id=new_id(),
+                    eval_id=ev.id,
+                    job_id=job.id,
+                    node_id=node.id,
+                    task_group=name,
+                    name=p.name,
+                    namespace=job.namespace,
+                    job_version=job.version,
+                    resources=copy.copy(ask.resources),
+                    desired_status=DESIRED_RUN,
+                    client_status=CLIENT_PENDING,
+                    previous_allocation=p.previous.id if p.previous is not None else "",
+                    reschedule_tracker=next_tracker(p.previous, now, p.delay, policy) if p.reschedule and p.previous else None,
+                    deployment_id=dep_id if update_strategy(job, group) is not None else "",
+                )
+            )
+        reasons = []
+        if unplaced:
+            reasons.append(selector.failure(ask, unplaced).describe())
+        if held_back:
+            reasons.append(f"{held_back} held back by admission: {admitted.reason or 'not admitted'}")
+        if reasons:
+            failures[name] = "; ".join(reasons)
+            queued[name] = unplaced + held_back
+            plan.failed[name] = unplaced + held_back
+
+    next_eval = _followups(plan, snap, plans)
+    _finish_eval(plan, snap, failures, queued, next_eval)
+    return plan
+
+
+def _deployment_for(
+    snap: Snapshot, plans: dict[str, GroupPlan], groups: dict[str, TaskGroup], dep: Deployment | None
+) -> Deployment | None:
+    """The deployment placements join: the current one, or a new one for a new version."""
+    job = snap.job
+    if job is None or job.stop or job.type != "service":
+        return None
+    if dep is not None:
+        return dep
+    rolling = {}
+    for name, group in groups.items():
+        strategy = update_strategy(job, group)
+        gp = plans.get(name)
+        if strategy is None or strategy.max_parallel <= 0 or gp is None:
+            continue
+        if gp.place or gp.pending_updates:
+            rolling[name] = (strategy, gp)
+    if not rolling:
+        return None
+    now = snap.now
+    states = {}
+    for name, (strategy, gp) in sorted(rolling.items()):
+        states[name] = DeploymentState(
+            desired_total=len(gp.place) + gp.pending_updates,
+            placed_allocs=0,
+            auto_revert=strategy.auto_revert,
+            progress_deadline=strategy.progress_deadline,
+            require_progress_by=now + strategy.progress_deadline if strategy.progress_deadline else 0,
+        )
+    return Deployment(
+        id=new_id(),
+        job_id=job.id,
+        namespace=job.namespace,
+        job_version=job.version,
+        job_modify_index=job.job_modify_index,
+        job_create_index=job.create_index,
+        status=DEPLOYMENT_RUNNING,
+        status_description="Deployment is running",
+        task_groups=states,
+    )
+
+
+def _followups(plan: Plan, snap: Snapshot, plans: dict[str, GroupPlan]) -> str:
+    """Follow-up evals for failed allocs that reschedule later, and their annotations; the first one's id."""
+    job = snap.job
+    pending = [(f.alloc, f.at) for gp in plans.values() for f in gp.followups]
+    if not pending or job is None:
+        return ""
+    allocs = {a.id: a for a, _ in pending}
+    first = ""
+    for at, ids in batch_followups([(a.id, at) for a, at in pending]):
+        follow = Evaluation(
+            id=new_id(),
+            job_id=job.id,
+            namespace=job.namespace,
+            priority=job.priority,
+            type=job.type,
+            triggered_by=TRIGGER_FOLLOWUP,
+            job_modify_index=job.job_modify_index,
+            status=EVAL_PENDING,
+            status_description="created for delayed rescheduling",
+            wait_until=at,
+            previous_eval=snap.eval.id,
+        )
+        plan.evals.append(follow)
+        first = first or follow.id
+        for alloc_id in ids:
+            alloc = allocs[alloc_id]
+            # An annotation, not a stop: desired status stays as it is.
+            plan.stop.append(
+                AllocStop(id=alloc_id, desired_status=alloc.desired_status, desired_description=alloc.desired_description, followup_eval_id=follow.id)
+            )
+    plan.evals.sort(key=lambda e: e.wait_until)
+    return first
+
+
+def _finish_eval(plan: Plan, snap: Snapshot, failures: dict[str, str], queued: dict[str, int], next_eval: str = "") -> None:
+    """The processed eval's new status, plus a blocked eval when placements are missing."""
+    ev, job = snap.eval, snap.job
+    done = copy.deepcopy(ev)
+    if next_eval:
+        done.next_eval = next_eval
+    done.queued_allocations = dict(queued)
+    done.failed_tg_allocs = dict(failures)
+    if job is not None:
+        done.job_modify_index = job.job_modify_index or done.job_modify_index
+    if failures and ev.status == EVAL_BLOCKED:
+        done.status = EVAL_BLOCKED
+        done.status_description = "blocked: waiting for capacity to place " + ", ".join(
+            f"{n} {g}" for g, n in sorted(queued.items()) if n
+        )
+        plan.blocked_eval_id = done.id
+    else:
+        done.status = EVAL_COMPLETE
+        done.status_description = ""
+        if failures and job is not None:
+            blocked = Evaluation(
+                id=new_id(),
+                job_id=job.id,
+                namespace=job.namespace,
+                priority=job.priority,
+                type=job.type,
+                triggered_by=TRIGGER_QUEUED,
+                job_modify_index=job.job_modify_index,
+                status=EVAL_BLOCKED,
+                status_description=BLOCKED_DESCRIPTION,
+                previous_eval=ev.id,
+                failed_tg_allocs=dict(failures),
+            )
+            done.blocked_eval = blocked.id
+            plan.evals.append(blocked)
+            plan.blocked_eval_id = blocked.id
+    plan.evals.insert(0, done)

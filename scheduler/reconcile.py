@@ -1,0 +1,224 @@
+"""Reconcile one task group: desired count versus existing allocations (Nomad's reconciler).
+
+Pure: the inputs are records and ``now``; the output says what to place,
+what to stop (and why), what to update in place, and which failed allocs
+wait for a follow-up evaluation. The generic scheduler turns that into a
+plan; this module never picks nodes.
+
+Classification of each alloc of the group:
+
+- server-terminal (desired stop/evict): history; ignored.
+- client complete: a batch alloc is done and keeps its slot; a service
+  alloc's slot is free again (a fresh placement takes its name).
+- client failed, not yet replaced: rescheduled now (replacement carries the
+  reschedule tracker), later (a follow-up eval; the slot stays taken) or
+  never (attempts used up; the slot stays taken).
+- live (desired run, pending/running) on a down or missing node: lost —
+  stopped with client status ``lost`` and replaced elsewhere; on a draining
+  node: migrated (stopped and replaced).
+- other live allocs count toward the group; the excess over ``count`` is
+  stopped (old versions first, then highest name index); allocs of an
+  older job version are updated in place when only count/update/reschedule
+  settings changed, otherwise destructively (stop + place), at most
+  ``limit`` at a time (a deployment's max_parallel).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+
+from fsm import codec
+from fsm.structs import (
+    CLIENT_COMPLETE,
+    CLIENT_FAILED,
+    CLIENT_LOST,
+    NODE_DOWN,
+    Allocation,
+    Job,
+    Node,
+    TaskGroup,
+)
+from scheduler.reschedule import decide, policy_for
+
+_NAME_INDEX = re.compile(r"\[(\d+)\]$")
+UNLIMITED = 1 << 30
+
+STOP_JOB = "alloc not needed since job was stopped"
+STOP_GROUP = "alloc not needed due to job update"
+STOP_EXCESS = "alloc not needed due to job update"
+STOP_LOST = "alloc is lost since its node is down"
+STOP_MIGRATE = "alloc is being migrated"
+STOP_UPDATE = "alloc is being updated due to job update"
+
+# Group fields whose change is not destructive (Nomad updates these in place).
+_INPLACE_FIELDS = ("count", "update", "reschedule_policy")
+
+
+def alloc_name(job_id: str, group: str, index: int) -> str:
+    return f"{job_id}.{group}[{index}]"
+
+
+def name_index(name: str) -> int:
+    match = _NAME_INDEX.search(name)
+    return int(match.group(1)) if match else -1
+
+
+@dataclass
+class Placement:
+    name: str
+    previous: Allocation | None = None
+    reschedule: bool = False  # a failed alloc's replacement: tracker + avoid its node
+    delay: int = 0  # the reschedule delay recorded in the tracker
+    lost: bool = False  # replaces an alloc lost with its node
+    destructive: bool = False  # replaces an older-version alloc stopped in the same plan
+
+
+@dataclass
+class Stop:
+    alloc: Allocation
+    description: str
+    client_status: str = ""
+
+
+@dataclass
+class Followup:
+    alloc: Allocation
+    at: int
+
+
+@dataclass
+class GroupPlan:
+    group: str
+    place: list[Placement] = field(default_factory=list)
+    stop: list[Stop] = field(default_factory=list)
+    inplace: list[Allocation] = field(default_factory=list)
+    followups: list[Followup] = field(default_factory=list)
+    pending_updates: int = 0  # destructive updates held back by max_parallel
+    running: int = 0  # live allocs kept (for counts in tests and eval descriptions)
+
+    @property
+    def changes(self) -> int:
+        return len(self.place) + len(self.stop) + len(self.inplace) + len(self.followups)
+
+
+def _spec(job: Job, group: TaskGroup) -> dict:
+    data = codec.to_wire(group)
+    for name in _INPLACE_FIELDS:
+        data.pop(name, None)
+    return {"group": data, "constraints": codec.to_wire(job.constraints), "datacenters": list(job.datacenters)}
+
+
+def can_update_in_place(job: Job, group: TaskGroup, old_job: Job | None) -> bool:
+    """Whether allocs of ``old_job``'s version of the group may keep running under ``job``."""
+    if old_job is None:
+        return False
+    old_group = next((g for g in old_job.task_groups if g.name == group.name), None)
+    return old_group is not None and _spec(old_job, old_group) == _spec(job, group)
+
+
+def reconcile_group(
+    job: Job | None,
+    group: TaskGroup | None,
+    group_name: str,
+    allocs: list[Allocation],
+    nodes: dict[str, Node],
+    now: int,
+    eval_id: str,
+    *,
+    versions: dict[int, Job] | None = None,
+    limit: int = UNLIMITED,
+) -> GroupPlan:
+    """What to do with one task group (``group`` is None when the job no longer has it)."""
+    plan = GroupPlan(group_name)
+    versions = versions or {}
+    job_stopped = job is None or job.stop
+    stopped = job_stopped or group is None
+    batch = job is not None and job.type == "batch"
+    policy = policy_for(job, group) if not stopped and job is not None and group is not None else None
+    live: list[Allocation] = []
+    held: list[Allocation] = []  # terminal allocs that keep their slot (done, waiting, given up)
+    replace: list[Placement] = []
+    for alloc in sorted(allocs, key=lambda a: (a.create_index, a.id)):
+        if alloc.server_terminal():
+            continue
+        if alloc.client_terminal():
+            if stopped or alloc.next_allocation:
+                continue
+            if alloc.client_status == CLIENT_COMPLETE:
+                if batch:
+                    held.append(alloc)
+                continue
+            if alloc.client_status == CLIENT_FAILED:
+                decision = decide(policy, alloc, now, eval_id)
+                if decision.decision == "now":
+                    replace.append(Placement(alloc.name, previous=alloc, reschedule=True, delay=decision.delay))
+                else:
+                    held.append(alloc)
+                    if decision.decision == "later" and not alloc.followup_eval_id:
+                        plan.followups.append(Followup(alloc, decision.at))
+                continue
+            if alloc.client_status == CLIENT_LOST:
+                replace.append(Placement(alloc.name, previous=alloc, lost=True))
+            continue
+        node = nodes.get(alloc.node_id)
+        if node is None or node.status == NODE_DOWN:
+            plan.stop.append(Stop(alloc, STOP_LOST, CLIENT_LOST))
+            if not stopped:
+                replace.append(Placement(alloc.name, previous=alloc, lost=True))
+            continue
+        if stopped:
+            plan.stop.append(Stop(alloc, STOP_JOB if job_stopped else STOP_GROUP))
+            continue
+        if node.drain:
+            plan.stop.append(Stop(alloc, STOP_MIGRATE))
+            replace.append(Placement(alloc.name, previous=alloc))
+            continue
+        live.append(alloc)
+    if stopped or job is None or group is None:
+        return plan
+
+    count = group.count
+    occupied = len(live) + len(held)
+    if occupied >= count:
+        replace = []
+        excess = occupied - count
+        if excess > 0:
+            victims = sorted(live, key=lambda a: (a.job_version == job.version, -name_index(a.name), a.id))[:excess]
+            gone = {a.id for a in victims}
+            for alloc in victims:
+                plan.stop.append(Stop(alloc, STOP_EXCESS))
+            live = [a for a in live if a.id not in gone]
+        fresh = 0
+    else:
+        replace = replace[: count - occupied]
+        fresh = count - occupied - len(replace)
+
+    used = {name_index(a.name) for a in live + held} | {name_index(p.name) for p in replace}
+    next_free = 0
+    for _ in range(fresh):
+        while next_free in used:
+            next_free += 1
+        used.add(next_free)
+        plan.place.append(Placement(alloc_name(job.id, group.name, next_free)))
+    plan.place.extend(replace)
+
+    destructive: list[Allocation] = []
+    for alloc in sorted(live, key=lambda a: (name_index(a.name), a.id)):
+        if alloc.job_version == job.version:
+            continue
+        if can_update_in_place(job, group, versions.get(alloc.job_version)):
+            updated = copy.deepcopy(alloc)
+            updated.job_version = job.version
+            updated.eval_id = eval_id
+            plan.inplace.append(updated)
+        else:
+            destructive.append(alloc)
+    allowed = max(0, min(limit, len(destructive)))
+    for alloc in destructive[:allowed]:
+        plan.stop.append(Stop(alloc, STOP_UPDATE))
+        plan.place.append(Placement(alloc.name, previous=alloc, destructive=True))
+    plan.pending_updates = len(destructive) - allowed
+    plan.running = len(live)
+    return plan

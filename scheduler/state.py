@@ -1,0 +1,67 @@
+"""The scheduler's view of the state: one consistent snapshot per evaluation.
+
+``load_snapshot`` reads everything one evaluation needs inside a single read
+transaction (one raft index). Per-node usage comes from ``node_usage_map``,
+the one place that decides where usage comes from: the journal-driven
+``fsm.caches.NodeUsageCache`` when the caller has one (the leader keeps one
+per process), else a scan of each node's live allocations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsm.caches import NodeUsageCache
+from fsm.store import StateReader
+from fsm.structs import Allocation, Deployment, Evaluation, Job, Node, Resources
+
+
+@dataclass
+class Snapshot:
+    index: int
+    now: int  # the leader's wall clock, ns (never behind the FSM's last time)
+    eval: Evaluation
+    job: Job | None
+    allocs: list[Allocation]  # every alloc of the job, terminal ones too
+    nodes: dict[str, Node]
+    usage: dict[str, Resources]  # resources held by live allocs, per node (every job)
+    deployment: Deployment | None = None  # the job's latest deployment
+    versions: dict[int, Job] = field(default_factory=dict)  # kept versions of the job
+
+
+def scan_usage(reader: StateReader, node_id: str) -> Resources:
+    """Resources held by the live allocs on one node, from the allocs_by_node index."""
+    total = Resources(cpu=0, memory_mb=0, disk_mb=0)
+    for alloc in reader.allocs_by_node(node_id, terminal=False):
+        total.cpu += alloc.resources.cpu
+        total.memory_mb += alloc.resources.memory_mb
+        total.disk_mb += alloc.resources.disk_mb
+    return total
+
+
+def node_usage_map(reader: StateReader, node_ids: list[str], cache: NodeUsageCache | None = None) -> dict[str, Resources]:
+    """Usage of every node in ``node_ids`` at ``reader``'s index."""
+    if cache is not None:
+        cache.catch_up(reader)
+        return {node_id: cache.usage(node_id) for node_id in node_ids}
+    return {node_id: scan_usage(reader, node_id) for node_id in node_ids}
+
+
+def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsageCache | None = None) -> Snapshot:
+    """Everything scheduling ``ev`` needs, read at one index."""
+    job = reader.job(ev.job_id)
+    nodes = {n.id: n for n in reader.nodes()}
+    versions: dict[int, Job] = {}
+    if job is not None:
+        versions = {v.version: v for v in reader.job_versions(job.id)}
+    return Snapshot(
+        index=reader.applied_index,
+        now=max(now, reader.last_time),
+        eval=ev,
+        job=job,
+        allocs=reader.allocs_by_job(ev.job_id),
+        nodes=nodes,
+        usage=node_usage_map(reader, sorted(nodes), cache),
+        deployment=reader.latest_deployment(ev.job_id),
+        versions=versions,
+    )
