@@ -25,7 +25,13 @@ ServiceStop = Callable[[], Awaitable[None]]
 Service = Callable[["Server"], Awaitable[ServiceStop]]
 
 # Modules imported for their endpoint registrations and LEADER_LOOPS.
-FEATURE_MODULES: tuple[str, ...] = ("node.stream", "node.gc", "node.worker_endpoints")
+FEATURE_MODULES: tuple[str, ...] = (
+    "node.stream",
+    "node.gc",
+    "node.worker_endpoints",
+    "node.heartbeat",  # node.heartbeat RPC (batched client heartbeats)
+    "node.lifecycle",  # eval broker, workers, plan applier, heartbeat TTLs, deployments; scheduler.stats
+)
 
 
 def load() -> list[LeaderLoop]:
