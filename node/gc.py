@@ -40,6 +40,7 @@ from fsm.messages import encode_entry
 from fsm.store import StateReader
 from fsm.structs import SECOND
 from fsm.writer import GC_DEPLOYMENT, GC_EVAL, GC_JOB, GC_KINDS, GC_NODE, GC_TOKEN
+from node import metrics
 from node.acl import Need
 from node.config import GCConfig
 from node.endpoints import method
@@ -304,6 +305,7 @@ class Collector:
             index = max(index, result["index"])
             outcome.entries += 1
         outcome.add(counts)
+        metrics.record_gc(counts)  # optional hook; never raises
         outcome.skipped += skipped
         outcome.index = max(outcome.index, index)
         self.log.info(
