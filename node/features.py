@@ -31,6 +31,7 @@ FEATURE_MODULES: tuple[str, ...] = (
     "node.worker_endpoints",
     "node.heartbeat",  # node.heartbeat RPC (batched client heartbeats)
     "node.lifecycle",  # eval broker, workers, plan applier, heartbeat TTLs, deployments; scheduler.stats
+    "node.http_api",  # the Nomad-compatible /v1 HTTP API and /v1/metrics (a service on every server)
 )
 
 
