@@ -207,12 +207,17 @@ def agent(config_file: str) -> None:
 @main.command()
 @click.option("--dir", "directory", default=".caravan/dev", show_default=True, help="Where servers keep data and logs.")
 @click.option("--nodes", default=3, show_default=True, type=click.Choice(["1", "3", "5"]), help="Number of servers.")
-def dev(directory: str, nodes: str) -> None:
+@click.option("--clients", default=3, show_default=True, type=click.IntRange(0, 1000),
+              help="Simulated client nodes started beside the servers (0: none).")
+def dev(directory: str, nodes: str, clients: int) -> None:
     """Run a local cluster in the foreground; Ctrl-C stops every server."""
     from node import cluster as cl
 
     c = cl.up(directory, int(nodes))
     addresses = ",".join(c.rpc_addresses)
+    sim = _start_dev_clients(c.dir, addresses, clients) if clients else None
+    if sim is not None:
+        click.echo(f"Simulated client: {clients} node(s), pid {sim.pid}, log {Path(c.dir) / 'client-sim.log'}")
     click.echo(f"Caravan dev cluster: {len(c.nodes)} servers in {c.dir}")
     click.echo(rows([{"id": n.id, "rpc": n.rpc_addr, "raft": n.raft_addr, "log": n.log_file} for n in c.nodes],
                     [("Server", "id"), ("RPC", "rpc"), ("Raft", "raft"), ("Log", "log")]))
@@ -233,9 +238,41 @@ def dev(directory: str, nodes: str) -> None:
         while not stop["now"]:
             time.sleep(0.2)
     finally:
+        if sim is not None:
+            click.echo("\nStopping the simulated client...")
+            _stop_process(sim)
         click.echo("\nStopping servers...")
         cl.down(cl.Cluster.load(c.dir))
         click.echo("Stopped.")
+
+
+def _start_dev_clients(directory: str, addresses: str, nodes: int) -> Any:
+    """``caravan client sim`` in the background, so jobs run in ``make run``."""
+    import subprocess
+
+    log = open(Path(directory) / "client-sim.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "client", "sim", "--nodes", str(nodes), "--servers", addresses,
+         "--name-prefix", "dev"],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    log.close()
+    return proc
+
+
+def _stop_process(proc: Any, timeout: float = 10.0) -> None:
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
 
 
 @main.group()
@@ -344,9 +381,16 @@ def _read_spec(path: str) -> Any:
 @job.command("run")
 @click.argument("spec")
 @click.option("--check-index", type=int, default=None, help="Register only if the job's modify index equals this (0: only if new).")
+@click.option("--detach", is_flag=True, help="Return once the job is registered instead of monitoring its evaluation.")
 @client_options
-def job_run(spec: str, check_index: int | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
-    """Register a job from a JSON jobspec file (or - for stdin)."""
+def job_run(spec: str, check_index: int | None, detach: bool, address: str, token: str | None, as_json: bool,
+            stale: bool) -> None:
+    """Register a job from a JSON jobspec file (or - for stdin) and monitor its evaluation.
+
+    As ``nomad job run``: exit 0 when everything was placed, 2 when some
+    allocations could not be placed (a blocked evaluation waits for
+    capacity), 1 on other errors.
+    """
     c = make_ctx(address, token, as_json)
     args: dict[str, Any] = {"job": _read_spec(spec)}
     if check_index is not None:
@@ -358,8 +402,65 @@ def job_run(spec: str, check_index: int | None, address: str, token: str | None,
     if out.get("Warnings"):
         click.echo("Warnings:\n  " + out["Warnings"].replace("\n", "\n  "))
     click.echo(f"Job registered at index {out['Index']} (job modify index {out['JobModifyIndex']})")
-    if out.get("EvalID"):
+    if not out.get("EvalID"):
+        return
+    if detach:
         click.echo(f"Evaluation ID: {out['EvalID']}")
+        return
+    code = monitor_eval(c, out["EvalID"], out["Index"])
+    if code:
+        sys.exit(code)
+
+
+MONITOR_WAIT = 30.0  # seconds per blocking read while monitoring an evaluation
+
+
+def monitor_eval(c: Ctx, eval_id: str, index: int = 0) -> int:
+    """Follow an evaluation until the scheduler finished it (Nomad's monitor); the exit code."""
+    click.echo(f'==> Monitoring evaluation "{short(eval_id)}"')
+    status, first = "", True
+    while True:
+        out = c.call("eval.get", {"eval_id": eval_id, "min_index": index, "wait": MONITOR_WAIT},
+                     timeout=MONITOR_WAIT + BLOCKING_SLACK)
+        ev, index = out["data"], out["index"]
+        if first:
+            click.echo(f'    Evaluation triggered by job "{ev["JobID"]}"')
+            first = False
+        if ev["Status"] != status:
+            if status:
+                click.echo(f'    Evaluation status changed: "{status}" -> "{ev["Status"]}"')
+            status = ev["Status"]
+        if status == "pending":
+            continue
+        allocs = c.call("alloc.list", {"job_id": ev["JobID"]})["data"]
+        for a in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
+            if a.get("EvalID") == eval_id:
+                click.echo(f'    Allocation "{short(a["ID"])}" created: node "{short(a["NodeID"])}", group "{a["TaskGroup"]}"')
+        deployment = next((a.get("DeploymentID") for a in allocs if a.get("EvalID") == eval_id and a.get("DeploymentID")), "")
+        if deployment:
+            click.echo(f'    Evaluation within deployment: "{short(deployment)}"')
+        failures = ev.get("FailedTGAllocs") or {}
+        if failures:
+            click.echo(f'==> Evaluation "{short(eval_id)}" finished with status "{status}" but failed to place all allocations:')
+            click.echo(_placement_failures(ev))
+            return 2
+        click.echo(f'==> Evaluation "{short(eval_id)}" finished with status "{status}"')
+        return 0 if status == "complete" else 1
+
+
+def _placement_failures(ev: dict[str, Any]) -> str:
+    lines = []
+    queued = ev.get("QueuedAllocations") or {}
+    for group, why in sorted((ev.get("FailedTGAllocs") or {}).items()):
+        n = queued.get(group, 0)
+        lines.append(f'    Task Group "{group}" (failed to place {n} allocation{"s" if n != 1 else ""}):')
+        for part in why.split("; "):
+            lines.append(f"      * {part}")
+    if ev.get("BlockedEval"):
+        lines.append(f'    Evaluation "{short(ev["BlockedEval"])}" waiting for additional capacity to place remainder')
+    elif ev.get("Status") == "blocked":
+        lines.append("    This evaluation is blocked: it runs again when capacity changes (a node joins or frees resources)")
+    return "\n".join(lines)
 
 
 @job.command("status")
@@ -434,11 +535,26 @@ def eval_list(job_id: str | None, address: str, token: str | None, as_json: bool
 @blocking_options
 @client_options
 def eval_status(eval_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """One evaluation, with the reason it could not place everything (why it is blocked)."""
     c = make_ctx(address, token, as_json, stale)
     data = c.read("eval.get", {"eval_id": eval_id})
-    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Status", "Status"), ("Status Description", "StatusDescription"),
-                                    ("Type", "Type"), ("TriggeredBy", "TriggeredBy"), ("Job ID", "JobID"),
-                                    ("Priority", "Priority"), ("Placement Failures", "FailedTGAllocs")]))
+    emit(c, data, _eval_table)
+
+
+def _eval_table(d: dict[str, Any]) -> str:
+    view = {**d, "PlacementFailures": bool(d.get("FailedTGAllocs")), "Created": when(d.get("CreateTime", 0)),
+            "WaitUntilTime": when(d.get("WaitUntil", 0))}
+    fields = [("ID", "ID"), ("Create Time", "Created"), ("Status", "Status"), ("Status Description", "StatusDescription"),
+              ("Type", "Type"), ("TriggeredBy", "TriggeredBy"), ("Job ID", "JobID"), ("Priority", "Priority"),
+              ("Placement Failures", "PlacementFailures")]
+    for label, key in (("Node ID", "NodeID"), ("Deployment ID", "DeploymentID"), ("Wait Until", "WaitUntilTime"),
+                       ("Previous Eval", "PreviousEval"), ("Next Eval", "NextEval"), ("Blocked Eval", "BlockedEval")):
+        if view.get(key):
+            fields.append((label, key))
+    text = kv(view, fields)
+    if d.get("FailedTGAllocs"):
+        text += "\n\n==> Failed Placements\n" + _placement_failures(d)
+    return text
 
 
 def _alloc_rows(allocs: list[dict[str, Any]]) -> str:
@@ -530,6 +646,41 @@ def node_status(node_id: str, address: str, token: str | None, as_json: bool, st
 
 
 # -- ACL ----------------------------------------------------------------------------
+@main.group("client")
+def client_group() -> None:
+    """Simulated client nodes (for development and load tests)."""
+
+
+@client_group.command("sim")
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=1, show_default=True, help="Client nodes to simulate.")
+@click.option("--cpu", type=click.IntRange(1), default=4000, show_default=True, help="CPU of each node (MHz).")
+@click.option("--memory", type=click.IntRange(1), default=8192, show_default=True, help="Memory of each node (MB).")
+@click.option("--datacenter", default="dc1", show_default=True, help="Datacenter of the nodes.")
+@click.option("--servers", envvar="CARAVAN_ADDRESS", required=True,
+              help="Server RPC addresses, comma-separated (env CARAVAN_ADDRESS).")
+@click.option("--name-prefix", default="", help="Node names are PREFIX-0, PREFIX-1, ... (default: sim-<random>).")
+@click.option("--token", envvar="CARAVAN_TOKEN", default=None, help="ACL secret with write policy (env CARAVAN_TOKEN).")
+@click.option("--seed", type=int, default=None, help="Seed of the simulated failures (fail_rate).")
+@click.option("--verbose", is_flag=True, help="Print each allocation's start and end.")
+def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str, name_prefix: str, token: str | None,
+               seed: int | None, verbose: bool) -> None:
+    """Simulate NODES client nodes in one process (as Nomad's nodesim) until Ctrl-C or SIGTERM.
+
+    Registers the nodes, heartbeats them, runs the allocations placed on
+    them with the sim driver (Config: run_for, exit_code, fail_rate) and
+    reports their status. Killing this process is a client crash: its
+    nodes go down after their heartbeat TTL and their allocations are
+    replaced elsewhere.
+    """
+    from client.sim import SimConfig, run_sim
+
+    addresses = [a.strip() for a in servers.split(",") if a.strip()]
+    if not addresses:
+        fail("--servers needs at least one host:port")
+    sys.exit(run_sim(SimConfig(servers=addresses, nodes=nodes, cpu=cpu, memory_mb=memory, datacenter=datacenter,
+                               name_prefix=name_prefix, token=token, seed=seed, verbose=verbose)))
+
+
 @main.group("acl")
 def acl_group() -> None:
     """ACL bootstrap and tokens."""
