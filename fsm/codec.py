@@ -177,8 +177,12 @@ def _nested_kind(hint: Any) -> tuple[str, type] | None:
         return ("one", hint)
     if origin in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and dataclasses.is_dataclass(args[0]):
-            return ("opt", args[0])
+        if len(args) == 1:
+            # X | None, list[X] | None, dict[str, X] | None: None is passed through.
+            inner = _nested_kind(args[0])
+            if inner is not None and inner[0] == "one":
+                return ("opt", inner[1])
+            return inner
     if origin is list:
         (item,) = typing.get_args(hint)
         if dataclasses.is_dataclass(item):
@@ -271,4 +275,6 @@ def decode(cls: type[T], data: bytes) -> T:
 
 def load(cls: type[T], data: bytes) -> T:
     """Rebuild a record we stored ourselves; it was checked on its way in."""
-    return _loader(cls)(msgpack.unpackb(data, raw=False))
+    # strict_map_key=False as in ``unpack``: Any-typed fields (task config)
+    # may hold maps with non-string keys that the strict decoder let in.
+    return _loader(cls)(msgpack.unpackb(data, raw=False, strict_map_key=False))

@@ -37,6 +37,7 @@ from fsm.validate import (
     check_client_status,
     check_deployment,
     check_deployment_status,
+    check_desired_status,
     check_eligibility,
     check_eval,
     check_id,
@@ -94,6 +95,13 @@ def _ensure_summary(w: StateWriter, job: Job) -> None:
     fresh = summary is None
     if summary is None:
         summary = JobSummary(job_id=job.id, namespace=job.namespace)
+        # A purge leaves the job's allocs until GC (as Nomad does); a job
+        # registered again under that id starts from a recount of them, so
+        # the summary always equals the allocs that name the job.
+        for alloc in w.allocs_by_job(job.id):
+            group = summary.summary.setdefault(alloc.task_group, TaskGroupSummary())
+            name = _SUMMARY_FIELD[alloc.client_status]
+            setattr(group, name, getattr(group, name) + 1)
     changed = fresh
     for group in job.task_groups:
         if group.name not in summary.summary:
@@ -138,7 +146,12 @@ def _upsert_evals(w: StateWriter, evals: list[Evaluation]) -> list[str]:
     for ev in evals:
         check_eval(ev)
     for ev in evals:
-        w.put_eval(ev, w.eval(ev.id))
+        old = w.eval(ev.id)
+        if old is not None and old.job_id != ev.job_id:
+            # Its allocs name the old job; moving it would orphan them when
+            # either job is purged.
+            raise bad(f"evaluation {ev.id} belongs to job {old.job_id}; it cannot move to job {ev.job_id}")
+        w.put_eval(ev, old)
         _set_queued(w, ev)
     return [ev.id for ev in evals]
 
@@ -298,6 +311,7 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
     for alloc in msg.allocs_to_place:
         check_alloc(alloc)
     for stop in msg.allocs_to_stop:
+        check_desired_status(stop.id, stop.desired_status)
         if stop.client_status:
             check_client_status(stop.id, stop.client_status)
     if msg.deployment is not None:
@@ -321,11 +335,26 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
         w.put_alloc(alloc, old, "PlanResult")
         stopped.append(alloc.id)
     placed = []
+    plan_evals = {ev.id: ev.job_id for ev in msg.evals}
     for alloc in msg.allocs_to_place:
         if w.job(alloc.job_id) is None:
             raise conflict(f"allocation {alloc.id}: job {alloc.job_id} no longer exists")
         if w.node(alloc.node_id) is None:
             raise conflict(f"allocation {alloc.id}: node {alloc.node_id} does not exist")
+        # Every alloc's eval exists and is of the alloc's job: reaps take an
+        # eval only with its allocs, and a job's GC purge takes the job's
+        # evals and allocs together, so neither can leave an alloc orphaned.
+        eval_job = plan_evals.get(alloc.eval_id)
+        if eval_job is None:
+            ev = w.eval(alloc.eval_id)
+            if ev is None:
+                raise conflict(f"allocation {alloc.id}: evaluation {alloc.eval_id} does not exist")
+            eval_job = ev.job_id
+        if eval_job != alloc.job_id:
+            raise bad(
+                f"allocation {alloc.id} is for job {alloc.job_id} but its evaluation "
+                f"{alloc.eval_id} is for job {eval_job}"
+            )
         old = w.alloc(alloc.id)
         if old is not None:
             # An in-place update keeps what the client reported.
@@ -339,6 +368,10 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
             _count_alloc(w, alloc, +1, placed=alloc.client_status == CLIENT_PENDING)
             if alloc.previous_allocation:
                 _link_previous(w, alloc)
+        elif (old.job_id, old.task_group) != (alloc.job_id, alloc.task_group):
+            # The summaries count allocs per job and group: move this one.
+            _count_alloc(w, old, -1)
+            _count_alloc(w, alloc, +1)
         placed.append(alloc.id)
     eval_ids = _upsert_evals(w, msg.evals)
     return {"placed": placed, "stopped": stopped, "eval_ids": eval_ids}
@@ -503,6 +536,8 @@ def _upsert_token(w: StateWriter, token: Any) -> None:
     check_token_type(token.accessor_id, token.type)
     if len(token.secret_hash) != 64:
         raise bad(f"token {token.accessor_id}: secret_hash must be a SHA-256 hex digest")
+    if token.expiration_time < 0:
+        raise bad(f"token {token.accessor_id}: expiration_time must be >= 0 (0: never expires)")
     holder = w.token_by_secret_hash(token.secret_hash)
     if holder is not None and holder.accessor_id != token.accessor_id:
         raise conflict(f"token {token.accessor_id}: secret already belongs to another token")

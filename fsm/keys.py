@@ -8,7 +8,10 @@ byte order equals numeric order.
 from __future__ import annotations
 
 SEP = b"\x00"
-MAX_ID_BYTES = 256
+# LMDB keys are at most 511 bytes. The widest composite key holds two ids
+# (allocs_by_node: node_id NUL flag NUL alloc_id = 2 * MAX_ID_BYTES + 3), so
+# ids are capped well below half of that; 256 overflowed it and stopped nodes.
+MAX_ID_BYTES = 200
 
 
 def u64(value: int) -> bytes:

@@ -220,9 +220,12 @@ class FSM:
 
     def _apply(self, index: int, entry: bytes) -> ApplyResult:
         txn = self._begin()
-        code = entry[0] if entry else -1
+        if not entry:
+            # No type byte at all: malformed, not an unknown type from a newer version.
+            return self._consume(index, ApplyResult(index, False, code="bad_request", error="empty entry"))
+        code = entry[0]
         if code not in MessageType._value2member_map_:
-            if code >= 0 and code & IGNORE_FLAG:
+            if code & IGNORE_FLAG:
                 log.warning("skipping unknown entry type with the ignore flag", index=index, type=code)
                 return self._consume(index, ApplyResult(index, True, skipped=True))
             raise FatalApplyError(

@@ -30,7 +30,7 @@ from fsm.structs import (
 )
 
 IGNORE_FLAG = 128
-MAX_RID_LEN = 128
+MAX_RID_LEN = 128  # bytes (UTF-8): the rid is an LMDB key in the request memory
 
 
 class MessageType(IntEnum):
@@ -265,8 +265,8 @@ def decode_entry(entry: bytes) -> Entry:
     time, rid = envelope.get("time"), envelope.get("rid")
     if not isinstance(time, int) or isinstance(time, bool) or time < 0:
         raise CodecError("entry time must be a non-negative integer")
-    if not isinstance(rid, str) or len(rid) > MAX_RID_LEN:
-        raise CodecError(f"entry rid must be a string of at most {MAX_RID_LEN} characters")
+    if not isinstance(rid, str) or len(rid.encode()) > MAX_RID_LEN:
+        raise CodecError(f"entry rid must be a string of at most {MAX_RID_LEN} bytes")
     extra = set(envelope) - {"v", "time", "rid", "body"}
     if extra:
         raise CodecError(f"unknown envelope fields {sorted(extra)}")

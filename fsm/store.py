@@ -124,6 +124,10 @@ class StateReader:
 
     # -- generic helpers -------------------------------------------------
     def _get(self, table: str, k: bytes, cls: type[T]) -> T | None:
+        if not k:
+            # No object has an empty id, and LMDB rejects empty keys with an
+            # error that apply would have to treat as a storage failure.
+            return None
         raw = self.txn.get(k, db=self.dbs[table])
         return None if raw is None else codec.load(cls, raw)
 

@@ -8,7 +8,7 @@ rejected identically on every replica instead of corrupting state.
 from __future__ import annotations
 
 from fsm.errors import ApplyRejected
-from fsm.keys import valid_id
+from fsm.keys import MAX_ID_BYTES, valid_id
 from fsm.structs import (
     CLIENT_STATUSES,
     DEPLOYMENT_STATUSES,
@@ -34,7 +34,7 @@ def bad(message: str) -> ApplyRejected:
 
 def check_id(value: str, what: str) -> None:
     if not valid_id(value):
-        raise bad(f"{what} must be a non-empty string of at most 256 bytes without NUL")
+        raise bad(f"{what} must be a non-empty string of at most {MAX_ID_BYTES} bytes without NUL")
 
 
 def check_job(job: Job) -> None:
@@ -73,9 +73,15 @@ def check_alloc(alloc: Allocation) -> None:
     check_id(alloc.eval_id, f"allocation {alloc.id}: eval ID")
     check_id(alloc.job_id, f"allocation {alloc.id}: job ID")
     check_id(alloc.node_id, f"allocation {alloc.id}: node ID")
-    if alloc.desired_status not in DESIRED_STATUSES:
-        raise bad(f"allocation {alloc.id}: desired status {alloc.desired_status!r} is invalid")
+    check_desired_status(alloc.id, alloc.desired_status)
     check_client_status(alloc.id, alloc.client_status)
+
+
+def check_desired_status(alloc_id: str, status: str) -> None:
+    if status not in DESIRED_STATUSES:
+        raise bad(
+            f"allocation {alloc_id}: desired status {status!r} is not one of {', '.join(DESIRED_STATUSES)}"
+        )
 
 
 def check_client_status(alloc_id: str, status: str) -> None:

@@ -161,7 +161,7 @@ class StateWriter(StateReader):
         self._stamp(ev, old)
         if old is not None and old.status != ev.status:
             self._unlink("evals_by_status", key(old.status, ev.id))
-        if old is None:
+        if old is None:  # an eval never changes job (handlers reject that)
             self._link("evals_by_job", key(ev.job_id, ev.id))
         self._link("evals_by_status", key(ev.status, ev.id))
         live_key = key(ev.job_id, ev.id)
@@ -191,8 +191,13 @@ class StateWriter(StateReader):
 
     def put_alloc(self, alloc: Allocation, old: Allocation | None, event: str) -> None:
         self._stamp(alloc, old)
-        if old is None:
+        if old is not None and old.job_id != alloc.job_id:
+            self._unlink("allocs_by_job", key(old.job_id, alloc.id))
+            self._unlink("allocs_live_by_job", key(old.job_id, alloc.id))
+            self.dirty_jobs.add(old.job_id)
+        if old is None or old.job_id != alloc.job_id:
             self._link("allocs_by_job", key(alloc.job_id, alloc.id))
+        if old is None:
             self._link("allocs_by_eval", key(alloc.eval_id, alloc.id))
         elif old.eval_id != alloc.eval_id:
             self._unlink("allocs_by_eval", key(old.eval_id, alloc.id))
@@ -227,7 +232,10 @@ class StateWriter(StateReader):
     # -- deployments -----------------------------------------------------
     def put_deployment(self, dep: Deployment, old: Deployment | None, event: str) -> None:
         self._stamp(dep, old)
-        if old is None:
+        if old is not None and old.job_id != dep.job_id:
+            self._unlink("deployments_by_job", key(old.job_id, dep.id))
+            self.dirty_jobs.add(old.job_id)
+        if old is None or old.job_id != dep.job_id:
             self._link("deployments_by_job", key(dep.job_id, dep.id))
         if dep.active():
             self.unmark(GC_DEPLOYMENT, dep.id)
@@ -249,6 +257,10 @@ class StateWriter(StateReader):
         self._stamp(node, old)
         if old is None or old.status != node.status:
             node.status_updated_at = self.now
+        else:
+            # A re-registration must not move the time the status began (the
+            # GC mark of a down node is keyed by it).
+            node.status_updated_at = old.status_updated_at
         if node.status == NODE_DOWN:
             if old is None or old.status != NODE_DOWN:
                 self.mark(GC_NODE, node.id, node.status_updated_at)
