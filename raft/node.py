@@ -234,6 +234,7 @@ class _Replica(SyncObj):
         self._func_id = -1
         self._view = _JournalView(self)
         self._coalesce = not conf.appendEntriesUseBatch
+        self._coalesce_entries = max(1, config.resolved_profile().coalesce_entries)
         self._in_command_loop = False
         self._unsent = 0
         super().__init__(
@@ -316,9 +317,8 @@ class _Replica(SyncObj):
     # follower after *each* command it takes from the queue: under pipelined
     # load that is one message (and one ack) per entry per follower. We let
     # the command loop run and ship what it appended every
-    # _COALESCE_ENTRIES entries and once at its end -- same tick, so a
-    # lone serial write still leaves at once.
-    _COALESCE_ENTRIES = 64
+    # profile.coalesce_entries entries and once at its end -- same tick, so
+    # a lone serial write still leaves at once.
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 (pysyncobj name)
         if not self._coalesce:
@@ -337,7 +337,7 @@ class _Replica(SyncObj):
     def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 - overrides pysyncobj's private sender
         if self._in_command_loop:
             self._unsent += 1
-            if self._unsent < self._COALESCE_ENTRIES:
+            if self._unsent < self._coalesce_entries:
                 return
             self._unsent = 0
         SyncObj._SyncObj__sendAppendEntries(self)
@@ -474,6 +474,11 @@ class _Replica(SyncObj):
         return not self._halted
 
     def _finish_tick(self) -> None:
+        if self._fsync:
+            # The leader's entries appended this tick were already sent to
+            # followers; syncing now, before poll, overlaps our fsync with
+            # theirs (the tick-start sync then finds nothing to do).
+            self._sync_journal()
         if not self.commit_pending():
             return
         if self._deferred:
