@@ -25,6 +25,8 @@ from node.errors import UNAVAILABLE, RPCError
 from node.nomadjson import to_nomad
 from node.rpc_client import BACKOFF_MAX, RPCClient
 
+GROUP = 256  # batches per frame when several are ready (the server's "group")
+
 
 def unpack(raw: bytes) -> Any:
     """A packed batch (``encoding=msgpack``) as its list of records."""
@@ -55,7 +57,9 @@ def follow(
     """Yield ``event.stream`` items after ``index`` forever, resuming after breaks.
 
     Batches are fetched packed (``encoding=msgpack``: the server passes the
-    journal's bytes through) and decoded here into ``{"index", "events"}``;
+    journal's bytes through), several per frame when they are ready together
+    (``group``), and handed out one by one, decoded here into
+    ``{"index", "events"}``;
     ``decode=False`` yields ``{"index", "raw"}`` for consumers that decode
     lazily or not at all.
     """
@@ -63,7 +67,7 @@ def follow(
     order = list(addresses)
     if not order:
         raise RPCError(UNAVAILABLE, "no server address given; pass at least one host:port")
-    args: dict[str, Any] = {"heartbeat": heartbeat, "encoding": "msgpack"}
+    args: dict[str, Any] = {"heartbeat": heartbeat, "encoding": "msgpack", "group": GROUP}
     if topics:
         args["topics"] = list(topics)
     if buffer is not None:
@@ -75,16 +79,17 @@ def follow(
         address = order[position % len(order)]
         client = RPCClient([address], token=token, timeout=min(10.0, give_up_after))
         try:
-            for item in client.stream("event.stream", {**args, "index": st.index}, idle_timeout=3 * heartbeat + 10):
+            for frame in client.stream("event.stream", {**args, "index": st.index}, idle_timeout=3 * heartbeat + 10):
                 last_ok = time.monotonic()
                 backoff = 0.05
-                if "index" in item:
-                    st.index = item["index"]
-                    if decode and "raw" in item:
-                        item = {"index": item["index"], "events": unpack(item.pop("raw"))}
-                elif "progress" in item:
-                    st.index = max(st.index, item["progress"])
-                yield item
+                for item in frame["batches"] if "batches" in frame else (frame,):
+                    if "index" in item:
+                        st.index = item["index"]
+                        if decode and "raw" in item:
+                            item = {"index": item["index"], "events": unpack(item["raw"])}
+                    elif "progress" in item:
+                        st.index = max(st.index, item["progress"])
+                    yield item
         except RPCError as err:
             if err.code != UNAVAILABLE:
                 raise

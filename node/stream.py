@@ -25,6 +25,10 @@ Arguments:
     notification.
 ``buffer`` (batches, default and maximum ``MAX_BUFFER``)
     How many batches may wait for this subscriber before it is cut off.
+``group`` (batches, default 1, at most ``MAX_GROUP``)
+    Up to this many consecutive batches per item when several are ready
+    (catching up, or a burst of commits): one frame instead of many, which
+    is what makes a busy stream cheap for the server and the subscriber.
 ``encoding`` (``"records"``, default, or ``"msgpack"``)
     ``msgpack`` sends each batch's records as one msgpack byte string
     (``raw``) instead of decoded lists. For an unfiltered subscription these
@@ -39,6 +43,8 @@ Items:
     never split across items, and batches come in increasing index order,
     each once. Objects are in the store's wire shape (``codec.to_wire``);
     ACL tokens never carry their secret.
+``{"batches": [batch-item, batch-item, ...]}`` (only with ``group`` > 1)
+    Several whole consecutive batches, each shaped as above, in order.
 ``{"progress": N}``
     Everything up to index N that matches the filter has been delivered
     (a bookmark: resubscribing with ``index=N`` loses nothing). Sent once when
@@ -100,6 +106,8 @@ MAX_HEARTBEAT = 300.0
 MAX_BUFFER = 4096  # batches waiting for one subscriber before it is cut off
 CHUNK_BATCHES = 256  # batches per LMDB read (catch-up and fan-out)
 CHUNK_RECORDS = 20_000  # ... or this many records, whichever comes first
+MAX_GROUP = 1024  # batches in one item
+GROUP_BYTES = 1 << 20  # ... and about this many bytes (the default frame limit is 4 MiB)
 OVERFLOW_GRACE = 30.0  # a cut-off subscriber that reads nothing is dropped after this
 
 Item = dict[str, Any]
@@ -248,8 +256,9 @@ class Subscription:
     position: int  # all matching batches <= position have been handed to the connection
     max_buffer: int
     raw: bool = False  # encoding=msgpack
+    group: int = 1  # batches per item at most
     through: int = 0  # all matching batches <= through are handed over or queued
-    queue: collections.deque[tuple[int, Item]] = field(default_factory=collections.deque)
+    queue: collections.deque[tuple[int, Item, int]] = field(default_factory=collections.deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     error: RPCError | None = None
     overflowed: bool = False
@@ -272,6 +281,17 @@ class Subscription:
             return {"index": batch.index, "raw": codec.pack(selected)}
         return {"index": batch.index, "events": selected}
 
+    def take(self) -> tuple[int, Item]:
+        """The next item from the queue (several batches if ``group`` allows): (last index, item)."""
+        items: list[Item] = []
+        size = 0
+        index = self.position
+        while self.queue and len(items) < self.group and size < GROUP_BYTES:
+            index, item, n = self.queue.popleft()
+            items.append(item)
+            size += n
+        return index, grouped(items)
+
     def offer(self, batches: list[Batch], through: int) -> bool:
         """Queue the matching batches after ``through``-so-far; False on overflow."""
         for batch in batches:
@@ -279,7 +299,7 @@ class Subscription:
                 continue  # already caught up past it (hand-over from catch-up)
             item = self.item(batch)
             if item is not None:
-                self.queue.append((batch.index, item))
+                self.queue.append((batch.index, item, len(batch.raw)))
         self.through = max(self.through, through)
         self.wake.set()
         if len(self.queue) > self.max_buffer:
@@ -292,6 +312,10 @@ class Subscription:
         self.error = error
         self.queue.clear()
         self.wake.set()
+
+
+def grouped(items: list[Item]) -> Item:
+    return items[0] if len(items) == 1 else {"batches": items}
 
 
 class Hub:
@@ -413,6 +437,7 @@ class Hub:
         heartbeat: float = DEFAULT_HEARTBEAT,
         buffer: int = MAX_BUFFER,
         encoding: str = "records",
+        group: int = 1,
         recheck: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Item]:
         """Yield stream items for one subscriber (see the module docstring)."""
@@ -421,7 +446,7 @@ class Hub:
         if encoding not in ENCODINGS:
             raise StreamError(f"encoding must be one of {ENCODINGS}")
         self.start()
-        sub = Subscription(filter, after, max(1, buffer), raw=encoding == "msgpack")
+        sub = Subscription(filter, after, max(1, buffer), raw=encoding == "msgpack", group=max(1, group))
         self.subscribers += 1
         last_sent = time.monotonic()
         try:
@@ -430,12 +455,22 @@ class Hub:
                 chunk = await self.read(sub.position, sub.needs_records)
                 if chunk.trimmed > sub.position:
                     raise reset_error(sub.position, chunk)
+                pending: list[Item] = []
+                size = 0
                 for batch in chunk.batches:
                     item = sub.item(batch)
-                    sub.position = batch.index
-                    if item is not None:
-                        yield item
+                    if item is None:
+                        continue
+                    pending.append(item)
+                    size += len(batch.raw)
+                    if len(pending) >= sub.group or size >= GROUP_BYTES:
+                        yield grouped(pending)
+                        sub.position = batch.index
+                        pending, size = [], 0
                         last_sent = time.monotonic()
+                if pending:
+                    yield grouped(pending)
+                    last_sent = time.monotonic()
                 sub.position = max(sub.position, chunk.through)
                 if chunk.through >= chunk.applied and self.join(sub):
                     break
@@ -447,7 +482,7 @@ class Hub:
             # Live: batches come from the hub's fan-out.
             while True:
                 if sub.queue:
-                    index, item = sub.queue.popleft()
+                    index, item = sub.take()
                     yield item
                     sub.position = index
                     last_sent = time.monotonic()
@@ -502,8 +537,19 @@ def _number(args: dict[str, Any], name: str, default: float, low: float, high: f
     return float(value)
 
 
-def parse_args(args: dict[str, Any]) -> tuple[int, Filter, bool, float, int, str]:
-    """(index, filter, explicit topics, heartbeat, buffer, encoding) from the RPC args; raises bad_request."""
+@dataclass(frozen=True)
+class StreamArgs:
+    index: int
+    filter: Filter
+    explicit: bool  # topics named (not the default / wildcard)
+    heartbeat: float
+    buffer: int
+    encoding: str
+    group: int
+
+
+def parse_args(args: dict[str, Any]) -> StreamArgs:
+    """The checked ``event.stream`` arguments; raises bad_request."""
     index = args.get("index", 0)
     if index is None:
         index = 0
@@ -515,7 +561,8 @@ def parse_args(args: dict[str, Any]) -> tuple[int, Filter, bool, float, int, str
     encoding = args.get("encoding") or "records"
     if encoding not in ENCODINGS:
         raise RPCError(BAD_REQUEST, f"argument 'encoding' must be one of {', '.join(ENCODINGS)}")
-    return index, flt, explicit, heartbeat, buffer, encoding
+    group = int(_number(args, "group", 1, 1, MAX_GROUP))
+    return StreamArgs(index, flt, explicit, heartbeat, buffer, encoding, group)
 
 
 async def _allowed_filter(server: Server, ctx: RequestContext, flt: Filter, explicit: bool) -> Filter:
@@ -534,15 +581,15 @@ async def _allowed_filter(server: Server, ctx: RequestContext, flt: Filter, expl
 @stream_method("event.stream")
 async def event_stream(server: Server, ctx: RequestContext, args: dict[str, Any]) -> AsyncIterator[Item]:
     """Stream journal batches after ``index`` (exclusive); see the module docstring."""
-    index, flt, explicit, heartbeat, buffer, encoding = parse_args(args)
-    flt = await _allowed_filter(server, ctx, flt, explicit)
+    a = parse_args(args)
+    flt = await _allowed_filter(server, ctx, a.filter, a.explicit)
     need = Need.MANAGEMENT if flt.wants(TOPIC_TOKEN) else Need.READ
 
     async def recheck() -> None:  # a revoked or expired token ends the stream
         await server.authorize(ctx, need)
 
     items = hub_of(server).subscribe(
-        index, flt, heartbeat=heartbeat, buffer=buffer, encoding=encoding, recheck=recheck
+        a.index, flt, heartbeat=a.heartbeat, buffer=a.buffer, encoding=a.encoding, group=a.group, recheck=recheck
     )
     try:
         async for item in items:

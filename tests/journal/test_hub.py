@@ -43,15 +43,19 @@ class Writer(threading.Thread):
             self.error = exc
 
 
-async def collect(hub: Hub, after: int, until: int, **kw: Any) -> list[dict[str, Any]]:
-    """Items until a progress notification reaches ``until``."""
+async def collect(hub: Hub, after: int, until: int, frames: list[Any] | None = None, **kw: Any) -> list[dict[str, Any]]:
+    """Items (groups unfolded) until a progress notification reaches ``until``; ``frames`` gets the raw ones."""
     items = []
     gen = hub.subscribe(after, parse_topics(kw.pop("topics", None))[0], **kw)
     try:
         async with asyncio.timeout(DEADLINE):
-            async for item in gen:
-                items.append(item)
-                if item.get("progress", -1) >= until:
+            async for frame in gen:
+                if "batches" in frame:
+                    assert len(frame["batches"]) > 1 and all("index" in b for b in frame["batches"])
+                if frames is not None:
+                    frames.append(frame)
+                items.extend(frame.get("batches", [frame]))
+                if frame.get("progress", -1) >= until:
                     return items
     finally:
         await gen.aclose()
@@ -62,7 +66,8 @@ def batches_of(items: list[dict[str, Any]]) -> list[tuple[int, list[Any]]]:
     return [(i["index"], i["events"]) for i in items if "index" in i]
 
 
-def test_subscribers_joining_mid_burst_get_every_batch_once_in_order() -> None:
+@pytest.mark.parametrize("group", [1, 50])
+def test_subscribers_joining_mid_burst_get_every_batch_once_in_order(group: int) -> None:
     h = Harness()
 
     async def main() -> None:
@@ -70,11 +75,14 @@ def test_subscribers_joining_mid_burst_get_every_batch_once_in_order() -> None:
         writer = Writer(h, 1500)
         rng = random.Random(7)
         tasks = []
+        all_frames: list[list[Any]] = []
         writer.start()
         for _ in range(12):
             await asyncio.sleep(rng.random() * 0.05)
             start = rng.choice([0, h.fsm.applied_index // 2, max(0, h.fsm.applied_index - 3)])
-            tasks.append((start, asyncio.create_task(collect(hub, start, 1500, heartbeat=0.2))))
+            frames: list[Any] = []
+            tasks.append((start, asyncio.create_task(collect(hub, start, 1500, frames, heartbeat=0.2, group=group))))
+            all_frames.append(frames)
         results = [(start, await task) for start, task in tasks]
         await asyncio.get_running_loop().run_in_executor(None, writer.join)
         assert writer.error is None
@@ -86,6 +94,8 @@ def test_subscribers_joining_mid_burst_get_every_batch_once_in_order() -> None:
             assert got == [b for b in journal if b[0] > start], f"subscriber from {start} saw a different journal"
         assert hub.stats["overflows"] == 0
         assert hub.stats["fanned_batches"] > 0, "no subscriber reached the live tail during the burst"
+        grouped = sum(1 for frames in all_frames for f in frames if "batches" in f)
+        assert (grouped > 0) == (group > 1)
 
     try:
         asyncio.run(main())
@@ -192,6 +202,8 @@ def test_stalled_subscriber_is_cut_off_with_a_resume_index_and_apply_goes_on() -
         ({"topics": ["Job:"]}, "empty key"),
         ({"heartbeat": 0}, "'heartbeat' must be a number"),
         ({"buffer": 0}, "'buffer' must be a number"),
+        ({"group": 5000}, "'group' must be a number"),
+        ({"encoding": "json"}, "'encoding' must be one of"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(args: dict[str, Any], message: str) -> None:

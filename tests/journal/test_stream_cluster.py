@@ -84,16 +84,17 @@ class Writer:
         self.n = 0
         self.last_index = 0
 
-    def write(self, count: int, *, job_every: int = 3, meta_bytes: int = 0) -> int:
+    def write(self, count: int, *, job_every: int = 3, pad: int = 0) -> int:
+        """``count`` writes; every ``job_every``-th a job, the others nodes (``pad`` bytes of attributes)."""
         for _ in range(count):
             self.n += 1
             name = f"{self.prefix}-{self.n}"
             if self.n % job_every == 0:
-                meta = {"pad": "x" * meta_bytes} if meta_bytes else {}
-                out = self.client.call("job.register", {"job": {"ID": name, "Type": "batch", "Meta": meta,
+                out = self.client.call("job.register", {"job": {"ID": name, "Type": "batch",
                                                                 "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]}})
             else:
-                out = self.client.call("node.register", {"node": {"ID": name, "Name": name}})
+                attrs = {"pad": "x" * pad} if pad else {}
+                out = self.client.call("node.register", {"node": {"ID": name, "Name": name, "Attributes": attrs}})
             self.last_index = max(self.last_index, out["Index"])
         return self.last_index
 
@@ -278,8 +279,13 @@ def test_resume_after_disconnect_and_progress_bookmarks_on_a_follower(cluster: c
             if "index" in item:
                 got.append(item["index"])
             elif item["progress"] >= marker:
+                end = item["progress"]
                 break
-    assert got == [marker], "resuming from a bookmark must deliver exactly what came after it"
+    # Exactly the marker's batches after the bookmark (the scheduler may have
+    # changed the job's status since: those batches count too).
+    journal = read_journal(state_dir(c.node(follower)))
+    expected = [i for i in sorted(journal) if progress < i <= end and any(r[0] == "Job" and r[2] == "bm-marker" for r in journal[i])]
+    assert got == expected and got[0] == marker, "resuming from a bookmark must deliver exactly what came after it"
     # Resume after a plain disconnect mid-stream (unfiltered): the halves join exactly.
     with RPCClient([follower]) as client:
         first_half = []
@@ -299,29 +305,46 @@ def test_resume_after_disconnect_and_progress_bookmarks_on_a_follower(cluster: c
     writer.close()
 
 
+def oldest_retained(node: cl.ClusterNode) -> int:
+    return min(read_journal_raw(state_dir(node)))
+
+
 def test_reset_required_names_the_oldest_retained_index(small_window: cl.Cluster) -> None:
     c = small_window
     _, followers = leader_and_followers(c)
     writer = Writer(c, "rr")
-    final = writer.write(30)
+    final = writer.write(30, job_every=1000)
     writer.close()
     for node in [followers[0], *[n for n in c.nodes if n is not followers[0]]]:
         wait_for(lambda node=node: applied(node.rpc_addr) >= final, "the writes to apply")
-        journal = read_journal(state_dir(node))
-        oldest = min(journal)
-        assert len(journal) <= 8 and oldest > 1
+        before = oldest_retained(node)
+        assert before > 1 and len(read_journal_raw(state_dir(node))) <= 8
         with RPCClient([node.rpc_addr]) as client:
             with pytest.raises(RPCError) as info:
                 next(iter(client.stream("event.stream", {"index": 0})))
-            assert info.value.code == "reset_required"
-            assert info.value.details["oldest_index"] == oldest
-            assert info.value.details["requested_index"] == 0
-            items = []
-            for item in client.stream("event.stream", {"index": oldest - 1, "heartbeat": 0.2}):
-                if "progress" in item:
+            err = info.value
+            assert err.code == "reset_required" and err.details["requested_index"] == 0
+            # The window only moves forward (background writes may move it meanwhile).
+            assert before <= err.details["oldest_index"] <= oldest_retained(node)
+            # Resuming just before the oldest retained batch is exact (retry if the window moved on).
+            for _ in range(5):
+                start = err.details["oldest_index"] - 1
+                try:
+                    items = []
+                    for item in client.stream("event.stream", {"index": start, "heartbeat": 0.2}):
+                        if "progress" in item:
+                            break
+                        items.append((item["index"], item["events"]))
                     break
-                items.append((item["index"], item["events"]))
-        assert_exact(items, journal, oldest - 1, final, f"subscriber on {node.id}")
+                except RPCError as exc:
+                    assert exc.code == "reset_required"
+                    err = exc
+            else:
+                raise AssertionError("could not resume inside the window")
+        assert items and items[0][0] == start + 1, "the first batch after a reset must be the oldest retained one"
+        journal = read_journal(state_dir(node))
+        kept = [x for x in items if x[0] >= min(journal)]
+        assert_exact(kept, journal, min(journal) - 1, kept[-1][0], f"subscriber on {node.id}")
     # The CLI says so in one line and exits non-zero.
     out = subprocess.run(
         [sys.executable, "-m", "node.cli", "event", "stream", "--index", "1", "--address", followers[0].rpc_addr],
@@ -349,8 +372,8 @@ def test_slow_subscriber_is_cut_off_with_a_resume_index_while_writes_go_on(clust
     try:
         # The caught-up bookmark: from here on the subscriber is live (fed by the hub).
         assert unpack_body(recv_frame(sock, 16 << 20))["stream"] == {"progress": start}
-        # Big batches (about 40 KB each) overflow the socket buffers and the 2 queued batches.
-        final = writer.write(120, job_every=1, meta_bytes=40_000)
+        # Big batches (nodes with 40 KB of attributes) overflow the socket buffers and the 2 queued batches.
+        final = writer.write(120, job_every=1000, pad=40_000)
         wait_for(lambda: applied(target.rpc_addr) >= final, "the stalled subscriber's server to keep applying")
         # Now read: the buffered items, then the final error carrying the resume index.
         seen: list[int] = []
