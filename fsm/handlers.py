@@ -23,6 +23,7 @@ from fsm.structs import (
     CLIENT_PENDING,
     EVAL_TERMINAL,
     JOB_DEAD,
+    JOB_PENDING,
     NODE_DOWN,
     TOKEN_MANAGEMENT,
     Allocation,
@@ -180,6 +181,9 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
     job.modify_time = w.now
     if old is None:
         job.version = 0
+        # Status is derived at the end of the entry; never publish (in the
+        # JobRegistered record) whatever status the leader's copy carried.
+        job.status = JOB_PENDING
     else:
         job.version = old.version + 1 if changed else old.version
         job.status = old.status
