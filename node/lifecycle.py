@@ -332,6 +332,9 @@ class Lifecycle:
                 capacity |= self._on_node(key, obj)
             elif topic == TOPIC_DEPLOYMENT:
                 if obj is not None and obj.get("status") in ("running", "paused"):
+                    if key not in self.active_deployments:
+                        # Started in this term: only progress from here on needs an eval.
+                        self.deployments.seen.setdefault(key, 0)
                     self.active_deployments.add(key)
                 else:
                     self.active_deployments.discard(key)

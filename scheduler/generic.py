@@ -193,6 +193,8 @@ def schedule_generic(snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: r
             queued[name] = unplaced + held_back
             plan.failed[name] = unplaced + held_back
 
+    if plan.deployment is not None and not any(a.deployment_id == plan.deployment.id for a in plan.place):
+        plan.deployment = None  # nothing placed: the eval that places them later starts the rollout
     next_eval = _followups(plan, snap, plans)
     _finish_eval(plan, snap, failures, queued, next_eval)
     return plan
