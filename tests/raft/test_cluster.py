@@ -125,27 +125,40 @@ def test_without_the_fix_followers_drop_acknowledged_entries(cluster: Any) -> No
     assert seen[0] > 0, "pysyncobj's truncation did not show up in 5 rounds"
 
 
-def test_kill9_leader_under_pipelined_load_keeps_every_acknowledged_write(cluster: Any) -> None:
-    c = cluster()
-    old = c.wait_leader()
-    ls = LoadStream(c, old, n=200_000, window=2000, size=128, tag="k")
+def _kill_leader_under_load(c: Cluster, leader: int, tag: str) -> tuple[dict[int, int], int]:
+    """Pipeline writes through `leader`, kill -9 it mid-stream; return (acked, new leader)."""
+    ls = LoadStream(c, leader, n=200_000, window=2000, size=128, tag=tag)
     wait_for(lambda: len(ls.acks) >= 8000 or ls.finished(), 120, "8000 acknowledged writes")
-    c.kill(old)
+    c.kill(leader)
     ls.join(10)
     acked = dict(ls.acks)
     assert len(acked) >= 8000
-    survivors = followers(c, old)
+    survivors = [i for i in range(c.n) if i != leader and c.alive(i)]
     new = c.wait_leader(timeout=20, among=survivors)
     converge(c, survivors, new)
     for i in survivors:
-        assert_acked_entries_present(c, i, acked, "k")
+        assert_acked_entries_present(c, i, acked, tag)
         assert c.status(i)["truncation"]["ack_regressions"] == 0
-    # The old leader comes back, replays its journal and converges.
-    c.start(old)
-    r = c.call(new, "submit", entry=b"after-restart")
+    return acked, new
+
+
+def test_kill9_leader_under_pipelined_load_keeps_every_acknowledged_write(cluster: Any) -> None:
+    c = cluster()
+    first = c.wait_leader()
+    acked1, second = _kill_leader_under_load(c, first, "k1")
+    # The old leader comes back, replays its journal and converges...
+    c.start(first)
+    r = c.call(second, "submit", entry=b"after-restart")
     assert r["ok"], r
-    converge(c, list(range(3)), new)
-    assert_acked_entries_present(c, old, acked, "k")
+    converge(c, list(range(3)), second)
+    assert_acked_entries_present(c, first, acked1, "k1")
+    # ...and the next leader is killed the same way.
+    acked2, third = _kill_leader_under_load(c, second, "k2")
+    for i in (first, third):
+        assert_acked_entries_present(c, i, acked1, "k1")
+    c.start(second)
+    converge(c, list(range(3)), third)
+    assert_acked_entries_present(c, second, acked2, "k2")
 
 
 def test_restart_replays_the_journal_into_a_lost_fsm(cluster: Any) -> None:

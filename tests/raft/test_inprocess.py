@@ -22,6 +22,7 @@ from raft import (
     MembershipChangeError,
     NodeStoppedError,
     NotLeaderError,
+    RaftConfig,
     RaftNode,
     UnknownOutcomeError,
     encoded_entry_size,
@@ -264,3 +265,46 @@ def test_snapshot_hooks_see_a_committed_store_and_restore_on_restart(
         )  # (last applied entry, previous entry, cluster): its raft index
     finally:
         again.destroy()
+
+
+# -- leadership callbacks, transfer and lost quorum (three nodes, one process) --
+
+
+def test_leadership_callbacks_follow_a_transfer_and_lost_quorum_gives_unknown_outcome(
+    tmp_path: Path,
+) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    events: dict[str, list[bool]] = {a: [] for a in addrs}
+    nodes: dict[str, RaftNode] = {}
+    try:
+        for a in addrs:
+            cfg = RaftConfig(
+                self_address=a, peers=addrs, data_dir=tmp_path / a.replace(":", "_"), password="pw"
+            )
+            nodes[a] = RaftNode(cfg, MemTarget(), on_leadership=lambda v, a=a: events[a].append(v))
+        leader = wait_for(
+            lambda: next((a for a, n in nodes.items() if n.status()["leader_ready"]), None),
+            15,
+            "leader",
+        )
+        wait_for(lambda: events[leader] == [True], 5, "on_leadership(True) on the leader")
+        assert all(events[a] == [] for a in addrs if a != leader)
+        target = next(a for a in addrs if a != leader)
+        nodes[leader].transfer_leadership(target, timeout=10)
+        wait_for(
+            lambda: events[target] == [True] and events[leader] == [True, False],
+            10,
+            "callbacks after transfer",
+        )
+        with pytest.raises(NotLeaderError) as ei:
+            nodes[leader].submit(b"x")
+        assert ei.value.leader_address == target
+        # Lose the quorum: the new leader cannot commit; the outcome is unknown.
+        for a in addrs:
+            if a != target:
+                nodes.pop(a).destroy()
+        with pytest.raises(UnknownOutcomeError):
+            nodes[target].submit_sync(b"no-quorum", timeout=0.5)
+    finally:
+        for n in nodes.values():
+            n.destroy()
