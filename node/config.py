@@ -52,7 +52,9 @@ Example (``/etc/caravan/s1.toml``)::
     token_batch = 4096
 
     [scheduler]                           # the leader's lifecycle loops (Nomad's defaults)
-    workers = 2                           # scheduler workers on the leader
+    enabled = true                        # false: no broker, workers, heartbeat TTLs or deployment
+                                          # watcher (tests that drive evals and allocs by hand)
+    workers = 2                           # scheduler workers on the leader (0: evals wait, as Nomad's num_schedulers = 0)
     heartbeat_ttl = "10s"                 # clients heartbeat within this; told to them
     heartbeat_grace = "10s"               # a node is marked down after ttl + grace
     eval_delivery_limit = 3               # deliveries before an eval is failed
@@ -215,6 +217,7 @@ class GCConfig:
 class SchedulerConfig:
     """The leader's scheduling loops (seconds, counts); Nomad's defaults."""
 
+    enabled: bool = True
     workers: int = 2
     heartbeat_ttl: float = 10.0
     heartbeat_grace: float = 10.0
@@ -505,7 +508,15 @@ class _Parser:
         values: dict[str, Any] = {}
         for key, value in table.items():
             name = f"scheduler.{key}"
-            if type(fields[key].default) is int:
+            if type(fields[key].default) is bool:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{name} must be true or false, not {value!r}")
+                values[key] = value
+            elif key == "workers":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ConfigError(f"{name} must be a non-negative integer, not {value!r}")
+                values[key] = value
+            elif type(fields[key].default) is int:
                 values[key] = self.positive_int(value, name)
             else:
                 values[key] = self.duration(value, name, allow_zero=False)
