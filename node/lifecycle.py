@@ -476,7 +476,10 @@ class Lifecycle:
 
 
 async def lifecycle_loop(server: Server) -> None:
-    """Leader loop: the whole lifecycle for as long as this server leads."""
+    """Leader loop: the whole lifecycle for as long as this server leads (unless turned off)."""
+    if not server.config.scheduler.enabled:
+        server.log.info("scheduler disabled by config ([scheduler] enabled = false)")
+        return
     await Lifecycle(server).run()
 
 
