@@ -256,3 +256,92 @@ def check_server_logs(cluster_dir: str | Path) -> CheckerResult:
         return CheckerResult("server-logs", None, "anomaly", f"{len(fatal)} fatal apply errors: {fatal[0]}", details=details)
     errors = sum(c["error"] + c["critical"] for c in counts.values())
     return CheckerResult("server-logs", None, "ok", f"no fatal errors ({errors} error/critical log lines)", details=details)
+
+
+# -- change journal --------------------------------------------------------------------------------
+def check_journal(path: str | Path) -> CheckerResult:
+    """Subscribers' view of the journal: ordered, unique, gap-free, atomic, identical everywhere."""
+    p = Path(path)
+    if not p.exists():
+        return CheckerResult("journal", "journal", "unknown", "no journal recording (journal.jsonl) found")
+    received: dict[str, list[tuple[int, str]]] = {}
+    last: dict[str, int] = {}
+    resets: dict[str, list[tuple[int, int]]] = {}
+    breaks: dict[str, int] = {}
+    target = 0
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        server, kind = r.get("server"), r.get("kind")
+        if kind == "target":
+            target = max(target, int(r["index"]))
+            continue
+        received.setdefault(server, [])
+        if kind == "batch":
+            received[server].append((int(r["index"]), r["hash"]))
+            last[server] = max(last.get(server, 0), int(r["index"]))
+        elif kind in ("progress", "end"):
+            last[server] = max(last.get(server, 0), int(r.get("index") or 0))
+        elif kind == "break":
+            breaks[server] = breaks.get(server, 0) + 1
+        elif kind == "reset":
+            before = last.get(server, 0)
+            resets.setdefault(server, []).append((before, int(r.get("oldest_index") or before)))
+    problems: list[str] = []
+    disorder: dict[str, list[int]] = {}
+    by_index: dict[int, dict[str, str]] = {}
+    for server, batches in received.items():
+        previous = 0
+        for index, digest in batches:
+            if index <= previous:
+                disorder.setdefault(server, []).append(index)
+            previous = max(previous, index)
+            by_index.setdefault(index, {})[server] = digest
+    for server, bad in disorder.items():
+        problems.append(f"{server} delivered {len(bad)} batches out of order or twice (e.g. index {bad[0]})")
+    differing = sorted(i for i, seen in by_index.items() if len(set(seen.values())) > 1)
+    if differing:
+        problems.append(f"{len(differing)} batches differ between servers (e.g. index {differing[0]}: {by_index[differing[0]]})")
+    gaps: dict[str, list[int]] = {}
+    for server in received:
+        end = last.get(server, 0)
+        have = {i for i, _ in received[server]}
+        skipped = resets.get(server, [])
+        missing = [
+            i for i in by_index
+            if i <= end and i not in have and not any(lo < i <= hi for lo, hi in skipped)
+        ]
+        if missing:
+            gaps[server] = sorted(missing)
+            problems.append(f"{server} never delivered {len(missing)} batches other servers did (e.g. index {min(missing)})")
+    lagging = sorted(s for s in received if last.get(s, 0) < target)
+    details = {
+        "subscribers": len(received),
+        "batches": {s: len(b) for s, b in received.items()},
+        "last_index": last,
+        "target": target,
+        "breaks": breaks,
+        "resets": resets,
+        "gaps": {s: g[:50] for s, g in gaps.items()},
+        "differing": differing[:50],
+        "disorder": {s: d[:50] for s, d in disorder.items()},
+        "lagging": lagging,
+    }
+    total = sum(len(b) for b in received.values())
+    if problems:
+        return CheckerResult("journal", "journal", "anomaly", "; ".join(problems), total, details)
+    if not received:
+        return CheckerResult("journal", "journal", "unknown", "no subscriber recorded anything", 0, details)
+    if lagging:
+        return CheckerResult(
+            "journal", "journal", "unknown",
+            f"{', '.join(lagging)} did not reach the final index {target} in time; checked up to where each got",
+            total, details,
+        )
+    return CheckerResult(
+        "journal", "journal", "ok",
+        f"{len(by_index)} batches, identical on {len(received)} servers, ordered, no duplicates or gaps "
+        f"({sum(breaks.values())} resubscriptions after breaks)",
+        total, details,
+    )

@@ -46,7 +46,7 @@ from jepsen_like.recorder import (
     load_faults,
 )
 from jepsen_like.testbed import Testbed, TestbedError
-from jepsen_like.workloads import WORKLOADS, Lane, RunContext, Workload
+from jepsen_like.workloads import JOURNAL_FILE, WORKLOADS, Lane, RunContext, Workload
 from node.rpc_client import RPCClient
 
 RUN_FILE = "run.json"
@@ -147,6 +147,7 @@ def run(options: RunOptions, log: Any = print) -> int:
     workloads = _build_workloads(options)
     lane = 0
     for workload in workloads:
+        workload.configure(options.nodes)
         workload.first_lane = lane
         lane += workload.lanes
     final_lane = lane
@@ -213,6 +214,8 @@ def _run_on(
         addresses=testbed.rpc_addresses,
         clock=clock,
         stop=stop,
+        servers=list(testbed.names),
+        out=str(out),
         op_timeout=options.op_timeout,
         think=options.think,
         total_lanes=total_lanes,
@@ -222,6 +225,7 @@ def _run_on(
     nemesis = Nemesis(testbed, faults, nemesis_rng, fault_log, stop, Timing(quiet=options.quiet, hold=options.hold))
 
     threads: list[threading.Thread] = []
+    lingering: list[threading.Thread] = []  # lanes that run on until their workload's final phase
     crashes: list[str] = []
     for workload in active:
         for i in range(workload.lanes):
@@ -234,9 +238,10 @@ def _run_on(
                 except Exception as exc:  # noqa: BLE001 - a crashed client is a harness bug: report it
                     crashes.append(f"{w.name} lane {ln.lane}: {type(exc).__name__}: {exc}")
 
-            threads.append(threading.Thread(target=body, name=f"{workload.name}-{i}", daemon=True))
+            thread = threading.Thread(target=body, name=f"{workload.name}-{i}", daemon=True)
+            (lingering if workload.runs_past_stop else threads).append(thread)
     meta["phases"] = {"faults_start": clock.now()}
-    for thread in threads:
+    for thread in threads + lingering:
         thread.start()
     nemesis.start()
     log(f"running {', '.join(w.name for w in active) or 'no workload'} for {options.time:g}s under "
@@ -258,11 +263,15 @@ def _run_on(
     log(f"healed; leader {leader}")
 
     final_ctx = RunContext(
-        addresses=testbed.rpc_addresses, clock=clock, stop=threading.Event(),
-        op_timeout=max(options.op_timeout, 10.0), total_lanes=total_lanes,
+        addresses=testbed.rpc_addresses, clock=clock, stop=threading.Event(), servers=list(testbed.names),
+        out=str(out), op_timeout=max(options.op_timeout, 10.0), total_lanes=total_lanes,
     )
     for workload in active:
         workload.final(Lane(final_lane, final_ctx, recorders[workload.name]), final_ctx, time.monotonic() + 60.0)
+    for thread in lingering:
+        thread.join(30.0)
+    for workload in active:
+        workload.close()
     meta["phases"]["final_reads"] = clock.now()
     observation = observe_convergence(testbed, options.convergence_wait)
     (out / CONVERGENCE_FILE).write_text(json.dumps(observation, indent=2))
@@ -319,6 +328,8 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
         results.append(checkers.check_register(events["register"], timeout=checker_timeout))
     if "set" in events:
         results.append(checkers.check_set(events["set"]))
+    if "journal" in events:
+        results.append(checkers.check_journal(out / JOURNAL_FILE))
     convergence = None
     if (out / CONVERGENCE_FILE).exists():
         convergence = json.loads((out / CONVERGENCE_FILE).read_text())

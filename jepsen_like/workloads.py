@@ -44,12 +44,15 @@ Workloads:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from jepsen_like.recorder import Clock, HistoryRecorder
@@ -96,6 +99,8 @@ class RunContext:
     addresses: list[str]
     clock: Clock
     stop: threading.Event
+    servers: list[str] = field(default_factory=list)  # names, in the order of ``addresses``
+    out: str = ""  # the run directory (workloads with files of their own)
     op_timeout: float = 5.0
     think: float = 0.02  # mean pause between a lane's operations (seconds)
     total_lanes: int = 1
@@ -149,10 +154,15 @@ class Workload:
 
     name = "workload"
     model = "none"
+    #: lanes keep running after the fault phase, until ``final`` tells them to stop
+    runs_past_stop = False
 
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
         self.first_lane = 0
+
+    def configure(self, servers: int) -> None:
+        """Adapt to the cluster size before lanes are numbered (default: nothing)."""
 
     def probe(self, client: RPCClient) -> str | None:
         """A reason to skip this workload on this cluster, or None."""
@@ -169,6 +179,9 @@ class Workload:
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Reads after the faults are healed (default: none)."""
+
+    def close(self) -> None:
+        """Release files of the workload's own (default: none)."""
 
 
 def _job(job_id: str, meta: dict[str, str]) -> dict[str, Any]:
@@ -369,10 +382,119 @@ class LifecycleWorkload(_ProbedWorkload):
     what = "leader garbage collection"
 
 
-class JournalWorkload(_ProbedWorkload):
+JOURNAL_FILE = "journal.jsonl"
+
+
+class JournalWorkload(Workload):
+    """A change-journal subscriber on every server, resuming across every fault.
+
+    Lane *i* follows server *i* with ``event.stream`` (all topics, batches as
+    raw msgpack so nothing is decoded, grouped). Every batch is recorded as
+    (server, index, hash of its bytes); every break and resubscription too.
+    A break (the server was killed, paused, restarted) is followed by a
+    resubscription to the same server from the last index received, or the
+    last progress bookmark, until the run's final phase has seen every
+    subscriber reach the cluster's applied index. ``checkers.check_journal``
+    then demands: strictly increasing indexes per subscriber (ordered, no
+    duplicate, no batch split), no gaps (a batch any server delivered inside
+    a subscriber's span is delivered to it too), identical bytes for one
+    index on every server.
+    """
+
     name = "journal"
-    needs = ("event.stream",)
-    what = "the change journal's event stream"
+    model = "journal"
+    runs_past_stop = True
+
+    def __init__(self, lanes: int = 3, heartbeat: float = 1.0, group: int = 64) -> None:
+        super().__init__(lanes)
+        self.heartbeat = heartbeat
+        self.group = group
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._fp: Any = None
+        self.last: dict[str, int] = {}
+
+    def configure(self, servers: int) -> None:
+        self.lanes = servers
+
+    def probe(self, client: RPCClient) -> str | None:
+        if _missing_method(client, "event.stream"):
+            return "the servers have no event.stream RPC (the change journal is not built); skipped"
+        return None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._fp.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._fp.flush()
+
+    def run_lane(self, lane: Lane, ctx: RunContext, rng: random.Random) -> None:
+        with self._lock:
+            if self._fp is None:
+                self._fp = open(Path(ctx.out) / JOURNAL_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        slot = lane.lane - self.first_lane
+        server, address = ctx.servers[slot], ctx.addresses[slot]
+        last = 0
+        self.last[server] = 0
+        client = RPCClient([address], timeout=ctx.op_timeout)
+        while not self.done.is_set():
+            self._write({"t": ctx.clock.now(), "server": server, "kind": "subscribe", "index": last})
+            try:
+                for item in client.stream(
+                    "event.stream",
+                    {"index": last, "heartbeat": self.heartbeat, "encoding": "msgpack", "group": self.group},
+                    idle_timeout=3 * self.heartbeat + 2,
+                ):
+                    now = ctx.clock.now()
+                    for batch in item.get("batches") or ([item] if "index" in item else []):
+                        raw = batch.get("raw") or b""
+                        index = int(batch["index"])
+                        self._write({
+                            "t": now, "server": server, "kind": "batch", "index": index,
+                            "hash": hashlib.blake2b(raw, digest_size=12).hexdigest(), "size": len(raw),
+                        })
+                        last = max(last, index)
+                    if "progress" in item:
+                        last = max(last, int(item["progress"]))
+                        self._write({"t": now, "server": server, "kind": "progress", "index": int(item["progress"])})
+                    self.last[server] = last
+                    if self.done.is_set():
+                        break
+            except RPCError as err:
+                record: dict[str, Any] = {"t": ctx.clock.now(), "server": server, "kind": "break", "error": error_text(err)}
+                if err.code == "reset_required":
+                    record["kind"] = "reset"
+                    record["oldest_index"] = err.details.get("oldest_index")
+                    last = int(err.details.get("oldest_index") or last)
+                resume = err.details.get("resume_index")
+                if isinstance(resume, int):
+                    last = max(last, resume)
+                self._write(record)
+            except OSError as err:
+                self._write({"t": ctx.clock.now(), "server": server, "kind": "break", "error": error_text(err)})
+            if not self.done.is_set():
+                self.done.wait(0.2)  # back off before resubscribing to a server that is down
+        self._write({"t": ctx.clock.now(), "server": server, "kind": "end", "index": last})
+
+    def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
+        """Let every subscriber reach the index the cluster has applied, then stop them."""
+        target = 0
+        for address in ctx.addresses:
+            try:
+                with RPCClient([address], timeout=5.0) as client:
+                    target = max(target, int(client.call("debug.digest", {"stale": True})["index"]))
+            except (RPCError, OSError):
+                continue
+        while time.monotonic() < deadline:
+            if self.last and all(v >= target for v in self.last.values()):
+                break
+            ctx.stop.wait(0.2)  # polling the subscribers' progress with a deadline
+        self._write({"t": ctx.clock.now(), "server": "*", "kind": "target", "index": target})
+        self.done.set()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fp is not None:
+                self._fp.close()
 
 
 WORKLOADS: dict[str, Callable[[], Workload]] = {

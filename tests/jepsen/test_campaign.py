@@ -29,7 +29,7 @@ def short_run(out: Path, seed: int, nemeses: list[str], **overrides: object) -> 
         seed=seed,
         time=15.0,
         nemeses=nemeses,
-        workloads=["register", "set"],
+        workloads=["register", "set", "journal"],
         checker_timeout=60.0,
         convergence_wait=60.0,
         keep_cluster_data=False,
@@ -69,7 +69,8 @@ def test_short_campaign_finds_no_anomaly(
     assert faults and all(f["kind"] in nemeses and f["end"] is not None for f in faults)
     assert by_checker(results, "linearizability")["operations"] > min_ops
     assert by_checker(results, "set")["details"]["acknowledged"] > min_ops // 5
-    for name in ("summary.txt", "timeline.html", "history-register.jsonl", "history-set.jsonl"):
+    assert by_checker(results, "journal")["status"] == "ok", explain(results, out)
+    for name in ("summary.txt", "timeline.html", "history-register.jsonl", "history-set.jsonl", "journal.jsonl"):
         assert (out / name).stat().st_size > 0, name
 
 
