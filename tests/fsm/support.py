@@ -453,3 +453,76 @@ def table_keys(r: StateReader) -> dict[str, set[bytes]]:
 
 def alloc_terminal_status(status: str) -> bool:
     return status in CLIENT_TERMINAL
+
+
+def sample_bodies() -> list[Any]:
+    """A log touching every message type, mostly valid, with some rejections."""
+    from fsm import messages as m
+    from fsm.structs import DeploymentStatus, DesiredTransition, TaskState
+
+    job = make_job("web", count=2)
+    batch = make_job("etl", type="batch")
+    return [
+        m.NodeRegister(node=make_node("n1")),
+        m.NodeRegister(node=make_node("n2")),
+        m.JobRegister(job=job, eval=make_eval("e1", "web")),
+        m.JobRegister(job=batch, eval=make_eval("e2", "etl"), enforce_index=0),
+        m.PlanApply(
+            eval_id="e1",
+            job_id="web",
+            allocs_to_place=[make_alloc("a1", deployment_id="d1"), make_alloc("a2", node_id="n2")],
+            deployment=make_deployment("d1"),
+            evals=[make_eval("e1", "web", status="complete")],
+        ),
+        m.PlanApply(
+            eval_id="e2",
+            job_id="etl",
+            allocs_to_place=[make_alloc("b1", "e2", "etl")],
+            evals=[make_eval("e2", "etl", status="complete")],
+        ),
+        m.AllocClientUpdate(
+            allocs=[
+                m.AllocClientState(
+                    id="a1",
+                    client_status="running",
+                    task_states={"t": TaskState(state="running")},
+                    deployment_status=DeploymentStatus(healthy=True),
+                ),
+                m.AllocClientState(id="b1", client_status="running"),
+            ]
+        ),
+        m.AllocClientUpdate(allocs=[m.AllocClientState(id="b1", client_status="complete")]),
+        m.AllocDesiredTransition(allocs={"a2": DesiredTransition(migrate=True)}),
+        m.DeploymentStatusUpdate(deployment_id="d1", status="successful"),
+        m.DeploymentUpsert(deployment=make_deployment("d2", "etl", status="cancelled")),
+        m.DeploymentReap(deployments=[m.Reap("d2", 11)]),
+        m.EvalUpsert(evals=[make_eval("e3", "web", status="blocked", queued_allocations={"g": 1})]),
+        m.EvalReap(evals=[m.Reap("e2", 6)], allocs=[m.Reap("b1", 8)]),
+        m.NodeUpdateEligibility(node_id="n2", eligibility="ineligible", drain=True),
+        m.NodeUpdateStatus(node_id="n2", status="down", evals=[make_eval("e4", "web")]),
+        m.PlanApply(allocs_to_stop=[m.AllocStop(id="a2", client_status="lost")]),
+        m.NodeReap(nodes=[m.Reap("n2", 16)]),
+        m.JobDeregister(job_id="etl", eval=make_eval("e5", "etl", status="complete")),
+        m.JobBatchDeregister(jobs=[m.Reap("etl", 19)]),
+        m.ACLTokenBootstrap(token=make_token("root", "root-secret", type="management")),
+        m.ACLTokenUpsert(tokens=[make_token("t1", "s1", expiration=T0), make_token("t2", "s2")]),
+        m.ACLTokenDelete(accessor_ids=["t2"], reaps=[m.Reap("t1", 22)]),
+        m.ACLTokenBootstrap(token=make_token("root2", type="management")),  # conflict
+        m.JobRegister(job=make_job("bad", count=-1)),  # bad_request
+        m.JobDeregister(job_id="web", purge=True),
+        m.Barrier(),
+    ]
+
+
+def sample_log(start: int = T0) -> list[tuple[int, bytes]]:
+    """``sample_bodies`` as numbered entries, with a retry, a skewed clock and odd bytes."""
+    from fsm.messages import encode_entry
+
+    entries: list[bytes] = []
+    for i, body in enumerate(sample_bodies()):
+        time = start + i * SECOND if i % 7 != 5 else start  # every 7th leader lags
+        entries.append(encode_entry(body, time=time, rid=f"r{i}"))
+    entries.append(entries[2])  # a client retry of the first registration (same rid)
+    entries.append(b"\x03\x91\x01")  # malformed payload
+    entries.append(bytes([200]) + b"from the future")  # unknown type, ignore flag
+    return list(enumerate(entries, start=1))
