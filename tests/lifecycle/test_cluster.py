@@ -1,0 +1,214 @@
+"""The Nomad lifecycle end to end on real processes: servers, the simulated client, the CLI."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from node import cluster as cl
+from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
+from node.rpc_client import RPCClient
+from tests.lifecycle.conftest import Env, wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+def spec(job_id: str, *, type: str = "service", count: int = 1, config: dict[str, Any] | None = None,
+         cpu: int = 100, mem: int = 64, update: dict[str, Any] | None = None, **job: Any) -> dict[str, Any]:
+    group: dict[str, Any] = {
+        "Name": "g",
+        "Count": count,
+        "Tasks": [{"Name": "t", "Driver": "sim", "Config": config or {}, "Resources": {"CPU": cpu, "MemoryMB": mem}}],
+    }
+    if update is not None:
+        group["Update"] = update
+    return {"Job": {"ID": job_id, "Type": type, "Datacenters": ["dc1"], "TaskGroups": [group], **job}}
+
+
+def allocs(env: Env, job_id: str) -> list[dict[str, Any]]:
+    return env.read("alloc.list", {"job_id": job_id})
+
+
+def live(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [a for a in rows if a["DesiredStatus"] == "run" and a["ClientStatus"] in ("pending", "running")]
+
+
+def job_status(env: Env, job_id: str) -> str:
+    return env.read("job.get", {"job_id": job_id})["Status"]
+
+
+def write_spec(env: Env, name: str, body: dict[str, Any]) -> str:
+    path = env.tmp / f"{name}-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(json.dumps(body))
+    return str(path)
+
+
+# -- the happy paths ---------------------------------------------------------------------
+def test_batch_job_completes_and_the_job_becomes_dead(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    out = env.cli("job", "run", write_spec(env, "batch", spec("batch5", type="batch", count=5, config={"run_for": "1s"})))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert '==> Monitoring evaluation' in out.stdout and 'finished with status "complete"' in out.stdout
+    assert out.stdout.count("Allocation ") == 5
+    wait_until(lambda: job_status(env, "batch5") == "dead", 60, "batch job dead")
+    rows = allocs(env, "batch5")
+    assert len(rows) == 5 and all(a["ClientStatus"] == "complete" for a in rows)
+    summary = env.read("job.summary", {"job_id": "batch5"})["Summary"]["g"]
+    assert summary["Complete"] == 5 and summary["Running"] == 0 and summary["Queued"] == 0
+
+
+def test_service_job_runs_and_job_stop_stops_its_allocs(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    env.call("job.register", {"job": spec("svc3", count=3, update={"MinHealthyTime": 200_000_000})})
+    wait_until(lambda: len([a for a in allocs(env, "svc3") if a["ClientStatus"] == "running"]) == 3, 60, "3 running")
+    assert job_status(env, "svc3") == "running"
+    out = env.cli("job", "stop", "svc3")
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: all(a["DesiredStatus"] == "stop" and a["ClientStatus"] == "complete" for a in allocs(env, "svc3")),
+               60, "allocs stopped by the client")
+    wait_until(lambda: job_status(env, "svc3") == "dead", 30, "stopped job dead")
+
+
+def test_a_new_version_rolls_out_through_a_successful_deployment(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 300_000_000}
+    env.call("job.register", {"job": spec("roll", count=3, config={"v": 1}, update=update)})
+
+    def deployment(version: int) -> dict[str, Any] | None:
+        return next((d for d in env.read("deployment.list", {"job_id": "roll"}) if d["JobVersion"] == version), None)
+
+    wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    env.call("job.register", {"job": spec("roll", count=3, config={"v": 2}, update=update)})
+    wait_until(lambda: deployment(1) is not None, 30, "a deployment for version 1")
+    dep = wait_until(lambda: (d := deployment(1)) and d["Status"] != "running" and d, 90, "second deployment finished")
+    assert dep["Status"] == "successful", dep
+    rows = live(allocs(env, "roll"))
+    assert len(rows) == 3 and all(a["JobVersion"] == 1 and a["DeploymentID"] == dep["ID"] for a in rows)
+    assert dep["TaskGroups"]["g"]["HealthyAllocs"] >= 3
+    # Old allocs were replaced at most one at a time: never more than count + max_parallel live.
+    env.call("job.stop", {"job_id": "roll"})
+
+
+def test_a_killed_client_loses_its_allocs_and_they_are_replaced(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    victim = env.start_sim(2, "victim")
+    env.call("job.register", {"job": spec("spread", count=5, cpu=100)})
+    wait_until(lambda: len([a for a in allocs(env, "spread") if a["ClientStatus"] == "running"]) == 5, 60, "5 running")
+    on_victim = [a["ID"] for a in allocs(env, "spread") if a["NodeID"] in victim.nodes]
+    assert on_victim, "anti-affinity spreads the job over every node, the victim's too"
+    victim.kill()
+    wait_until(lambda: all(n["Status"] == "down" for n in env.read("node.list") if n["ID"] in victim.nodes),
+               30, "victim nodes marked down after their heartbeat TTL")
+
+    def replaced() -> bool:
+        rows = allocs(env, "spread")
+        by_id = {a["ID"]: a for a in rows}
+        lost = all(by_id[i]["ClientStatus"] == "lost" and by_id[i]["NextAllocation"] for i in on_victim)
+        running = [a for a in rows if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run"]
+        return lost and len(running) == 5 and not any(a["NodeID"] in victim.nodes for a in running)
+
+    wait_until(replaced, 60, "lost allocs replaced on live nodes")
+    env.call("job.stop", {"job_id": "spread"})
+
+
+# -- bad input ----------------------------------------------------------------------------
+def test_bad_jobspecs_are_rejected_before_the_log(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    for job_id, body, want in [
+        ("neg", spec("neg", count=-1), "count -1 must be >= 0"),
+        ("weird", spec("weird", type="frobnicate"), "type 'frobnicate'"),
+    ]:
+        with pytest.raises(RPCError) as err:
+            env.call("job.register", {"job": body})
+        assert err.value.code == BAD_REQUEST and want in err.value.message
+        with pytest.raises(RPCError) as err:
+            env.read("job.get", {"job_id": job_id})
+        assert err.value.code == NOT_FOUND
+        out = env.cli("job", "run", write_spec(env, job_id, body))
+        assert out.returncode == 1 and out.stderr.startswith("Error: ") and len(out.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in out.stderr
+
+
+def test_a_job_larger_than_any_node_leaves_a_blocked_eval_with_the_reason(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    out = env.cli("job", "run", write_spec(env, "huge", spec("huge", count=2, mem=10_000_000)))
+    assert out.returncode == 2, out.stdout + out.stderr  # nomad job run: 2 on placement failures
+    assert "failed to place 2 allocations" in out.stdout and "than any node has" in out.stdout
+    blocked = wait_until(lambda: [e for e in env.read("eval.list", {"job_id": "huge"}) if e["Status"] == "blocked"],
+                         30, "a blocked eval")
+    assert len(blocked) == 1
+    shown = env.cli("eval", "status", blocked[0]["ID"])
+    assert shown.returncode == 0, shown.stderr
+    assert "blocked" in shown.stdout and "asks more memory (10000000 MB) than any node has" in shown.stdout
+    assert job_status(env, "huge") == "pending"
+    env.call("job.stop", {"job_id": "huge"})
+    wait_until(lambda: not [e for e in env.read("eval.list", {"job_id": "huge"}) if e["Status"] in ("blocked", "pending")],
+               30, "the blocked eval to go once the job is stopped")
+
+
+# -- failover -------------------------------------------------------------------------------
+def _history(env: Env, until: int) -> list[tuple[int, list[Any]]]:
+    """Every journal batch up to ``until`` (the whole history: retention is far larger)."""
+    out: list[tuple[int, list[Any]]] = []
+    with RPCClient(env.addresses, timeout=30) as c:
+        for item in c.stream("event.stream", {"index": 0, "topics": ["Allocation", "Evaluation"], "heartbeat": 1}):
+            if "index" in item:
+                out.append((item["index"], item["events"]))
+            if item.get("index", item.get("progress", 0)) >= until:
+                break
+    return out
+
+
+def test_leader_killed_while_evals_are_processed(fresh_env: Env) -> None:
+    env = fresh_env
+    env.start_sim(4, "fo", "--cpu", "8000", "--memory", "16384")
+    counts = {f"fo{i}": 2 + i % 3 for i in range(24)}
+    leader = cl.wait_for_leader(env.addresses)["NodeID"]
+
+    def register(job_id: str) -> None:
+        with env.client() as c:
+            c.call("job.register", {"job": spec(job_id, count=counts[job_id], update={"MinHealthyTime": 200_000_000})})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(register, counts))
+    pending = [e["ID"] for e in env.read("eval.list") if e["Status"] == "pending"]
+    cl.kill(env.cluster, leader)  # kill -9 while those evals are being processed
+    assert pending, "the burst should leave evals queued on the leader we kill"
+    cl.wait_for_leader([n.rpc_addr for n in env.cluster.nodes if n.id != leader])
+
+    def settled() -> bool:
+        evals = [e for job_id in counts for e in env.read("eval.list", {"job_id": job_id})]
+        if any(e["Status"] in ("pending", "blocked") for e in evals):
+            return False
+        return all(len([a for a in allocs(env, j) if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run"]) == n
+                   for j, n in counts.items())
+
+    wait_until(settled, 120, "every eval processed and every job at its count")
+    evals = [e for job_id in counts for e in env.read("eval.list", {"job_id": job_id})]
+    assert not [e for e in evals if e["Status"] == "failed"]
+    by_id = {e["ID"]: e for e in evals}
+    assert all(by_id[i]["Status"] in ("complete", "canceled") for i in pending), "an eval queued at the kill was lost"
+    # No eval lost: every job's registration eval was processed by one leader or the other.
+    assert all(any(e["TriggeredBy"] == "job-register" and e["Status"] == "complete" for e in evals if e["JobID"] == j)
+               for j in counts)
+    # Replay the journal: at no index did a group have more live allocs than its count.
+    status = cl.wait_for_leader([n.rpc_addr for n in env.cluster.nodes if n.id != leader])
+    state: dict[str, dict[str, Any]] = {}
+    worst: dict[str, int] = defaultdict(int)
+    for _index, records in _history(env, status["AppliedIndex"]):
+        for topic, _type, key, obj in records:
+            if topic != "Allocation" or obj is None or obj["job_id"] not in counts:
+                continue
+            state[key] = obj
+        per_job: dict[str, int] = defaultdict(int)
+        for a in state.values():
+            if a["desired_status"] == "run" and a["client_status"] in ("pending", "running"):
+                per_job[a["job_id"]] += 1
+        for job_id, n in per_job.items():
+            worst[job_id] = max(worst[job_id], n)
+    assert all(worst[j] <= counts[j] for j in counts), {j: (worst[j], counts[j]) for j in counts if worst[j] > counts[j]}
