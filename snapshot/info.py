@@ -31,7 +31,8 @@ class SnapshotInfo:
     sha256: str
     types: list[TypeStat] = field(default_factory=list)  # sorted by size, largest first
     meta: SnapshotMeta | None = None
-    ignored_types: list[int] = field(default_factory=list)  # unknown, ignorable codes present
+    # Record types this build does not know; verify and restore refuse those without the ignore flag.
+    unknown_types: list[int] = field(default_factory=list)
 
     @property
     def total_count(self) -> int:

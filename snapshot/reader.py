@@ -330,7 +330,7 @@ def _info(
         sha256=layout.digest.hex(),
         types=stats,
         meta=meta,
-        ignored_types=sorted(c for c in types if c not in TYPE_NAMES),
+        unknown_types=sorted(c for c in types if c not in TYPE_NAMES),
     )
 
 

@@ -140,7 +140,7 @@ def restore(
     """
     name = os.path.basename(path)
     info = verified if verified is not None else inspect(path)
-    for code in info.ignored_types:
+    for code in info.unknown_types:
         if not ignorable(code):
             label = info.meta.types.get(code, "?") if info.meta is not None else "?"
             raise UnknownRecordTypeError(
