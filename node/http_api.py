@@ -92,10 +92,11 @@ API_KEY: web.AppKey[HTTPAPI] = web.AppKey("caravan_http_api")
 class HTTPError(Exception):
     """An answer other than 200, raised by route code: ``status`` and a one-line text."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 def bad(message: str) -> HTTPError:
@@ -321,7 +322,7 @@ class HTTPAPI:
             return resp
         except HTTPError as exc:
             status = exc.status
-            return web.Response(status=exc.status, text=exc.message)
+            return web.Response(status=exc.status, text=exc.message, headers=exc.headers)
         except RPCError as exc:
             status = STATUS_OF_CODE.get(exc.code, 500)
             if status == 500:

@@ -589,7 +589,8 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     """Chunked NDJSON: one line per journal batch, ``{}`` heartbeats; never ends on its own.
 
     Errors found before the first byte (bad topic, ACL, an index older than
-    the journal keeps: 410) are answered with their status. Later, a
+    the journal keeps: 410) are answered with their status; without an
+    index the stream starts at the oldest batch kept. Later, a
     subscriber that fell behind is resubscribed from where it stopped (no
     gap, no duplicate); anything else cuts the connection, so the client
     reconnects and gets the error with its status.
@@ -598,7 +599,23 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     heartbeat = max(0.05, min(api.heartbeat, 300.0))
     args = _event_args(request, heartbeat)
     items = api.stream(request, "event.stream", args)
-    first = await _first(items)  # raises before the response starts: a proper status
+    try:
+        first = await _first(items)  # raises before the response starts: a proper status
+    except RPCError as exc:
+        if exc.code != RESET_REQUIRED:
+            raise
+        oldest = int(exc.details.get("oldest_index") or 1)
+        if args["index"] != 0:
+            raise HTTPError(
+                410,
+                f"index {args['index'] + 1} is older than the oldest retained index {oldest}: "
+                f"reload the state you follow (e.g. GET /v1/jobs) and stream again with index = its X-Nomad-Index + 1",
+                {"X-Caravan-Oldest-Index": str(oldest)},
+            ) from None
+        # No index asked for: start at the oldest batch kept (Nomad's index=0), not an error.
+        args["index"] = max(oldest - 1, 0)
+        items = api.stream(request, "event.stream", args)
+        first = await _first(items)
     resp = web.StreamResponse(
         status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"}
     )
