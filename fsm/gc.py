@@ -54,6 +54,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from fsm.keys import SEP, from_u64, key, prefix
 from fsm.messages import Reap
 from fsm.store import StateReader
 from fsm.structs import (
@@ -239,6 +240,8 @@ class Plan:
     cascade: dict[str, Cascade] = field(default_factory=dict)  # job id -> cascade
     marks: int = 0
     reads: int = 0
+    resume: tuple[int, str] | None = None  # the last mark scanned, when a window's limit cut the scan
+
 
     def empty(self) -> bool:
         return not self.reaps and not self.units
@@ -290,11 +293,47 @@ class Exclude:
                 target.update(ids)
 
 
-def plan_jobs(r: StateReader, now: int, th: Thresholds) -> Plan:
+@dataclass(frozen=True)
+class Window:
+    """Which marks one plan scans: those strictly after ``start``, at most ``limit`` of them.
+
+    The leader plans a large sweep in windows, proposing each window's reaps
+    before planning the next, so that no single plan holds a core (and the
+    GIL) for long and the first reaps commit early.
+    """
+
+    start: tuple[int, str] | None = None
+    limit: int | None = None
+
+
+def _marks(r: StateReader, kind: str, until: int, plan: Plan, window: Window | None) -> list[str]:
+    """Ids of ``kind`` marked at or before ``until`` (in mark order), within ``window``."""
+    if window is None or (window.start is None and window.limit is None):
+        found = r.gc_marks(kind, until)
+    else:
+        found = []
+        head = prefix(kind)
+        seek = head if window.start is None else key(kind, window.start[0], window.start[1]) + SEP
+        cursor = r.txn.cursor(db=r.dbs["gc_marks"])
+        if cursor.set_range(seek):
+            for k, _ in cursor:
+                if not k.startswith(head):
+                    break
+                since = from_u64(k[len(head) : len(head) + 8])
+                if since > until:
+                    break
+                found.append((since, k[len(head) + 9 :].decode()))
+                if window.limit is not None and len(found) >= window.limit:
+                    plan.resume = found[-1]
+                    break
+    plan.marks += len(found)
+    return [obj_id for _, obj_id in found]
+
+
+def plan_jobs(r: StateReader, now: int, th: Thresholds, window: Window | None = None) -> Plan:
     cutoff = now - th.job
     plan = Plan(GC_JOB, now, cutoff)
-    for _, job_id in r.gc_marks(GC_JOB, cutoff):
-        plan.marks += 1
+    for job_id in _marks(r, GC_JOB, cutoff, plan, window):
         job = r.job(job_id)
         plan.reads += 1
         if job is None or not job_gc_candidate(job) or job.submit_time > cutoff:
@@ -321,13 +360,14 @@ def plan_jobs(r: StateReader, now: int, th: Thresholds) -> Plan:
     return plan
 
 
-def plan_evals(r: StateReader, now: int, th: Thresholds, exclude: Exclude | None = None) -> Plan:
+def plan_evals(
+    r: StateReader, now: int, th: Thresholds, exclude: Exclude | None = None, window: Window | None = None
+) -> Plan:
     cutoff, batch_cutoff = now - th.eval, now - th.batch_eval
     plan = Plan(GC_EVAL, now, max(cutoff, batch_cutoff))
     exclude = exclude or Exclude()
     jobs: dict[str, Job | None] = {}
-    for _, eval_id in r.gc_marks(GC_EVAL, plan.cutoff):
-        plan.marks += 1
+    for eval_id in _marks(r, GC_EVAL, plan.cutoff, plan, window):
         if eval_id in exclude.evals:
             continue
         ev = r.eval(eval_id)
@@ -382,12 +422,13 @@ def _create_index(r: StateReader, eval_id: str) -> int:
     return ev.create_index if ev is not None else 0
 
 
-def plan_deployments(r: StateReader, now: int, th: Thresholds, exclude: Exclude | None = None) -> Plan:
+def plan_deployments(
+    r: StateReader, now: int, th: Thresholds, exclude: Exclude | None = None, window: Window | None = None
+) -> Plan:
     cutoff = now - th.deployment
     plan = Plan(GC_DEPLOYMENT, now, cutoff)
     exclude = exclude or Exclude()
-    for _, dep_id in r.gc_marks(GC_DEPLOYMENT, cutoff):
-        plan.marks += 1
+    for dep_id in _marks(r, GC_DEPLOYMENT, cutoff, plan, window):
         if dep_id in exclude.deployments:
             continue
         dep = r.deployment(dep_id)
@@ -401,11 +442,10 @@ def plan_deployments(r: StateReader, now: int, th: Thresholds, exclude: Exclude 
     return plan
 
 
-def plan_nodes(r: StateReader, now: int, th: Thresholds) -> Plan:
+def plan_nodes(r: StateReader, now: int, th: Thresholds, window: Window | None = None) -> Plan:
     cutoff = now - th.node
     plan = Plan(GC_NODE, now, cutoff)
-    for _, node_id in r.gc_marks(GC_NODE, cutoff):
-        plan.marks += 1
+    for node_id in _marks(r, GC_NODE, cutoff, plan, window):
         node = r.node(node_id)
         plan.reads += 1
         if node is None:
@@ -417,17 +457,19 @@ def plan_nodes(r: StateReader, now: int, th: Thresholds) -> Plan:
     return plan
 
 
-def plan_tokens(r: StateReader, now: int, th: Thresholds, limit: int = TOKEN_LIMIT) -> Plan:
+def plan_tokens(
+    r: StateReader, now: int, th: Thresholds, limit: int = TOKEN_LIMIT, window: Window | None = None
+) -> Plan:
     """Expired tokens (marks are keyed by expiry, so scan up to ``now``), at most ``limit``."""
     cutoff = now - th.token
     plan = Plan(GC_TOKEN, now, cutoff)
-    for _, accessor in r.gc_marks(GC_TOKEN, now):
-        plan.marks += 1
+    for accessor in _marks(r, GC_TOKEN, now, plan, window):
         token = r.token(accessor)
         plan.reads += 1
         if token is not None and token_gc_eligible(token, now, cutoff):
             plan.reaps.append(Reap(id=token.accessor_id, modify_index=token.modify_index))
             if len(plan.reaps) >= limit:
+                plan.resume = None  # the per-run limit is reached: this run is done
                 break
     return plan
 
@@ -440,18 +482,19 @@ def plan_kind(
     *,
     token_limit: int = TOKEN_LIMIT,
     exclude: Exclude | None = None,
+    window: Window | None = None,
 ) -> Plan:
     """The plan of one collector (``kind`` is one of ``fsm.writer.GC_KINDS``)."""
     if kind == GC_JOB:
-        return plan_jobs(r, now, th)
+        return plan_jobs(r, now, th, window)
     if kind == GC_EVAL:
-        return plan_evals(r, now, th, exclude)
+        return plan_evals(r, now, th, exclude, window)
     if kind == GC_DEPLOYMENT:
-        return plan_deployments(r, now, th, exclude)
+        return plan_deployments(r, now, th, exclude, window)
     if kind == GC_NODE:
-        return plan_nodes(r, now, th)
+        return plan_nodes(r, now, th, window)
     if kind == GC_TOKEN:
-        return plan_tokens(r, now, th, token_limit)
+        return plan_tokens(r, now, th, token_limit, window)
     raise ValueError(f"unknown GC kind {kind!r}")
 
 

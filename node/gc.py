@@ -11,10 +11,14 @@ id carries the ``modify_index`` the leader saw and apply skips whatever is
 gone or changed since (so nothing is deleted twice, and an object touched
 after the read survives).
 
-An entry is bounded twice: by the configured id caps (Nomad's 7,281 ids per
-reap, 2,048 jobs per job reap) and by the raft entry limit
+A sweep plans a window of at most ``MARKS_PER_PLAN`` marks at a time and
+proposes that window's reaps before planning the next, so a large backlog
+never holds a core for one long plan and the first reaps commit early. An
+entry is bounded three ways, whichever is hit first: the configured id caps
+(Nomad's 7,281 ids per reap, 2,048 jobs per job reap), the raft entry limit
 (``server.raft.max_entry_bytes``, measured on the encoded, pickled entry as
-the raft adapter stores it), whichever is hit first.
+the raft adapter stores it), and ``OBJECTS_PER_ENTRY`` objects removed,
+cascade included (the apply work every replica does for it in one go).
 
 ``system.gc`` (``caravan system gc``) runs every collector at once with all
 time thresholds zero and every other rule kept, node GC last; it waits for
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
-from fsm.gc import FORCE_ORDER, EvalUnit, Plan, Thresholds, plan_all, plan_kind
+from fsm.gc import FORCE_ORDER, EvalUnit, Plan, Thresholds, Window, plan_all, plan_kind
 from fsm.messages import encode_entry
 from fsm.store import StateReader
 from fsm.structs import SECOND
@@ -59,6 +63,12 @@ ENTRY_MARGIN = 256
 UNIT_ALLOCS = 256
 # Ids listed per table in a dry run's answer (counts are always complete).
 DRY_RUN_IDS = 1000
+# Objects one reap entry may remove, its cascade included. Every replica
+# applies the entry in one go on its raft thread, where it delays every
+# write queued behind it; this keeps that delay to a few milliseconds.
+OBJECTS_PER_ENTRY = 2048
+# GC marks one plan reads before its reaps are proposed (see fsm.gc.Window).
+MARKS_PER_PLAN = 1000
 
 # Names of the per-kind counts in answers and logs (Nomad's API nouns).
 NAMES = {
@@ -84,10 +94,11 @@ class Limits:
     job_batch: int = 2048
     token_batch: int = 4096
     max_entry_bytes: int = 48 * 1024
+    objects_per_entry: int = 2048
 
     @classmethod
     def of(cls, cfg: GCConfig, max_entry_bytes: int) -> Limits:
-        return cls(cfg.reap_batch, cfg.job_batch, cfg.token_batch, max_entry_bytes)
+        return cls(cfg.reap_batch, cfg.job_batch, cfg.token_batch, max_entry_bytes, OBJECTS_PER_ENTRY)
 
 
 def thresholds_of(cfg: GCConfig) -> Thresholds:
@@ -138,43 +149,60 @@ def _split_unit(unit: EvalUnit) -> list[EvalUnit] | None:
 
 def _pack(
     items: list[Any],
-    cap: int,
-    count: Callable[[Any], int],
+    caps: list[tuple[Callable[[Any], int], int]],
     make: Callable[[list[Any]], Any],
     limit: int,
     measure: Callable[[Any], int],
     split: Callable[[Any], list[Any] | None] = lambda _: None,
 ) -> list[Any]:
-    """Greedy batches of ``items`` with at most ``cap`` ids and ``limit`` encoded bytes each.
+    """Greedy batches of ``items``: for every ``(count, cap)`` the batch's total stays within
+    ``cap``, and the encoded entry within ``limit`` bytes.
 
-    An item that alone exceeds either bound is ``split`` (in order) if it can be.
+    An item that alone exceeds a bound is ``split`` (in order) if it can be; one
+    that cannot be split goes alone if it fits the entry, else it is an error.
     """
     items = list(items)
     bodies: list[Any] = []
     i, guess = 0, 0
     while i < len(items):
-        n, ids = 0, 0
-        while i + n < len(items) and (n == 0 or ids + count(items[i + n]) <= cap):
-            ids += count(items[i + n])
+        n, totals = 0, [0] * len(caps)
+        while i + n < len(items):
+            adds = [count(items[i + n]) for count, _ in caps]
+            if n and any(t + a > cap for t, a, (_, cap) in zip(totals, adds, caps, strict=True)):
+                break
+            totals = [t + a for t, a in zip(totals, adds, strict=True)]
             n += 1
         if guess:
             n = min(n, guess)
         while True:
             body = make(items[i : i + n])
             size = measure(body)
-            if size <= limit and (n > 1 or count(items[i]) <= cap):
+            over_cap = n == 1 and any(count(items[i]) > cap for count, cap in caps)
+            if size <= limit and not over_cap:
                 break
             if n == 1:
                 parts = split(items[i])
-                if parts is None:
+                if parts is not None:
+                    items[i : i + 1] = parts
+                    continue
+                if size > limit:
                     raise GCError(f"one reap item encodes to {size} bytes, over the {limit} byte entry limit")
-                items[i : i + 1] = parts
-                continue
+                break  # one indivisible item over a count cap: it goes alone
             n = max(1, min(n - 1, n * limit // size))
         bodies.append(body)
         i += n
         guess = n + n // 4 + 1 if size > limit * 3 // 4 else 0
     return bodies
+
+
+def _objects_of(plan: Plan) -> Callable[[m.Reap], int]:
+    """How many objects reaping one job removes (the job and its cascade)."""
+
+    def count(reap: m.Reap) -> int:
+        c = plan.cascade.get(reap.id)
+        return 1 + (len(c.evals) + len(c.allocs) + len(c.deployments) if c is not None else 0)
+
+    return count
 
 
 def reap_bodies(plan: Plan, limits: Limits, measure: Callable[[Any], int] = entry_size) -> list[Any]:
@@ -183,8 +211,7 @@ def reap_bodies(plan: Plan, limits: Limits, measure: Callable[[Any], int] = entr
     if plan.kind == GC_EVAL:
         return _pack(
             _split_units(plan.units),
-            limits.reap_batch,
-            EvalUnit.ids,
+            [(EvalUnit.ids, min(limits.reap_batch, limits.objects_per_entry))],
             lambda units: m.EvalReap(
                 evals=[u.eval for u in units if u.eval is not None],
                 allocs=[a for u in units for a in u.allocs],
@@ -193,14 +220,18 @@ def reap_bodies(plan: Plan, limits: Limits, measure: Callable[[Any], int] = entr
             measure,
             _split_unit,
         )
-    makers: dict[str, tuple[int, Callable[[list[m.Reap]], Any]]] = {
-        GC_JOB: (limits.job_batch, lambda rs: m.JobBatchDeregister(jobs=rs)),
-        GC_DEPLOYMENT: (limits.reap_batch, lambda rs: m.DeploymentReap(deployments=rs)),
-        GC_NODE: (limits.reap_batch, lambda rs: m.NodeReap(nodes=rs)),
-        GC_TOKEN: (limits.token_batch, lambda rs: m.ACLTokenDelete(reaps=rs)),
+    one: Callable[[Any], int] = lambda _: 1  # noqa: E731
+    makers: dict[str, tuple[list[tuple[Callable[[Any], int], int]], Callable[[list[m.Reap]], Any]]] = {
+        GC_JOB: (
+            [(one, limits.job_batch), (_objects_of(plan), limits.objects_per_entry)],
+            lambda rs: m.JobBatchDeregister(jobs=rs),
+        ),
+        GC_DEPLOYMENT: ([(one, limits.reap_batch)], lambda rs: m.DeploymentReap(deployments=rs)),
+        GC_NODE: ([(one, limits.reap_batch)], lambda rs: m.NodeReap(nodes=rs)),
+        GC_TOKEN: ([(one, limits.token_batch)], lambda rs: m.ACLTokenDelete(reaps=rs)),
     }
-    cap, make = makers[plan.kind]
-    return _pack(plan.reaps, cap, lambda _: 1, make, limit, measure)
+    caps, make = makers[plan.kind]
+    return _pack(plan.reaps, caps, make, limit, measure)
 
 
 def tally(plan: Plan, body: Any, value: dict[str, Any]) -> tuple[dict[str, int], int]:
@@ -280,32 +311,44 @@ class Collector:
         return outcome
 
     async def _sweep(self, kind: str, th: Thresholds, forced: bool, outcome: Outcome) -> None:
+        """One collector: plan a window of marks, propose its reaps, go on with the next window."""
         limits = self.limits
-
-        def plan_it(r: StateReader) -> tuple[Plan, list[Any]]:
-            plan = plan_kind(r, kind, _now(r), th, token_limit=limits.token_batch)
-            return plan, reap_bodies(plan, limits)
-
         started = time.monotonic()
-        plan, bodies = await self.server.local(plan_it)
-        outcome.reads += plan.marks + plan.reads
-        if not bodies:
-            self.log.debug("gc sweep found nothing", kind=kind, marks=plan.marks, forced=forced)
-            return
-        planned = plan.counts()
-        outcome.planned += sum(planned.values())
+        now: list[int] = []
+        window = Window(None, MARKS_PER_PLAN)
+        tokens_left = limits.token_batch
         counts: dict[str, int] = {}
-        skipped, index = 0, 0
-        for body in bodies:
-            result = await self.server.propose(body)
-            got, skip = tally(plan, body, result["value"])
-            for table, n in got.items():
-                counts[table] = counts.get(table, 0) + n
-            skipped += skip
-            index = max(index, result["index"])
-            outcome.entries += 1
+        skipped = index = entries = marks = 0
+        while True:
+
+            def plan_it(r: StateReader, window: Window = window, tokens_left: int = tokens_left) -> tuple[Plan, list[Any]]:
+                if not now:
+                    now.append(_now(r))  # one cutoff for the whole sweep
+                plan = plan_kind(r, kind, now[0], th, token_limit=tokens_left, window=window)
+                return plan, reap_bodies(plan, limits)
+
+            plan, bodies = await self.server.local(plan_it)
+            marks += plan.marks
+            outcome.reads += plan.marks + plan.reads
+            outcome.planned += sum(plan.counts().values())
+            for body in bodies:
+                result = await self.server.propose(body)
+                got, skip = tally(plan, body, result["value"])
+                for table, n in got.items():
+                    counts[table] = counts.get(table, 0) + n
+                skipped += skip
+                index = max(index, result["index"])
+                entries += 1
+            tokens_left -= len(plan.reaps) if kind == GC_TOKEN else 0
+            if plan.resume is None or tokens_left <= 0:
+                break
+            window = Window(plan.resume, MARKS_PER_PLAN)
+        if not entries:
+            self.log.debug("gc sweep found nothing", kind=kind, marks=marks, forced=forced)
+            return
         outcome.add(counts)
         metrics.record_gc(counts)  # optional hook; never raises
+        outcome.entries += entries
         outcome.skipped += skipped
         outcome.index = max(outcome.index, index)
         self.log.info(
@@ -313,9 +356,9 @@ class Collector:
             kind=kind,
             forced=forced,
             index=index,
-            entries=len(bodies),
+            entries=entries,
             skipped=skipped,
-            marks=plan.marks,
+            marks=marks,
             seconds=round(time.monotonic() - started, 3),
             **{t: n for t, n in counts.items() if n},
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsm import messages as m
-from fsm.gc import Plan, Thresholds, plan_kind
+from fsm.gc import Plan, Thresholds, Window, plan_kind
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
 from fsm.store import StateReader
@@ -194,14 +194,23 @@ def collect(
     th: Thresholds,
     limits: Limits | None = None,
     token_limit: int = 4096,
+    window: int | None = None,
 ) -> tuple[list[Plan], list[ApplyResult]]:
-    """What the leader does: each kind planned on the state after the previous kind's reaps."""
+    """What the leader does: each kind planned on the state after the previous kind's reaps,
+    ``window`` marks at a time (None: one plan per kind), reaping between windows."""
     plans, results = [], []
     for kind in kinds:
-        with h.read() as r:
-            plan = plan_kind(r, kind, now, th, token_limit=token_limit)
-        plans.append(plan)
-        results.extend(apply_plan(h, plan, limits, at=now))
+        span = Window(None, window)
+        left = token_limit
+        while True:
+            with h.read() as r:
+                plan = plan_kind(r, kind, now, th, token_limit=left, window=span)
+            plans.append(plan)
+            results.extend(apply_plan(h, plan, limits, at=now))
+            left -= len(plan.reaps) if kind == "token" else 0
+            if plan.resume is None or left <= 0:
+                break
+            span = Window(plan.resume, window)
     return plans, results
 
 

@@ -1,6 +1,6 @@
 """GC on real three-server clusters, driven only through RPCs (and the CLI).
 
-There is no scheduler here: jobs come from ``job.register``/``job.stop``;
+The scheduler is off (``[scheduler] enabled = false``): jobs come from ``job.register``;
 their evals and allocs are driven to completion with the worker RPCs
 (``plan.submit`` places allocs, ``eval.update`` completes evals) and client
 updates (``alloc.update``), as a scheduler worker and a client would.
@@ -54,6 +54,9 @@ deployment_threshold = "2s"
 node_threshold = "2s"
 token_threshold = "2s"
 job_batch = 2
+
+[scheduler]
+enabled = false
 """
 FORCED = """
 [gc]
@@ -69,6 +72,9 @@ deployment_threshold = "1h"
 node_threshold = "1h"
 token_threshold = "1h"
 job_batch = 10
+
+[scheduler]
+enabled = false
 """
 
 

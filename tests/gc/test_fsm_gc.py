@@ -388,3 +388,45 @@ def test_entry_size_is_what_the_raft_adapter_checks() -> None:
     # well inside the margin every entry keeps free.
     assert 0 <= entry_size(body) - encoded_entry_size(raw) <= 16 < ENTRY_MARGIN
     assert encoded_entry_size(raw) > len(raw) + 40  # bytes >= 0x80 take two bytes once pickled
+
+
+def test_windowed_sweep_removes_what_one_plan_would(h: GCHarness) -> None:
+    """The leader plans big sweeps a window of marks at a time, reaping between windows."""
+    from fsm.gc import Window
+
+    for i in range(12):
+        finished_batch_job(h, f"dead{i:02d}", allocs=1)
+        # Marks that stay: a live batch job's evals (current version) interleaved with the dead ones.
+        h.apply(m.JobRegister(job=job(f"live{i:02d}"), eval=evaluation(f"live{i:02d}-e", f"live{i:02d}")))
+        h.apply(m.PlanApply(eval_id=f"live{i:02d}-e", job_id=f"live{i:02d}", allocs_to_place=[alloc(f"live{i:02d}-a", f"live{i:02d}-e", f"live{i:02d}")]))
+        h.apply(m.EvalUpsert(evals=[evaluation(f"live{i:02d}-e", f"live{i:02d}", "batch", "complete")]))
+        h.apply(m.AllocClientUpdate(allocs=[m.AllocClientState(id=f"live{i:02d}-a", client_status="running")]))
+    now = h.time + HOUR
+    with h.read() as r:
+        whole = {t: set(v) for p in plan_all(r, now, ZERO, kinds=["job", "eval"]) for t, v in p.ids().items()}
+    for kind in ("job", "eval"):
+        window = Window(None, 5)
+        while True:
+            with h.read() as r:
+                plan = plan_kind(r, kind, now, ZERO, window=window)
+            apply_plan(h, plan, Limits(objects_per_entry=7))
+            if plan.resume is None:
+                break
+            window = Window(plan.resume, 5)
+    with h.read() as r:
+        left = ids_of(r)
+        check_no_orphans(r)
+    assert whole["jobs"] == {f"dead{i:02d}" for i in range(12)}
+    assert left["jobs"] == {f"live{i:02d}" for i in range(12)}
+    assert not (whole["evals"] & left["evals"]) and not (whole["allocs"] & left["allocs"])
+
+
+def test_job_reap_entries_bound_the_objects_they_remove(h: GCHarness) -> None:
+    for i in range(10):
+        finished_batch_job(h, f"b{i}", allocs=3)  # 5 objects each
+    with h.read() as r:
+        plan = plan_kind(r, "job", h.time + HOUR, ZERO)
+    bodies = reap_bodies(plan, Limits(objects_per_entry=12))
+    assert [len(b.jobs) for b in bodies] == [2, 2, 2, 2, 2]
+    bodies = reap_bodies(plan, Limits(objects_per_entry=3))  # one job is over the cap: it goes alone
+    assert [len(b.jobs) for b in bodies] == [1] * 10

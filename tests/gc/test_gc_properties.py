@@ -101,6 +101,7 @@ class World:
     gaps: list[int]
     now_gap: int
     thresholds: Thresholds
+    window: int | None = None  # GC marks per plan (the leader's windows)
 
 
 alloc_specs = st.builds(
@@ -152,6 +153,7 @@ worlds = st.builds(
     gaps=st.lists(st.sampled_from(GAPS), min_size=5, max_size=5),
     now_gap=st.sampled_from([0, *GAPS, 100 * HOUR]),
     thresholds=thresholds,
+    window=st.sampled_from([None, None, 1, 3]),
 )
 
 
@@ -438,7 +440,7 @@ def never_collected(r: Snapshot, removed: dict[str, set[str]], now: int) -> None
             )
 
 
-SMALL_ENTRIES = Limits(reap_batch=5, job_batch=2, token_batch=4096, max_entry_bytes=1024)
+SMALL_ENTRIES = Limits(reap_batch=5, job_batch=2, token_batch=4096, max_entry_bytes=1024, objects_per_entry=6)
 
 
 @settings(
@@ -462,7 +464,7 @@ def test_collectors_follow_the_rules(world: World) -> None:
             for plan in plan_all(r, now, th):
                 for table, found in plan.ids().items():
                     dry[table] |= set(found)
-        plans, results = collect(h, FORCE_ORDER, now, th, SMALL_ENTRIES)
+        plans, results = collect(h, FORCE_ORDER, now, th, SMALL_ENTRIES, window=world.window)
         for result in results:
             assert result.ok and not result.value.get("skipped"), result.value
         with h.read() as r:
