@@ -228,11 +228,15 @@ class HTTPAPI:
         self.streams: set[asyncio.Task[Any]] = set()
 
     # -- calling the RPC handlers ----------------------------------------------------------
-    def context(self, request: web.Request, method: str) -> RequestContext:
-        token = request.headers.get("X-Nomad-Token") or None
-        auth = request.headers.get("Authorization", "")
-        if token is None and auth.lower().startswith("bearer "):
-            token = auth[7:].strip() or None
+    def context(
+        self, request: web.Request, method: str, token: str | None = None
+    ) -> RequestContext:
+        """The RPC request context: the caller's token (or ``token``), a fresh request id."""
+        if token is None:
+            token = request.headers.get("X-Nomad-Token") or None
+            auth = request.headers.get("Authorization", "")
+            if token is None and auth.lower().startswith("bearer "):
+                token = auth[7:].strip() or None
         request_id = uuid.uuid4().hex
         peer = request.remote or "unknown"
         log = self.log.bind(request_id=request_id, method=method, peer=peer)
@@ -252,11 +256,16 @@ class HTTPAPI:
         return self.server.rpc.lookup(method) is not None
 
     async def call(
-        self, request: web.Request, method: str, args: dict[str, Any] | None = None
+        self,
+        request: web.Request,
+        method: str,
+        args: dict[str, Any] | None = None,
+        *,
+        token: str | None = None,
     ) -> Any:
         """Run RPC ``method`` in-process, exactly as an RPC client's request would run."""
         fn = self.handler(method)
-        return await fn(self.context(request, method), dict(args or {}))
+        return await fn(self.context(request, method, token), dict(args or {}))
 
     def stream(self, request: web.Request, method: str, args: dict[str, Any]) -> Any:
         fn = self.handler(method, streaming=True)

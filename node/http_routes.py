@@ -345,6 +345,23 @@ async def system_reconcile(request: web.Request) -> web.Response:
 
 
 # -- ACL -----------------------------------------------------------------------------------------
+async def _stored_token(
+    request: web.Request, created: dict[str, Any], secret: str | None
+) -> dict[str, Any]:
+    """A just-created token as stored (with the leader's CreateTime), its secret kept.
+
+    The create RPCs answer before they know the apply time; one read with a
+    management secret fills it in. If that read fails, the answer stands.
+    """
+    try:
+        out = await api_of(request).call(
+            request, "acl.token.get", {"accessor_id": created["AccessorID"]}, token=secret
+        )
+    except RPCError:
+        return created
+    return {**out["data"], "SecretID": created.get("SecretID")}
+
+
 async def acl_bootstrap(request: web.Request) -> web.Response:
     try:
         out = await api_of(request).call(request, "acl.bootstrap", {})
@@ -352,6 +369,7 @@ async def acl_bootstrap(request: web.Request) -> web.Response:
         if exc.code == "conflict":  # Nomad answers a second bootstrap with 400
             raise bad(exc.message) from None
         raise
+    out = await _stored_token(request, out, out.get("SecretID", ""))
     return answer(nomad_token(out), index=out.get("CreateIndex"), request=request)
 
 
@@ -412,6 +430,7 @@ async def acl_token_create(request: web.Request) -> web.Response:
         "ttl_seconds": _ttl_seconds(body),
     }
     out = await api_of(request).call(request, "acl.token.create", args)
+    out = await _stored_token(request, out, None)  # the caller's token could create, so it can read
     return answer(nomad_token(out), index=out.get("CreateIndex"), request=request)
 
 
