@@ -1,0 +1,413 @@
+"""Journal benchmark: catching up on a million records, and 100 subscribers under writes.
+
+    python -m tests.bench.journal_bench [--records 1000000] [--per-batch 10]
+                                        [--subscribers 100] [--writes 3000] [--window 64] [--rounds 2]
+
+Part 1 — catch-up. Builds a real FSM store whose journal holds ``--records``
+change records (plan applies of ``--per-batch`` allocations each, group
+commits), then measures in the same run:
+
+* a raw LMDB range scan of the journal (bytes only), and the same scan with
+  msgpack decoding of every batch — the floor and the ceiling of any reader;
+* ``event.stream`` served by a separate process (the real RPC server, hub and
+  handler over that store; only ACL is stubbed out) to a subscriber here:
+  - ``follow()`` as clients use it (journal bytes passed through by the
+    server, every record decoded by the client),
+  - the same without client decoding (what a pass-through consumer pays),
+  - ``encoding=records`` (the server decodes and re-encodes every record).
+
+Part 2 — fan-out. A real 3-server cluster takes pipelined writes
+(``node.register``, one record per batch) from this process; in alternate
+rounds a separate process holds ``--subscribers`` streams spread over the
+three servers. Reported: write throughput without and with the subscribers
+(mean of the rounds), and delivery lag (subscriber receive time minus the
+leader's time stamp on the record, p50/p99/max over every subscriber and
+batch). The subscriber process reads frames with minimal work, so what is
+measured is the servers' cost; its own CPU time is reported too. Everything
+shares one machine: compare ratios within a run, not absolute numbers
+across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import selectors
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+REPO = Path(__file__).resolve().parents[2]
+BIG = 1 << 40
+
+
+def percentile(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else float("nan")
+
+
+# -- part 1: catch-up ------------------------------------------------------------------
+def build_store(path: str, records: int, per_batch: int) -> tuple[int, int]:
+    """A real FSM store with ``records`` journal records; returns (batches, records)."""
+    from fsm import messages as m
+    from fsm.journal import Retention
+    from fsm.machine import FSM
+    from fsm.messages import encode_entry
+    from fsm.structs import SECOND, Allocation, Evaluation, Job, Node, Resources, Task, TaskGroup
+
+    fsm = FSM(path, retention=Retention(max_batches=BIG, max_bytes=BIG))
+    index, now = 0, 1_700_000_000 * SECOND
+
+    def apply(body: Any, commit: bool) -> None:
+        nonlocal index, now
+        index += 1
+        now += 1000
+        result = fsm.apply(index, encode_entry(body, time=now, rid=""))
+        assert result.ok, result.error
+        if commit:
+            fsm.commit()
+
+    apply(m.NodeRegister(node=Node(id="n1", name="n1", status="ready")), True)
+    job = Job(id="web", task_groups=[TaskGroup(name="g", tasks=[Task(name="t")])])
+    apply(m.JobRegister(job=job, eval=Evaluation(id="e1", job_id="web")), True)
+    made = 0
+    while made + 3 < records:
+        allocs = [
+            Allocation(
+                id=f"a{made + i:08d}",
+                eval_id="e1",
+                job_id="web",
+                node_id="n1",
+                task_group="g",
+                name=f"web.g[{made + i}]",
+                resources=Resources(cpu=100, memory_mb=64),
+            )
+            for i in range(min(per_batch, records - 3 - made))
+        ]
+        made += len(allocs)
+        apply(m.PlanApply(job_id="web", allocs_to_place=allocs), commit=index % 64 == 0)
+    fsm.commit()
+    with fsm.read() as r:
+        batches = total = 0
+        for _, raw in r.iter_raw("journal"):
+            batches += 1
+            total += _count(raw)
+    fsm.close()
+    return batches, total
+
+
+def _count(raw: bytes) -> int:
+    from node.stream import record_count
+
+    return record_count(raw)
+
+
+def raw_scans(path: str) -> dict[str, float]:
+    from fsm.store import StateStore
+
+    store = StateStore(path)
+    out = {}
+    try:
+        with store.read() as r:
+            t = time.perf_counter()
+            n = sum(_count(v) for _, v in r.iter_raw("journal"))
+            out["lmdb_scan_bytes"] = n / (time.perf_counter() - t)
+            t = time.perf_counter()
+            n = sum(len(batch) for _, batch in r.journal_batches())
+            out["lmdb_scan_decoded"] = n / (time.perf_counter() - t)
+    finally:
+        store.close()
+    out["records"] = n
+    return out
+
+
+def serve(path: str) -> None:
+    """``--serve``: event.stream over an existing store (real RPC server and hub, no raft, no ACL)."""
+    from fsm.journal import Retention
+    from fsm.machine import FSM
+    from node.rpc_server import RPCServer
+    from node.stream import event_stream
+
+    class Stub:
+        def __init__(self, fsm: FSM) -> None:
+            self.fsm = fsm
+
+        async def authorize(self, ctx: Any, need: Any) -> None:
+            return None
+
+    async def main() -> None:
+        stub = Stub(FSM(path, retention=Retention(max_batches=BIG, max_bytes=BIG)))
+        rpc = RPCServer("127.0.0.1:0", max_frame=64 << 20)
+        rpc.register("event.stream", functools.partial(event_stream, stub), streaming=True)
+        print("ADDR " + await rpc.start(), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def catch_up(path: str, expected: int) -> dict[str, float]:
+    from node.event_client import follow
+    from node.rpc_client import RPCClient
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.bench.journal_bench", "--serve", path],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        address = next(line for line in proc.stdout if line.startswith("ADDR")).split()[1]
+        out = {}
+        for name, decode in (("stream_follow_decoded", True), ("stream_passthrough", False)):
+            t = time.perf_counter()
+            n = 0
+            for item in follow([address], heartbeat=30, decode=decode):
+                if "progress" in item:
+                    break
+                n += len(item["events"]) if decode else _count(item["raw"])
+            out[name] = n / (time.perf_counter() - t)
+            assert n == expected, (name, n, expected)
+        t = time.perf_counter()
+        n = 0
+        with RPCClient([address], timeout=60, max_frame=64 << 20) as client:
+            for frame in client.stream("event.stream", {"index": 0, "heartbeat": 30, "encoding": "records", "group": 256}):
+                if "progress" in frame:
+                    break
+                n += sum(len(item["events"]) for item in frame.get("batches", [frame]))
+        out["stream_records_encoding"] = n / (time.perf_counter() - t)
+        assert n == expected
+        return out
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# -- part 2: fan-out under writes ---------------------------------------------------------
+HEADER = 4
+
+
+def subscribe(addresses: list[str], count: int, start: int, result_file: str) -> None:
+    """``--subscribe``: hold ``count`` raw streams; record (index, receive ns) per batch.
+
+    Reads stdin for ``UNTIL <index>`` and exits once every stream got that far.
+    """
+    sel = selectors.DefaultSelector()
+    socks = []
+    for i in range(count):
+        host, port = addresses[i % len(addresses)].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        request = {"id": f"s{i}", "method": "event.stream", "token": None,
+                   "args": {"index": start, "encoding": "msgpack", "heartbeat": 5, "group": 256}}
+        body = msgpack.packb(request, use_bin_type=True)
+        sock.sendall(len(body).to_bytes(4, "big") + body)
+        sock.setblocking(False)
+        state = {"buf": bytearray(), "seen": [], "last": start, "live": False, "i": i}
+        sel.register(sock, selectors.EVENT_READ, state)
+        socks.append(sock)
+    sel.register(sys.stdin, selectors.EVENT_READ, None)
+    until = None
+    ready_sent = False
+    states = [key.data for key in sel.get_map().values() if key.data is not None]
+    while True:
+        if not ready_sent and all(s["live"] for s in states):
+            print("READY", flush=True)
+            ready_sent = True
+        if until is not None and all(s["last"] >= until for s in states):
+            break
+        for key, _ in sel.select(timeout=1.0):
+            if key.data is None:
+                line = sys.stdin.readline()
+                if line.startswith("UNTIL"):
+                    until = int(line.split()[1])
+                continue
+            st = key.data
+            try:
+                chunk = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise SystemExit(f"stream {st['i']} closed by the server")
+            now = time.time_ns()
+            buf = st["buf"]
+            buf += chunk
+            pos = 0
+            while len(buf) - pos >= HEADER:
+                length = int.from_bytes(buf[pos : pos + HEADER], "big")
+                if len(buf) - pos - HEADER < length:
+                    break
+                message = msgpack.unpackb(bytes(buf[pos + HEADER : pos + HEADER + length]), raw=False)
+                pos += HEADER + length
+                frame = message.get("stream")
+                if frame is None:
+                    raise SystemExit(f"stream {st['i']} ended: {message.get('error')}")
+                for item in frame["batches"] if "batches" in frame else (frame,):
+                    if "index" in item:
+                        st["seen"].append((item["index"], now))
+                        st["last"] = item["index"]
+                    else:
+                        st["live"] = True
+                        st["last"] = max(st["last"], item["progress"])
+            del buf[:pos]
+    for sock in socks:
+        sock.close()
+    cpu = os.times()
+    Path(result_file).write_text(json.dumps({"seen": [s["seen"] for s in states], "cpu": cpu.user + cpu.system}))
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of processes, from /proc (Linux)."""
+    total = 0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+async def pipelined_writes(leader: str, n: int, window: int, tag: str) -> tuple[float, int]:
+    from node.rpc_client import AsyncRPCClient
+
+    client = AsyncRPCClient([leader], timeout=60)
+    sem = asyncio.Semaphore(window)
+    last = 0
+
+    async def one(i: int) -> None:
+        nonlocal last
+        async with sem:
+            out = await client.call("node.register", {"node": {"ID": f"{tag}-{i}", "Name": f"{tag}-{i}"}})
+            last = max(last, out["Index"])
+
+    t = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - t
+    await client.close()
+    return n / elapsed, last
+
+
+def fanout(subscribers: int, writes: int, window: int, rounds: int) -> dict[str, Any]:
+    from node import cluster as cl
+    from node.rpc_client import RPCClient
+    from tests.journal.support import read_journal
+
+    directory = tempfile.mkdtemp(prefix="caravan-journal-bench-")
+    c = cl.up(directory, 3)
+    try:
+        leader = cl.wait_for_leader(c.rpc_addresses)["Leader"]
+        asyncio.run(pipelined_writes(leader, 300, window, "warmup"))
+        base, loaded, lags, cpu = [], [], [], []
+        pids = [n.pid for n in c.nodes]
+        server_cpu: dict[str, list[float]] = {"without": [], "with": []}
+        for r in range(rounds):
+            before = cpu_seconds(pids)
+            rate, _ = asyncio.run(pipelined_writes(leader, writes, window, f"b{r}"))
+            server_cpu["without"].append(1000 * (cpu_seconds(pids) - before) / writes)
+            base.append(rate)
+            start = RPCClient([leader]).call("status")["AppliedIndex"]
+            result_file = os.path.join(directory, f"subs-{r}.json")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.bench.journal_bench", "--subscribe", ",".join(c.rpc_addresses),
+                 str(subscribers), str(start), result_file],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+            )
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline().strip() == "READY"
+            before = cpu_seconds(pids)
+            rate, last = asyncio.run(pipelined_writes(leader, writes, window, f"s{r}"))
+            server_cpu["with"].append(1000 * (cpu_seconds(pids) - before) / writes)
+            loaded.append(rate)
+            proc.stdin.write(f"UNTIL {last}\n")
+            proc.stdin.flush()
+            assert proc.wait(300) == 0, "subscriber process failed"
+            data = json.loads(Path(result_file).read_text())
+            cpu.append(data["cpu"])
+            leader_node = next(n for n in c.nodes if n.rpc_addr == leader)
+            journal = read_journal(Path(leader_node.data_dir) / "state")
+            stamp = {i: batch[0][3]["modify_time"] for i, batch in journal.items() if batch and batch[0][3]}
+            for seen in data["seen"]:
+                indexes = [i for i, _ in seen]
+                assert indexes == sorted(set(indexes)), "a subscriber saw batches out of order"
+                lags += [(t - stamp[i]) / 1e6 for i, t in seen if i in stamp and i <= last]
+        mean_base, mean_loaded = statistics.mean(base), statistics.mean(loaded)
+        return {
+            "subscribers": subscribers,
+            "writes_per_round": writes,
+            "write_rate_without": base,
+            "write_rate_with": loaded,
+            "throughput_cost_pct": 100 * (1 - mean_loaded / mean_base),
+            "lag_ms_p50": percentile(lags, 0.50),
+            "lag_ms_p99": percentile(lags, 0.99),
+            "lag_ms_max": max(lags),
+            "deliveries": len(lags),
+            "subscriber_process_cpu_s": cpu,
+            "server_cpu_ms_per_write_without": server_cpu["without"],
+            "server_cpu_ms_per_write_with": server_cpu["with"],
+            "server_cpu_cost_pct": 100 * (statistics.mean(server_cpu["with"]) / statistics.mean(server_cpu["without"]) - 1),
+        }
+    finally:
+        cl.down(c)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--per-batch", type=int, default=10)
+    ap.add_argument("--subscribers", type=int, default=100)
+    ap.add_argument("--writes", type=int, default=3000)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--skip-catch-up", action="store_true")
+    ap.add_argument("--skip-fanout", action="store_true")
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--subscribe", nargs=4, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve)
+        return
+    if a.subscribe:
+        addrs, count, start, result = a.subscribe
+        subscribe(addrs.split(","), int(count), int(start), result)
+        return
+    report: dict[str, Any] = {}
+    if not a.skip_catch_up:
+        path = tempfile.mkdtemp(prefix="caravan-journal-bench-store-")
+        try:
+            t = time.perf_counter()
+            batches, records = build_store(path, a.records, a.per_batch)
+            print(f"built a journal of {records} records in {batches} batches ({time.perf_counter() - t:.0f}s)", flush=True)
+            scans = raw_scans(path)
+            stream = catch_up(path, records)
+            report["catch_up"] = {"records": records, "batches": batches, **scans, **stream}
+            print(f"  raw LMDB range scan, bytes only      {scans['lmdb_scan_bytes']:>12,.0f} records/s")
+            print(f"  raw LMDB range scan, msgpack decoded {scans['lmdb_scan_decoded']:>12,.0f} records/s")
+            print(f"  event.stream catch-up, follow()      {stream['stream_follow_decoded']:>12,.0f} records/s  (decoded by the client)")
+            print(f"  event.stream catch-up, pass-through  {stream['stream_passthrough']:>12,.0f} records/s  (not decoded)")
+            print(f"  event.stream catch-up, records enc.  {stream['stream_records_encoding']:>12,.0f} records/s  (server re-encodes)")
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+    if not a.skip_fanout:
+        f = fanout(a.subscribers, a.writes, a.window, a.rounds)
+        report["fanout"] = f
+        print(f"{f['subscribers']} subscribers over 3 servers, {f['writes_per_round']} pipelined writes per round")
+        print(f"  writes/s without subscribers  {', '.join(f'{x:,.0f}' for x in f['write_rate_without'])}")
+        print(f"  writes/s with subscribers     {', '.join(f'{x:,.0f}' for x in f['write_rate_with'])}")
+        print(f"  throughput cost               {f['throughput_cost_pct']:.1f}%")
+        print(f"  delivery lag p50/p99/max      {f['lag_ms_p50']:.1f} / {f['lag_ms_p99']:.1f} / {f['lag_ms_max']:.1f} ms "
+              f"over {f['deliveries']:,} deliveries")
+        print(f"  servers' CPU per write        without {', '.join(f'{x:.2f}' for x in f['server_cpu_ms_per_write_without'])} ms, "
+              f"with {', '.join(f'{x:.2f}' for x in f['server_cpu_ms_per_write_with'])} ms "
+              f"({f['server_cpu_cost_pct']:+.1f}%; 3 servers together, stamped while the writes ran)")
+        print(f"  subscriber process CPU        {', '.join(f'{x:.1f}s' for x in f['subscriber_process_cpu_s'])}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
