@@ -345,3 +345,116 @@ def check_journal(path: str | Path) -> CheckerResult:
         f"({sum(breaks.values())} resubscriptions after breaks)",
         total, details,
     )
+
+
+# -- garbage collection --------------------------------------------------------------------------
+def check_gc(events: Sequence[Event]) -> CheckerResult:
+    """GC safety over the lifecycle workload's history.
+
+    * a running job that nobody stopped (``keep-*``) is present in every
+      observation that started after its registration was acknowledged;
+    * a collected job never comes back: once an observation that started
+      after the job's acknowledged registration misses it, no observation
+      starting after that one returned sees it again;
+    * no orphans: in the final state every evaluation and allocation of a
+      workload job belongs to a job that still exists.
+    """
+    ops = operations_from_events(events)
+    acked: dict[str, Operation] = {}
+    kinds: dict[str, str] = {}
+    stopped: set[str] = set()
+    observations: list[tuple[Operation, dict[str, str] | None, set[str] | None]] = []  # (op, seen, scope)
+    final: Operation | None = None
+    forced = 0
+    for op in ops:
+        f = op.input.get("f") if isinstance(op.input, dict) else None
+        if f == "run":
+            kinds[op.input["job"]] = op.input["kind"]
+            if op.status == "ok":
+                acked[op.input["job"]] = op
+        elif f == "stop":
+            stopped.add(op.input["job"])  # attempted counts: it may have happened
+        elif f == "gc" and op.status == "ok":
+            forced += 1
+        elif op.status == "ok" and f == "list":
+            observations.append((op, dict(op.output or {}), None))
+        elif op.status == "ok" and f == "get":
+            job = op.input["job"]
+            observations.append((op, dict(op.output or {}), {job}))
+        elif op.status == "ok" and f == "final":
+            final = op
+            observations.append((op, dict(op.output.get("jobs") or {}), None))
+    observations.sort(key=lambda o: o[0].call_time)
+    problems: list[str] = []
+    marks: list[dict[str, Any]] = []
+
+    collected_running = []
+    for job, reg in acked.items():
+        if kinds.get(job) != "keep" or job in stopped:
+            continue
+        for op, seen, scope in observations:
+            if (scope is None or job in scope) and op.call_time > reg.return_time and job not in seen:  # type: ignore[operator]
+                collected_running.append(job)
+                marks.append(_mark("lifecycle", op, f"running job {job} is missing (collected while running?)"))
+                break
+    if collected_running:
+        problems.append(f"{len(collected_running)} running jobs disappeared: {sorted(collected_running)[:5]}")
+
+    came_back = []
+    collected: set[str] = set()
+    for job, reg in acked.items():
+        gone_at: Operation | None = None
+        for op, seen, scope in observations:
+            if scope is not None and job not in scope:
+                continue
+            if op.call_time <= reg.return_time:  # type: ignore[operator]
+                continue
+            if job not in seen:
+                if gone_at is None:
+                    gone_at = op
+                    collected.add(job)
+            elif gone_at is not None and gone_at.return_time is not None and op.call_time > gone_at.return_time:
+                came_back.append(job)
+                marks.append(_mark("lifecycle", gone_at, f"{job} absent here"))
+                marks.append(_mark("lifecycle", op, f"{job} is back after it was collected"))
+                break
+    if came_back:
+        problems.append(f"{len(came_back)} collected jobs came back: {sorted(came_back)[:5]}")
+
+    orphans: list[list[str]] = []
+    if final is not None:
+        jobs = set((final.output or {}).get("jobs") or {})
+        ours = set(kinds)
+        for kind in ("evals", "allocs"):
+            for row in (final.output or {}).get(kind) or []:
+                obj_id, job_id = row[0], row[1]
+                if job_id in ours and job_id not in jobs:
+                    orphans.append([kind[:-1], obj_id, job_id])
+        if orphans:
+            problems.append(f"{len(orphans)} evaluations/allocations outlive their job, e.g. {orphans[0]}")
+            marks.append(_mark("lifecycle", final, f"orphans: {orphans[:3]}"))
+    details = {
+        "registered": len(kinds),
+        "acknowledged": len(acked),
+        "keep_jobs": sum(1 for k in kinds.values() if k == "keep"),
+        "stopped": len(stopped),
+        "forced_gc": forced,
+        "observations": len(observations),
+        "collected_jobs": len(collected),
+        "final_state": final is not None,
+        "orphans": orphans[:50],
+        "came_back": came_back[:50],
+        "collected_while_running": collected_running[:50],
+    }
+    if problems:
+        return CheckerResult("gc-safety", "lifecycle", "anomaly", "; ".join(problems), len(ops), details, marks)
+    if final is None:
+        return CheckerResult("gc-safety", "lifecycle", "unknown", "no final state was read after healing", len(ops), details)
+    if not collected:
+        return CheckerResult("gc-safety", "lifecycle", "unknown", "GC collected no job during the run; nothing was exercised", len(ops), details)
+    return CheckerResult(
+        "gc-safety", "lifecycle", "ok",
+        f"{len(collected)} of {len(acked)} acknowledged jobs collected; no running job collected, none came back, "
+        f"no orphans ({len(observations)} observations, {forced} forced GCs)",
+        len(ops), details,
+    )

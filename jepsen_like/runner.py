@@ -95,6 +95,11 @@ class RunOptions:
             raise RunError(f"unknown workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
         if not self.workloads:
             raise RunError("give at least one workload")
+        if "lifecycle" in self.workloads and {"set", "register"} & set(self.workloads):
+            raise RunError(
+                "the lifecycle workload forces GC, which collects the set/register workloads' dead jobs; "
+                "run it on its own (or with journal)"
+            )
         if self.op_timeout <= 0:
             raise RunError("--op-timeout must be positive")
         out = Path(self.out)
@@ -157,7 +162,8 @@ def run(options: RunOptions, log: Any = print) -> int:
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2))
 
     with _server_env(options.server_env):
-        testbed = Testbed.create(out / "cluster", options.nodes)
+        extra = "\n".join(w.server_config for w in workloads if w.server_config)
+        testbed = Testbed.create(out / "cluster", options.nodes, extra_config=extra)
         try:
             return _run_on(testbed, options, workloads, out, clock, nemesis_rng, rng, meta, total_lanes, final_lane, log)
         finally:
@@ -197,6 +203,10 @@ def _run_on(
                 log(f"workload {workload.name}: {reason}")
             else:
                 active.append(workload)
+    client_nodes = max((w.client_nodes for w in active), default=0)
+    if client_nodes:
+        testbed.start_client_sim(client_nodes, seed=options.seed)
+        log(f"simulated client with {client_nodes} nodes started")
     faults = []
     for name in options.nemeses:
         if name == "none":
@@ -328,6 +338,8 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
         results.append(checkers.check_register(events["register"], timeout=checker_timeout))
     if "set" in events:
         results.append(checkers.check_set(events["set"]))
+    if "lifecycle" in events:
+        results.append(checkers.check_gc(events["lifecycle"]))
     if "journal" in events:
         results.append(checkers.check_journal(out / JOURNAL_FILE))
     convergence = None

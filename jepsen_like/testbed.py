@@ -36,6 +36,8 @@ import contextlib
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -66,6 +68,7 @@ class Testbed:
     cluster: cl.Cluster
     proxies: LinkProxies | None
     paused: set[str] = field(default_factory=set)
+    client_sim: subprocess.Popen[bytes] | None = None
 
     @classmethod
     def create(cls, directory: str | Path, count: int, *, extra_config: str = "", proxies: bool = True) -> Testbed:
@@ -153,6 +156,31 @@ class Testbed:
             os.kill(node.pid, signal.SIGCONT)
         self.paused.discard(name)
 
+    def start_client_sim(self, nodes: int, seed: int = 0) -> None:
+        """``caravan client sim`` with ``nodes`` simulated client nodes, as one more process."""
+        log = open(self.directory / "client-sim.log", "ab")  # noqa: SIM115 - handed to the child
+        self.client_sim = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "client", "sim", "--nodes", str(nodes),
+             "--servers", ",".join(self.rpc_addresses), "--seed", str(seed), "--name-prefix", "sim"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(Path(cl.__file__).resolve().parents[1]),
+        )
+        log.close()
+
+    def _stop_client_sim(self) -> None:
+        proc, self.client_sim = self.client_sim, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(10.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5.0)
+
     # -- network --------------------------------------------------------------------------
     def partition(self, groups: list[list[str]]) -> list[tuple[str, str]]:
         if self.proxies is None:
@@ -217,6 +245,8 @@ class Testbed:
         for name in self.names:
             with contextlib.suppress(Exception):
                 self.resume(name)
+        with contextlib.suppress(Exception):
+            self._stop_client_sim()
         try:
             cl.down(self.cluster, timeout=10.0)
         finally:

@@ -37,9 +37,14 @@ Workloads:
   the whole set (``job.list`` over 16 id prefixes); after the faults are
   healed a final read must contain every acknowledged add and nothing that
   was never attempted or that definitely failed.
-* ``lifecycle`` and ``journal`` -- need the GC (``system.gc``) and change
-  journal (``event.stream``) RPCs; the workload probes for them and is
-  skipped, with the reason in the results, while a server lacks them.
+* ``lifecycle`` -- batch jobs run on a simulated client, finish and are
+  collected by periodic and forced GC; see ``LifecycleWorkload``.
+* ``journal`` -- an ``event.stream`` subscriber on every server, resuming
+  after every fault; see ``JournalWorkload``.
+
+Workloads that need RPCs other features add (``system.gc``,
+``event.stream``) probe for them first and are skipped, with the reason in
+the results, on servers that lack them (``unknown_method``).
 """
 
 from __future__ import annotations
@@ -156,6 +161,10 @@ class Workload:
     model = "none"
     #: lanes keep running after the fault phase, until ``final`` tells them to stop
     runs_past_stop = False
+    #: TOML appended to every server's config when this workload is requested
+    server_config = ""
+    #: simulated client nodes (``caravan client sim``) this workload needs
+    client_nodes = 0
 
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
@@ -348,38 +357,163 @@ class SetWorkload(Workload):
                 ctx.stop.wait(0.5)  # the cluster is recovering: retry until the deadline
 
 
-class _ProbedWorkload(Workload):
-    """A workload that needs RPC methods other features add; skipped until they exist."""
-
-    needs: tuple[str, ...] = ()
-    what = ""
-
-    def __init__(self, lanes: int = 2) -> None:
-        super().__init__(lanes)
-
-    def probe(self, client: RPCClient) -> str | None:
-        missing = [m for m in self.needs if _missing_method(client, m)]
-        if missing:
-            return f"the servers have no {', '.join(missing)} RPC yet ({self.what} not built); skipped"
-        return f"the {self.name} workload is not implemented in this harness version yet; skipped"
-
-    def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-
-def _missing_method(client: RPCClient, method: str) -> bool:
+def _missing_method(client: RPCClient, method: str, args: dict[str, Any] | None = None) -> bool:
     """True only for an explicit ``unknown_method``; any other answer means it exists."""
     try:
-        client.call(method, {"probe": True}, timeout=5.0)
+        client.call(method, args or {}, timeout=5.0)
     except RPCError as err:
         return err.code == UNKNOWN_METHOD
     return False
 
 
-class LifecycleWorkload(_ProbedWorkload):
+#: Fast garbage collection for lifecycle runs (Nomad's defaults are minutes to hours).
+LIFECYCLE_GC_CONFIG = """
+[gc]
+eval_interval = "2s"
+eval_threshold = "3s"
+batch_eval_threshold = "3s"
+job_interval = "2s"
+job_threshold = "3s"
+deployment_interval = "2s"
+deployment_threshold = "3s"
+"""
+
+
+class LifecycleWorkload(Workload):
+    """Jobs run, finish and get collected by periodic and forced GC, under faults.
+
+    Needs the scheduler, a simulated client (``caravan client sim``, started by
+    the runner as one more process) and ``system.gc``. The servers get short
+    GC intervals and thresholds (``LIFECYCLE_GC_CONFIG``). Actor lanes
+    register batch jobs ``life-N`` that run 0.3-2 s and finish, service jobs
+    ``keep-N`` that run until the end and are never stopped, stop some
+    ``life`` jobs, read single jobs and force GC; an observer lane lists all
+    of them twice a second. After healing, the final phase forces GC and
+    records jobs, evaluations and allocations. ``checkers.check_gc``:
+    a job that is running (``keep``) is never collected, a collected job
+    never comes back, and no evaluation or allocation outlives its job.
+
+    Its forced GC collects every dead job, including the set and register
+    workloads' (count 0, dead once their evaluation completes), so it runs
+    on its own (``RunOptions.validate``).
+    """
+
     name = "lifecycle"
-    needs = ("system.gc",)
-    what = "leader garbage collection"
+    model = "gc"
+    server_config = LIFECYCLE_GC_CONFIG
+    client_nodes = 3
+
+    def __init__(self, lanes: int = 3, keep_jobs: int = 6) -> None:
+        super().__init__(lanes)
+        self.keep_jobs = keep_jobs
+        self.ctx: RunContext | None = None
+        self._lock = threading.Lock()
+        self.registered: list[str] = []
+        self.keeps = 0
+
+    def probe(self, client: RPCClient) -> str | None:
+        if _missing_method(client, "system.gc", {"dry_run": True}):
+            return "the servers have no system.gc RPC (leader garbage collection is not built); skipped"
+        if _missing_method(client, "node.list"):
+            return "the servers have no node.list RPC; skipped"
+        return None
+
+    def run_lane(self, lane: Lane, ctx: RunContext, rng: random.Random) -> None:
+        self.ctx = ctx
+        if lane.lane - self.first_lane == self.lanes - 1:  # the observer
+            with ctx.client(rng) as client:
+                while not ctx.stop.is_set():
+                    self.observe(lane, client)
+                    ctx.stop.wait(0.5)
+            return
+        super().run_lane(lane, ctx, rng)
+
+    def _call(self, lane: Lane, client: RPCClient, value: dict[str, Any], method: str, args: dict[str, Any],
+              shape: Callable[[Any], Any], read: bool = False) -> Any:
+        lane.invoke(value)
+        try:
+            result = client.call(method, args)
+        except (RPCError, OSError) as err:
+            if read and isinstance(err, RPCError) and err.code == NOT_FOUND:
+                lane.complete("ok", None)
+                return None
+            lane.complete("fail" if read else classify(err), {"error": error_text(err)})
+            return None
+        out = shape(result)
+        lane.complete("ok", out)
+        return out
+
+    def observe(self, lane: Lane, client: RPCClient) -> None:
+        def shape(result: Any) -> dict[str, Any]:
+            return {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "") for j in result["data"]}
+
+        jobs: dict[str, Any] = {}
+        lane.invoke({"f": "list"})
+        try:
+            for prefix in ("life-", "keep-"):
+                jobs.update(shape(client.call("job.list", {"prefix": prefix})))
+        except (RPCError, OSError) as err:
+            lane.complete("fail", {"error": error_text(err)})
+            return
+        lane.complete("ok", jobs)
+
+    def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:
+        assert self.ctx is not None
+        roll = rng.random()
+        with self._lock:
+            known = list(self.registered)
+            want_keep = self.keeps < self.keep_jobs and roll < 0.1
+            if want_keep:
+                self.keeps += 1
+        if want_keep:
+            job_id = f"keep-{self.ctx.unique()}"
+            spec = _job(job_id, {})
+            spec["TaskGroups"] = [{"Name": "g", "Count": 1, "Tasks": [{"Name": "t", "Driver": "sim", "Config": {},
+                                   "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
+            self._call(lane, client, {"f": "run", "job": job_id, "kind": "keep"}, "job.register", {"job": spec}, lambda r: None)
+        elif roll < 0.7 or not known:
+            job_id = f"life-{self.ctx.unique()}"
+            run_for = f"{rng.randint(300, 2000)}ms"
+            spec = _job(job_id, {})
+            spec["Type"] = "batch"
+            spec["TaskGroups"] = [{"Name": "g", "Count": rng.randint(1, 2), "Tasks": [{
+                "Name": "t", "Driver": "sim", "Config": {"run_for": run_for}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
+            self._call(lane, client, {"f": "run", "job": job_id, "kind": "batch"}, "job.register", {"job": spec}, lambda r: None)
+        elif roll < 0.8:
+            job_id = rng.choice(known)
+            self._call(lane, client, {"f": "stop", "job": job_id}, "job.stop", {"job_id": job_id}, lambda r: None)
+            return
+        elif roll < 0.9:
+            self._call(lane, client, {"f": "gc"}, "system.gc", {}, lambda r: {k: v for k, v in r.items() if isinstance(v, int)})
+            return
+        else:
+            job_id = rng.choice(known)
+            self._call(lane, client, {"f": "get", "job": job_id}, "job.get", {"job_id": job_id},
+                       lambda r: {job_id: r["data"]["Status"] + ("/stop" if r["data"].get("Stop") else "")}, read=True)
+            return
+        with self._lock:
+            self.registered.append(job_id)
+
+    def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
+        """Force GC until it finds nothing more, then record jobs, evals and allocs."""
+        rng = random.Random(1)
+        with ctx.client(rng) as client:
+            for _ in range(3):
+                self._call(lane, client, {"f": "gc"}, "system.gc", {}, lambda r: {k: v for k, v in r.items() if isinstance(v, int)})
+                ctx.stop.wait(1.0)  # let reaps of the previous pass settle before the next
+            while time.monotonic() < deadline:
+                lane.invoke({"f": "final"})
+                try:
+                    jobs = {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "")
+                            for prefix in ("life-", "keep-") for j in client.call("job.list", {"prefix": prefix})["data"]}
+                    evals = [[e["ID"], e["JobID"], e["Status"]] for e in client.call("eval.list", {})["data"]]
+                    allocs = [[a["ID"], a["JobID"], a["ClientStatus"]] for a in client.call("alloc.list", {})["data"]]
+                except (RPCError, OSError) as err:
+                    lane.complete("fail", {"error": error_text(err)})
+                    ctx.stop.wait(0.5)
+                    continue
+                lane.complete("ok", {"jobs": jobs, "evals": evals, "allocs": allocs})
+                return
 
 
 JOURNAL_FILE = "journal.jsonl"

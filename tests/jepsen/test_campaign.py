@@ -23,13 +23,16 @@ UNSAFE_REAPPLY = "CARAVAN_UNSAFE_SKIP_APPLIED_INDEX_CHECK"
 
 
 def short_run(out: Path, seed: int, nemeses: list[str], **overrides: object) -> tuple[int, list[dict]]:
-    settings: dict[str, object] = {"quiet": (1.0, 2.0), "hold": (1.5, 3.0)} | overrides
+    settings: dict[str, object] = {
+        "quiet": (1.0, 2.0),
+        "hold": (1.5, 3.0),
+        "workloads": ["register", "set", "journal"],
+    } | overrides
     options = RunOptions(
         out=str(out),
         seed=seed,
         time=15.0,
         nemeses=nemeses,
-        workloads=["register", "set", "journal"],
         checker_timeout=60.0,
         convergence_wait=60.0,
         keep_cluster_data=False,
@@ -72,6 +75,15 @@ def test_short_campaign_finds_no_anomaly(
     assert by_checker(results, "journal")["status"] == "ok", explain(results, out)
     for name in ("summary.txt", "timeline.html", "history-register.jsonl", "history-set.jsonl", "journal.jsonl"):
         assert (out / name).stat().st_size > 0, name
+
+
+def test_lifecycle_under_faults_collects_safely(tmp_path: Path) -> None:
+    """Jobs run on simulated clients, finish, and are collected by periodic and forced GC."""
+    out = tmp_path / "lifecycle"
+    code, results = short_run(out, 14, ["kill", "partition"], workloads=["lifecycle", "journal"])
+    assert code == EXIT_OK, explain(results, out)
+    gc = by_checker(results, "gc-safety")
+    assert gc["status"] == "ok" and gc["details"]["collected_jobs"] > 5, explain(results, out)
 
 
 def test_campaign_reports_broken_exactly_once(tmp_path: Path) -> None:

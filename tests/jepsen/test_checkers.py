@@ -281,3 +281,50 @@ def test_journal_reset_window_is_not_a_gap(tmp_path: Path) -> None:
 def test_journal_subscriber_behind_target_is_unknown(tmp_path: Path) -> None:
     result = checkers.check_journal(journal_file(tmp_path, {"s1": [(3, "a")], "s2": [(3, "a")]}, 9))
     assert result.status == "unknown"
+
+
+# -- gc safety -----------------------------------------------------------------------------------------
+def run_job(p: int, t: float, job: str, kind: str = "batch") -> list[Event]:
+    return op(p, t, t + 0.1, {"f": "run", "job": job, "kind": kind})
+
+
+def listing(t: float, jobs: dict[str, str]) -> list[Event]:
+    return op(5, t, t + 0.1, {"f": "list"}, jobs)
+
+
+def final_state(t: float, jobs: dict[str, str], evals: list | None = None, allocs: list | None = None) -> list[Event]:
+    return op(6, t, t + 0.1, {"f": "final"}, {"jobs": jobs, "evals": evals or [], "allocs": allocs or []})
+
+
+def test_gc_valid_collection() -> None:
+    h = history(
+        run_job(0, 0.0, "life-1"),
+        run_job(1, 0.0, "keep-2", "keep"),
+        listing(0.5, {"life-1": "running", "keep-2": "running"}),
+        listing(1.0, {"keep-2": "running"}),
+        final_state(2.0, {"keep-2": "running"}, evals=[["e1", "keep-2", "complete"]]),
+    )
+    result = checkers.check_gc(h)
+    assert result.status == "ok", result.summary
+    assert result.details["collected_jobs"] == 1
+
+
+@pytest.mark.parametrize(
+    ("steps", "needle"),
+    [
+        ([listing(0.5, {"keep-2": "running"}), listing(1.0, {}), final_state(2.0, {})], "running jobs disappeared"),
+        ([listing(0.5, {}), listing(1.0, {"life-1": "dead"}), final_state(2.0, {})], "came back"),
+        ([final_state(2.0, {"keep-2": "running"}, allocs=[["a1", "life-1", "complete"]])], "outlive their job"),
+    ],
+    ids=["collected-while-running", "resurrected", "orphan"],
+)
+def test_gc_anomalies(steps: list[list[Event]], needle: str) -> None:
+    h = history(run_job(0, 0.0, "life-1"), run_job(1, 0.0, "keep-2", "keep"), *steps)
+    result = checkers.check_gc(h)
+    assert result.status == "anomaly" and needle in result.summary, result.summary
+    assert result.highlight
+
+
+def test_gc_that_collected_nothing_proves_nothing() -> None:
+    h = history(run_job(0, 0.0, "life-1"), final_state(2.0, {"life-1": "dead"}))
+    assert checkers.check_gc(h).status == "unknown"
