@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from fsm import messages as m
 from fsm.journal import Retention
+from fsm.structs import ACLToken
 from node.errors import RPCError
 from node.event_client import unpack
 from node.stream import Hub, parse_args, parse_topics
@@ -235,6 +238,56 @@ def test_msgpack_encoding_passes_the_journal_bytes_through() -> None:
         items = await collect(hub, 0, 3, encoding="msgpack", topics=["Job:api"])
         [only] = [i for i in items if "index" in i]
         assert only["index"] == 3 and [r[:3] for r in unpack(only["raw"])] == [["Job", "JobRegistered", "api"]]
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+class _AclStub:
+    """A server whose tokens may read but not manage (ACLs on, a read token)."""
+
+    def __init__(self, h: Harness) -> None:
+        self.fsm = h.fsm
+        self.revoked = False
+
+    async def authorize(self, ctx: Any, need: Any) -> None:
+        from node.acl import Need
+
+        if self.revoked or need is Need.MANAGEMENT:
+            raise RPCError("permission_denied", "this call needs a management token")
+
+
+def test_acl_tokens_only_for_management_and_a_revoked_token_ends_the_stream() -> None:
+    from node.stream import event_stream
+
+    h = Harness()
+    h.apply(m.ACLTokenUpsert(tokens=[ACLToken(accessor_id="t1", secret_hash="0" * 64, type="client", policies=["read"])]))
+    h.apply(node("n1"))
+
+    async def main() -> None:
+        stub = _AclStub(h)
+        ctx = SimpleNamespace(loop=asyncio.get_running_loop())
+        # Default topics: ACLToken quietly left out for a non-management token.
+        gen = event_stream(stub, ctx, {"index": 0, "heartbeat": 0.1})  # type: ignore[arg-type]
+        first = await anext(gen)
+        assert first["index"] == 2 and first["events"][0][0] == "Node"
+        assert await anext(gen) == {"progress": 2}
+        # The token is revoked: the next heartbeat re-checks it and ends the stream.
+        stub.revoked = True
+        with pytest.raises(RPCError) as info:
+            async with asyncio.timeout(DEADLINE):
+                while True:
+                    await anext(gen)
+        assert info.value.code == "permission_denied"
+        await gen.aclose()
+        # Asking for ACLToken by name is refused outright.
+        stub.revoked = False
+        gen = event_stream(stub, ctx, {"index": 0, "topics": ["ACLToken"]})  # type: ignore[arg-type]
+        with pytest.raises(RPCError) as info:
+            await anext(gen)
+        assert info.value.code == "permission_denied"
 
     try:
         asyncio.run(main())
