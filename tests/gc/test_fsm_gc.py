@@ -275,9 +275,11 @@ def test_deployment_rules(h: GCHarness) -> None:
         assert [x.id for x in plan_kind(r, "deployment", now, DEFAULTS).reaps] == ["old"]
         assert plan_kind(r, "deployment", h.time + 30 * MINUTE, DEFAULTS).empty()  # younger than 1h
     h.apply(m.AllocClientUpdate(allocs=[m.AllocClientState(id="a0", client_status="complete")]))
+    mark = h.index
     collect(h, ["deployment"], h.time + 2 * HOUR, DEFAULTS)
     with h.read() as r:
         assert ids_of(r)["deployments"] == {"active"}
+    assert sorted(journal_events(h, mark)) == [("DeploymentDeleted", "busy"), ("DeploymentDeleted", "old")]
 
 
 def test_node_rules_and_node_gc_last(h: GCHarness) -> None:
@@ -291,11 +293,14 @@ def test_node_rules_and_node_gc_last(h: GCHarness) -> None:
     with h.read() as r:
         assert plan_kind(r, "node", h.time + HOUR, DEFAULTS).empty()  # 24h threshold
         assert [x.id for x in plan_kind(r, "node", h.time + 25 * HOUR, DEFAULTS).reaps] == ["down1"]
+    mark = h.index
     collect(h, FORCE_ORDER, h.time + SECOND, ZERO)
     with h.read() as r:
         assert ids_of(r)["nodes"] == {"n1", "down2"}  # down2 still has a live alloc; n1 is up
         assert r.job("b1") is None
         check_no_orphans(r)
+    events = journal_events(h, mark)
+    assert events[-1] == ("NodeDeregistration", "down1")  # node GC runs last
 
 
 def test_token_rules_and_the_per_run_limit(h: GCHarness) -> None:
