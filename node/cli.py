@@ -296,6 +296,8 @@ def cluster_up(directory: str, nodes: str, acl: bool) -> None:
     addresses = ",".join(c.rpc_addresses)
     click.echo(f"Started {len(c.nodes)} servers in {c.dir} (state in {Path(c.dir) / cl.CLUSTER_FILE})")
     click.echo(f"export CARAVAN_ADDRESS={addresses}")
+    if c.http_addresses:
+        click.echo(f"export NOMAD_ADDR=http://{c.http_addresses[0]}")
     if acl:
         with RPCClient(c.rpc_addresses) as client:
             token = client.call("acl.bootstrap", {})
@@ -372,6 +374,16 @@ def job() -> None:
 
 def _read_spec(path: str) -> Any:
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    from node.hcl import HCLError, looks_like_hcl, parse_hcl
+
+    if looks_like_hcl(path, text):  # Nomad HCL2 (FILE.nomad.hcl): parsed here, sent as API JSON
+        try:
+            parsed = parse_hcl(text, "stdin" if path == "-" else path)
+        except HCLError as exc:
+            fail(str(exc))
+        for warning in parsed.warnings:
+            click.echo(f"Warning: {warning}", err=True)
+        return parsed.job
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -385,7 +397,7 @@ def _read_spec(path: str) -> Any:
 @client_options
 def job_run(spec: str, check_index: int | None, detach: bool, address: str, token: str | None, as_json: bool,
             stale: bool) -> None:
-    """Register a job from a JSON jobspec file (or - for stdin) and monitor its evaluation.
+    """Register a job from a jobspec file (JSON, or Nomad HCL2 as FILE.nomad.hcl; - for stdin) and monitor its evaluation.
 
     As ``nomad job run``: exit 0 when everything was placed, 2 when some
     allocations could not be placed (a blocked evaluation waits for
