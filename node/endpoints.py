@@ -293,11 +293,20 @@ async def node_register(server: Server, ctx: RequestContext, args: dict[str, Any
 
 @method("node.status")
 async def node_status(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """A heartbeat (status ready) or an operator marking a node down."""
+    """A heartbeat (status ready) or an operator marking a node down.
+
+    Served by the leader (a follower forwards it): heartbeat TTLs live only
+    on the leader, and the leader's state already has a just-registered node.
+    """
     node_id = _arg(args, "node_id")
     new = _arg(args, "status", required=False, default=NODE_READY)
     if new not in (NODE_READY, NODE_DOWN):
         raise _bad("argument 'status' must be ready or down")
+    await server.authorize(ctx, Need.WRITE)
+    if not server.raft.is_leader:
+        from node.server import _Forward
+
+        raise _Forward(server.leader_rpc())
     node = await server.local(lambda r: r.node(node_id))
     if node is None:
         raise RPCError(NOT_FOUND, f"node {node_id} not found; register it first")
