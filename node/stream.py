@@ -84,6 +84,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from fsm import codec
 from fsm.keys import from_u64, u64
 from fsm.machine import FSM
@@ -96,6 +98,8 @@ from node.rpc_server import RequestContext
 
 if TYPE_CHECKING:
     from node.server import Server
+
+log = structlog.get_logger("caravan.stream")
 
 TOPICS = (TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN)
 ALL_TOPICS = frozenset(TOPICS)
@@ -474,12 +478,15 @@ class Hub:
                 start = self.tail
                 try:
                     chunk = await self.read(start, any(sub.needs_records for sub in self.live))
-                except Exception:  # store being swapped (snapshot restore): retry on next commit
+                except Exception as exc:  # noqa: BLE001 - store being swapped (snapshot restore): retry
+                    log.warning("journal read failed; retrying", error=repr(exc), after=start)
                     await asyncio.sleep(0.05)
                     continue
                 if chunk.trimmed > start or start > chunk.applied:
                     # The journal moved past the live set (a restored snapshot):
                     # every live subscriber must reset, explicitly.
+                    log.warning("journal moved past the live subscribers; they must reset",
+                                tail=start, trimmed=chunk.trimmed, applied=chunk.applied, subscribers=len(self.live))
                     for sub in self.live:
                         sub.fail(reset_error(sub.through, chunk))
                         self.stats["resets"] += 1
