@@ -14,7 +14,9 @@ simple attributes around them: name, namespace, region, driver, config).
   scheduler checks a task's constraints for its whole group anyway).
 * Job-level ``update`` and ``reschedule`` blocks are defaults for every
   group, merged field by field under the group's own block (what Nomad's
-  canonicalisation does), so the result carries them per group.
+  canonicalisation does), so the result carries them per group; a partial
+  ``reschedule`` block gets the rest from Nomad's defaults for the job type
+  (batch and service differ).
 * Blocks and attributes Caravan does not model (network, service, template,
   or a misspelt block) are dropped with a warning naming the block and its
   line; nothing fails because of them.
@@ -394,6 +396,13 @@ class _Converter:
         for g in groups:
             for key, value in defaults.items():
                 g[key] = {**value, **g.get(key, {})}
+            if (
+                "ReschedulePolicy" in g
+            ):  # a partial block: the rest from Nomad's defaults for the type
+                g["ReschedulePolicy"] = {
+                    **_reschedule_defaults(job.get("Type", "service")),
+                    **g["ReschedulePolicy"],
+                }
         job["TaskGroups"] = groups
         return job
 
@@ -564,6 +573,13 @@ class _Converter:
             out,
         )
         return out
+
+
+def _reschedule_defaults(job_type: str) -> dict[str, Any]:
+    from node.jobspec import default_reschedule
+    from node.nomadjson import to_nomad
+
+    return to_nomad(default_reschedule(job_type))
 
 
 def _text(value: Any) -> str:
