@@ -14,6 +14,7 @@ Clients import this module, never the server side (``node.stream``).
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ class FollowState:
 
     index: int = 0
     reconnects: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=10))  # the latest
 
 
 def follow(

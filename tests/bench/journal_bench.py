@@ -292,7 +292,23 @@ async def pipelined_writes(leader: str, n: int, window: int, tag: str) -> tuple[
     return n / elapsed, last
 
 
-def fanout(subscribers: int, writes: int, window: int, rounds: int) -> dict[str, Any]:
+def stalled_streams(addresses: list[str], count: int, start: int) -> list[socket.socket]:
+    """Subscribers that never read (a tiny receive buffer): the server must cut them off, not wait."""
+    socks = []
+    for i in range(count):
+        host, port = addresses[i % len(addresses)].rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        request = {"id": f"stalled{i}", "method": "event.stream", "token": None,
+                   "args": {"index": start, "buffer": 64, "heartbeat": 60}}
+        body = msgpack.packb(request, use_bin_type=True)
+        sock.sendall(len(body).to_bytes(4, "big") + body)
+        socks.append(sock)
+    return socks
+
+
+def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int) -> dict[str, Any]:
     from node import cluster as cl
     from node.rpc_client import RPCClient
     from tests.journal.support import read_journal
@@ -335,8 +351,23 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int) -> dict[str,
                 indexes = [i for i, _ in seen]
                 assert indexes == sorted(set(indexes)), "a subscriber saw batches out of order"
                 lags += [(t - stamp[i]) / 1e6 for i, t in seen if i in stamp and i <= last]
+        stalled_rate = []
+        for r in range(rounds):
+            start = RPCClient([leader]).call("status")["AppliedIndex"]
+            socks = stalled_streams(c.rpc_addresses, stalled, start)
+            try:
+                rate, _ = asyncio.run(pipelined_writes(leader, writes, window, f"st{r}"))
+                stalled_rate.append(rate)
+            finally:
+                for sock in socks:
+                    sock.close()
+            rate, _ = asyncio.run(pipelined_writes(leader, writes, window, f"sb{r}"))
+            base.append(rate)
         mean_base, mean_loaded = statistics.mean(base), statistics.mean(loaded)
         return {
+            "stalled_subscribers": stalled,
+            "write_rate_with_stalled": stalled_rate,
+            "stalled_cost_pct": 100 * (1 - statistics.mean(stalled_rate) / mean_base),
             "subscribers": subscribers,
             "writes_per_round": writes,
             "write_rate_without": base,
@@ -364,6 +395,7 @@ def main() -> None:
     ap.add_argument("--writes", type=int, default=3000)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--stalled", type=int, default=10, help="subscribers that never read, in extra rounds")
     ap.add_argument("--skip-catch-up", action="store_true")
     ap.add_argument("--skip-fanout", action="store_true")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
@@ -394,7 +426,7 @@ def main() -> None:
         finally:
             shutil.rmtree(path, ignore_errors=True)
     if not a.skip_fanout:
-        f = fanout(a.subscribers, a.writes, a.window, a.rounds)
+        f = fanout(a.subscribers, a.writes, a.window, a.rounds, a.stalled)
         report["fanout"] = f
         print(f"{f['subscribers']} subscribers over 3 servers, {f['writes_per_round']} pipelined writes per round")
         print(f"  writes/s without subscribers  {', '.join(f'{x:,.0f}' for x in f['write_rate_without'])}")
@@ -406,6 +438,8 @@ def main() -> None:
               f"with {', '.join(f'{x:.2f}' for x in f['server_cpu_ms_per_write_with'])} ms "
               f"({f['server_cpu_cost_pct']:+.1f}%; 3 servers together, stamped while the writes ran)")
         print(f"  subscriber process CPU        {', '.join(f'{x:.1f}s' for x in f['subscriber_process_cpu_s'])}")
+        print(f"  writes/s with {f['stalled_subscribers']} stalled subscribers (never read) "
+              f"{', '.join(f'{x:,.0f}' for x in f['write_rate_with_stalled'])} (cost {f['stalled_cost_pct']:.1f}% vs the rounds without)")
     print(json.dumps(report))
 
 
