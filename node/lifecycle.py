@@ -499,8 +499,7 @@ async def scheduler_stats(server: Server, ctx: RequestContext, args: dict[str, A
         raise RPCError("unavailable", "the lifecycle is not running yet on the leader; retry in a moment")
     out = lc.status()
     if args.get("reset"):
-        lc.stats.latencies.clear()
-        lc.stats.placements = lc.stats.plan_conflicts = lc.stats.evals = 0
+        lc.stats.reset()
         lc.applier.stats.plans = lc.applier.stats.partial = lc.applier.stats.rejected_placements = 0
     out["Leader"] = server.rpc.address
     return out

@@ -183,7 +183,13 @@ class PlanApplier:
             result.rejected = len(plan.place) - len(accepted.place)
             self.stats.partial += 1
             self.stats.rejected_placements += result.rejected
-            self.log.info("plan partly rejected; its eval is planned again", eval_id=plan.eval_id, rejected=result.rejected, nodes=len(result.rejected_nodes))
+            self.log.info(
+                "plan partly rejected; its eval is planned again",
+                eval_id=plan.eval_id,
+                rejected=result.rejected,
+                nodes=len(result.rejected_nodes),
+                why=sorted(set(rejected.values()))[:3],
+            )
         self.stats.plans += 1
         if accepted.empty():
             return result

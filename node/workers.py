@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 MAX_ATTEMPTS = 5
 LATENCY_SAMPLES = 20_000
+# Protean: while plans conflict, pick at random among the best few nodes.
+CONFLICT_WINDOW = 10.0  # seconds a conflict counts as recent
+CONFLICT_TOP_K = 4
 
 
 @dataclass
@@ -46,13 +49,23 @@ class WorkerStats:
     nacked: int = 0
     placements: int = 0
     plan_conflicts: int = 0  # plans the applier only partly accepted
+    last_conflict: float = -1e9  # monotonic time of the last one
     latencies: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
+    plan_seconds: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
+    commit_seconds: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
 
-    def percentile(self, q: float) -> float:
-        if not self.latencies:
+    def percentile(self, q: float, samples: collections.deque[float] | None = None) -> float:
+        samples = self.latencies if samples is None else samples
+        if not samples:
             return 0.0
-        ordered = sorted(self.latencies)
+        ordered = sorted(samples)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def reset(self) -> None:
+        self.evals = self.skipped = self.nacked = self.placements = self.plan_conflicts = 0
+        self.latencies.clear()
+        self.plan_seconds.clear()
+        self.commit_seconds.clear()
 
     def to_nomad(self) -> dict[str, Any]:
         return {
@@ -67,6 +80,9 @@ class WorkerStats:
                 "P99": round(self.percentile(0.99) * 1000, 2),
                 "Max": round(max(self.latencies, default=0.0) * 1000, 2),
             },
+            # Where an eval's time goes: snapshot + scheduling, and plan check + commit.
+            "PlanMsP50": round(self.percentile(0.5, self.plan_seconds) * 1000, 2),
+            "CommitMsP50": round(self.percentile(0.5, self.commit_seconds) * 1000, 2),
         }
 
 
@@ -117,18 +133,23 @@ class Worker:
         if current is None or current.status in EVAL_TERMINAL:
             return None
         snap = load_snapshot(reader, current, time.time_ns(), self.cache)
-        return schedule(snap)
+        recent = time.monotonic() - self.stats.last_conflict < CONFLICT_WINDOW
+        return schedule(snap, top_k=CONFLICT_TOP_K if recent else 1)
 
     async def process(self, ev: Evaluation) -> None:
         enqueued = self.broker.enqueued_at(ev.id)
         for _attempt in range(MAX_ATTEMPTS):
+            started = time.monotonic()
             plan = await self.server.local(lambda r: self.plan(r, ev))
             if plan is None:
                 self.stats.skipped += 1
                 return
             if plan.blocked_eval_id:
                 self.blocked.expect(plan.blocked_eval_id, plan.snapshot_index)
+            planned = time.monotonic()
             result: PlanResult = await self.applier.submit(plan)
+            self.stats.plan_seconds.append(planned - started)
+            self.stats.commit_seconds.append(time.monotonic() - planned)
             self.stats.placements += result.placed
             if result.whole:
                 self.stats.evals += 1
@@ -136,4 +157,5 @@ class Worker:
                     self.stats.latencies.append(time.monotonic() - enqueued)
                 return
             self.stats.plan_conflicts += 1
+            self.stats.last_conflict = time.monotonic()
         raise SchedulerError(f"evaluation {ev.id}: the plan was rejected {MAX_ATTEMPTS} times in a row")

@@ -96,16 +96,24 @@ def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment
     return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
 
 
-def schedule(snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None) -> Plan:
-    """Plan the evaluation in ``snap`` (dispatching system jobs to their own scheduler)."""
+def schedule(
+    snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None, top_k: int = 1
+) -> Plan:
+    """Plan the evaluation in ``snap`` (dispatching system jobs to their own scheduler).
+
+    ``top_k`` > 1 picks each node at random among the best ``top_k`` (the
+    leader raises it while plans conflict).
+    """
     if snap.job is not None and snap.job.type == "system":
         from scheduler.system import schedule_system
 
         return schedule_system(snap, rng=rng)
-    return schedule_generic(snap, admission=admission, rng=rng)
+    return schedule_generic(snap, admission=admission, rng=rng, top_k=top_k)
 
 
-def schedule_generic(snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None) -> Plan:
+def schedule_generic(
+    snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None, top_k: int = 1
+) -> Plan:
     ev, job, now = snap.eval, snap.job, snap.now
     rng = rng or random.Random(ev.id)
     plan = Plan(eval_id=ev.id, job_id=ev.job_id, snapshot_index=snap.index)
@@ -130,7 +138,7 @@ def schedule_generic(snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: r
     for alloc in snap.allocs:
         if not alloc.terminal():
             ctx.job_allocs[alloc.node_id] += 1
-    selector = Selector(list(snap.nodes.values()), ctx, rng=rng)
+    selector = Selector(list(snap.nodes.values()), ctx, rng=rng, top_k=top_k)
     for gp in plans.values():
         for stop in gp.stop:
             plan.stop.append(

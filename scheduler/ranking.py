@@ -128,13 +128,16 @@ class Selector:
         *,
         rng: random.Random | None = None,
         rules: tuple[PreferenceRule, ...] = PREFERENCE_RULES,
+        top_k: int = 1,
     ) -> None:
         self.nodes = sorted(nodes, key=lambda n: n.id)
+        self.top_k = max(1, top_k)
         self.by_id = {n.id: n for n in self.nodes}
         self.ctx = ctx
         self.rules = rules
         self.node_rules = tuple(r for r in rules if not r.per_request)
         rng = rng or random.Random(0)
+        self.rng = rng
         self.tiebreak = {n.id: rng.random() for n in self.nodes}
         self.version: dict[str, int] = {n.id: 0 for n in self.nodes}
         self._heaps: dict[tuple[str, str], _GroupHeap] = {}
@@ -150,20 +153,27 @@ class Selector:
         if gh.exhausted:
             return None
         heap = gh.heap
-        while heap:
-            _neg, version, node_id = heap[0]
+        picked: list[tuple] = []
+        while heap and len(picked) < self.top_k:
+            entry = heapq.heappop(heap)
+            _neg, version, node_id = entry
             if node_id in gh.dead or version != self.version[node_id]:
-                heapq.heappop(heap)
                 continue
             node = self.by_id[node_id]
             self.evaluated += 1
             if check_dynamic(node, request.ask, self.ctx) is not None:
                 gh.dead.add(node_id)
-                heapq.heappop(heap)
                 continue
-            return node
-        gh.exhausted = True
-        return None
+            picked.append(entry)
+        if not picked:
+            gh.exhausted = True
+            return None
+        # top_k > 1 (Protean, when plans conflict): a random one of the best few,
+        # so concurrent workers stop piling onto the same nodes.
+        choice = picked[0] if len(picked) == 1 else self.rng.choice(picked)
+        for entry in picked:
+            heapq.heappush(heap, entry)
+        return self.by_id[choice[2]]
 
     def claim(self, node: Node, ask: Ask) -> None:
         """Record a placement of ``ask`` on ``node`` and refresh that node's keys."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -212,3 +213,18 @@ def test_leader_killed_while_evals_are_processed(fresh_env: Env) -> None:
         for job_id, n in per_job.items():
             worst[job_id] = max(worst[job_id], n)
     assert all(worst[j] <= counts[j] for j in counts), {j: (worst[j], counts[j]) for j in counts if worst[j] > counts[j]}
+
+
+def test_heartbeats_through_a_follower_keep_a_node_up_and_silence_takes_it_down(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    leader = cl.wait_for_leader(env.addresses)["Leader"]
+    follower = next(a for a in env.addresses if a != leader)
+    node = {"ID": f"hb-{uuid.uuid4().hex[:8]}", "Name": "hb", "Status": "ready", "Datacenter": "dc-hb"}
+    env.call("node.register", {"node": node})
+    with RPCClient([follower]) as c:
+        until = time.monotonic() + 6.0  # longer than ttl + grace (4 s)
+        while time.monotonic() < until:
+            c.call("node.status", {"node_id": node["ID"]})
+            time.sleep(0.5)
+    assert env.read("node.get", {"node_id": node["ID"]})["Status"] == "ready"
+    wait_until(lambda: env.read("node.get", {"node_id": node["ID"]})["Status"] == "down", 30, "silent node marked down")

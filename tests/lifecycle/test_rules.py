@@ -431,3 +431,15 @@ def test_an_empty_plan_still_writes_its_eval() -> None:
     plan.evals = [Evaluation(id="e", job_id="j", status="complete")]
     bodies = to_entries(plan, 4096)
     assert len(bodies) == 1 and isinstance(bodies[0], PlanApply) and bodies[0].evals
+
+
+def test_top_k_spreads_choices_among_the_best_few() -> None:
+    """While plans conflict the selector picks at random among the best few (Protean)."""
+    j = job(cpu=100, mem=64)
+    ask = ask_for(j, j.task_groups[0])
+    nodes = [node(f"n{i}") for i in range(8)]
+    usage = {f"n{i}": Resources(cpu=2000 - 200 * i, memory_mb=4000 - 400 * i, disk_mb=0) for i in range(8)}
+    best = Selector(nodes, PlacementContext(usage=dict(usage)), rng=random.Random(1)).select(Request(ask)).id
+    picks = {Selector(nodes, PlacementContext(usage=dict(usage)), rng=random.Random(s), top_k=4).select(Request(ask)).id
+             for s in range(40)}
+    assert best in picks and 1 < len(picks) <= 4
