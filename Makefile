@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-journal clean jepsen
+.PHONY: install run test lint bench bench-fsm bench-journal bench-lifecycle clean jepsen
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -38,13 +38,16 @@ jepsen: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: bench-fsm bench-journal
+bench: bench-fsm bench-journal bench-lifecycle
 
 bench-fsm: $(STAMP)
 	$(BIN)/python -m tests.bench.fsm_bench
 
 bench-journal: $(STAMP)
 	$(BIN)/python -m tests.bench.journal_bench
+
+bench-lifecycle: $(STAMP)
+	$(BIN)/python -m tests.bench.lifecycle_bench
 
 clean:
 	rm -rf $(VENV) .caravan .pytest_cache .hypothesis
