@@ -61,7 +61,10 @@ class TruncationStats:
     counter (log end fell below an index this follower already acknowledged
     in the same term); ``commit_past_end`` is its second (the leader's commit
     index ran past this follower's log end after an append). With the fix
-    both stay zero; without it pipelined load makes them grow.
+    both stay zero for followers that keep up; without it pipelined load
+    makes them grow. (A follower that is catching up after a restart or a
+    partition legitimately trails the commit index, so ``commit_past_end``
+    is only meaningful for an in-sync follower.)
     """
 
     ack_regressions: int = 0
