@@ -212,6 +212,7 @@ def test_barrier_is_shared_by_concurrent_readers(cluster: Any) -> None:
     res = c.call(leader, "barriers", n=32)
     idxs = res["indexes"]
     assert all(isinstance(i, int) and i > w["index"] for i in idxs), idxs
+    print("barrier entries used by 32 readers:", res["entries_used"])
     assert 1 <= res["entries_used"] <= 8, res  # batched, not one entry per reader
     f = followers(c, leader)[0]
     fb = c.call(f, "barrier")
