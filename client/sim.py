@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client.driver import DriverError, Outcome, plan_run, task_spec
-from node.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
+from node.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
 from node.rpc_client import AsyncRPCClient
 
 REPORT_BATCH = 200
@@ -235,7 +235,8 @@ class SimClient:
         topic, _type, key, obj = record
         if topic != "Allocation":
             return
-        if obj is None:
+        if obj is None:  # garbage-collected
+            self.done.discard(key)
             run = self.runs.get(key)
             if run is not None:
                 self._stop(run, quiet=True)
@@ -286,7 +287,12 @@ class SimClient:
         if found is not None:
             return found
         for stale in (True, False):
-            job = (await self.rpc.call("job.get", {"job_id": job_id, "stale": stale}))["data"]
+            try:
+                job = (await self.rpc.call("job.get", {"job_id": job_id, "stale": stale}))["data"]
+            except RPCError as exc:
+                if exc.code == NOT_FOUND and stale:
+                    continue  # a lagging server: ask the leader
+                raise
             self.jobs[(job_id, int(job.get("Version", 0)))] = job
             if int(job.get("Version", 0)) == version:
                 return job

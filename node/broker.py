@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 from fsm.structs import EVAL_BLOCKED, Evaluation
 
+MAX_EXPECTED = 10_000
 Clock = Callable[[], float]  # monotonic seconds
 WallClock = Callable[[], int]  # wall-clock ns
 
@@ -326,6 +327,8 @@ class BlockedEvals:
     def expect(self, eval_id: str, snapshot_index: int) -> None:
         """A worker is about to block ``eval_id`` with a plan made at ``snapshot_index``."""
         self._expect[eval_id] = snapshot_index
+        while len(self._expect) > MAX_EXPECTED:  # plans that never committed leave theirs behind
+            del self._expect[next(iter(self._expect))]
 
     def block(self, ev: Evaluation) -> list[Evaluation]:
         """Track a blocked eval; returns evals to enqueue at once (it missed a capacity change)."""
