@@ -228,3 +228,39 @@ def test_heartbeats_through_a_follower_keep_a_node_up_and_silence_takes_it_down(
             time.sleep(0.5)
     assert env.read("node.get", {"node_id": node["ID"]})["Status"] == "ready"
     wait_until(lambda: env.read("node.get", {"node_id": node["ID"]})["Status"] == "down", 30, "silent node marked down")
+
+
+def test_failed_batch_alloc_is_rescheduled_after_its_delay_then_given_up(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    policy = {"Attempts": 1, "Interval": 3600_000_000_000, "Delay": 5_000_000_000, "DelayFunction": "constant",
+              "Unlimited": False}
+    body = spec("flaky", type="batch", count=1, config={"run_for": "200ms", "exit_code": 3})
+    body["Job"]["TaskGroups"][0]["ReschedulePolicy"] = policy
+    env.call("job.register", {"job": body})
+
+    def follow_up() -> dict[str, Any] | None:
+        return next((e for e in env.read("eval.list", {"job_id": "flaky"}) if e["WaitUntil"]), None)
+
+    ev = wait_until(follow_up, 60, "a follow-up eval that waits for the reschedule delay")
+    assert ev["TriggeredBy"] == "alloc-failure"
+    first = wait_until(lambda: [a for a in allocs(env, "flaky") if a["ClientStatus"] == "failed"], 30, "first failure")[0]
+    assert first["FollowupEvalID"] == ev["ID"]
+    rows = wait_until(lambda: (r := allocs(env, "flaky")) and len(r) == 2 and all(a["ClientStatus"] == "failed" for a in r) and r,
+                      60, "the replacement to run and fail too")
+    replacement = next(a for a in rows if a["ID"] != first["ID"])
+    assert replacement["PreviousAllocation"] == first["ID"]
+    assert replacement["RescheduleTracker"]["Events"][0]["PrevAllocID"] == first["ID"]
+    assert replacement["CreateTime"] >= ev["WaitUntil"] - 1_000_000_000  # not before the delay (1 s window)
+    wait_until(lambda: job_status(env, "flaky") == "dead", 30, "job dead once attempts are used up")
+    assert len(allocs(env, "flaky")) == 2
+
+
+def test_system_job_runs_one_alloc_per_node(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    ready = {n["ID"] for n in env.read("node.list") if n["Status"] == "ready" and n["Datacenter"] == "dc1"}
+    env.call("job.register", {"job": spec("sys", type="system", cpu=50, mem=32)})
+    rows = wait_until(lambda: (r := [a for a in allocs(env, "sys") if a["ClientStatus"] == "running"]) and len(r) >= len(ready) and r,
+                      60, "one running alloc per ready node")
+    assert sorted(a["NodeID"] for a in rows) == sorted(ready)
+    env.call("job.stop", {"job_id": "sys"})
+    wait_until(lambda: not live(allocs(env, "sys")), 30, "system allocs stopped")
