@@ -36,7 +36,7 @@ from fsm.store import StateReader
 from fsm.structs import DESIRED_RUN, NODE_ELIGIBLE, NODE_READY, Resources
 from raft.node import encoded_entry_size
 from scheduler.feasibility import exhausted_dimension
-from scheduler.plan import Plan, to_entries
+from scheduler.plan import Plan, logged_size, to_entries
 
 if TYPE_CHECKING:
     from node.server import Server
@@ -193,7 +193,7 @@ class PlanApplier:
         self.stats.plans += 1
         if accepted.empty():
             return result
-        bodies = to_entries(accepted, self.server.raft.max_entry_bytes, entry_size)
+        bodies = to_entries(accepted, self.server.raft.max_entry_bytes, entry_size, item_size=logged_size)
         head, last = bodies[:-1], bodies[-1]
         if head:
             outcomes = await asyncio.gather(*(self.server.propose(b) for b in head), return_exceptions=True)

@@ -71,18 +71,36 @@ def approx_size(obj: Any) -> int:
     return 2 * len(codec.pack(codec.to_wire(obj)))
 
 
+def logged_size(obj: Any) -> int:
+    """Bytes one record adds to an entry as the raft log stores it.
+
+    pysyncobj pickles the entry's bytes as a latin-1 string written in UTF-8
+    (bytes >= 0x80 take two), which this reproduces exactly for the record's
+    msgpack; list headers add a few bytes more, which the margin covers.
+    """
+    return len(codec.pack(codec.to_wire(obj)).decode("latin-1").encode("utf-8"))
+
+
 def to_entries(
     plan: Plan,
     max_bytes: int,
     measure: Callable[[Any], int] | None = None,
     *,
     margin: int = ENTRY_MARGIN,
+    item_size: Callable[[Any], int] | None = None,
 ) -> list[PlanApply]:
-    """PlanApply bodies of at most ``max_bytes`` each (as ``measure`` counts them), in commit order."""
+    """PlanApply bodies of at most ``max_bytes`` each (as ``measure`` counts them), in commit order.
+
+    Items are packed greedily by ``item_size`` (default: what they add as
+    ``measure`` sees it, one probe body per item); every body is then
+    measured whole and split again in the rare case it came out too big.
+    """
     measure = measure or (lambda body: approx_size(body))
     base = measure(PlanApply(eval_id=plan.eval_id, job_id=plan.job_id))
 
     def sized(kind: str, obj: Any) -> int:
+        if item_size is not None:
+            return item_size(obj) + 8
         probe = PlanApply(eval_id=plan.eval_id, job_id=plan.job_id)
         if kind == "deployment":
             probe.deployment = obj
@@ -140,4 +158,23 @@ def to_entries(
         add(kind, obj)
     if has_any(current) or not bodies:
         bodies.append(current)
-    return bodies
+    out: list[PlanApply] = []
+    for body in bodies:
+        out.extend(_fit(body, max_bytes - margin // 2, measure))
+    return out
+
+
+def _fit(body: PlanApply, limit: int, measure: Callable[[Any], int]) -> list[PlanApply]:
+    """``body`` as is if it measures within ``limit``, else halved (evals stay in the last half)."""
+    if measure(body) <= limit:
+        return [body]
+    items: list[tuple[str, Any]] = [("stop", s) for s in body.allocs_to_stop] + [("place", a) for a in body.allocs_to_place]
+    if len(items) < 2:
+        raise PlanTooLargeError(f"an entry of plan {body.eval_id} does not fit in {limit} bytes")
+    half = len(items) // 2
+    first = PlanApply(eval_id=body.eval_id, job_id=body.job_id, deployment=body.deployment)
+    second = PlanApply(eval_id=body.eval_id, job_id=body.job_id, evals=list(body.evals))
+    for target, chunk in ((first, items[:half]), (second, items[half:])):
+        for kind, obj in chunk:
+            (target.allocs_to_stop if kind == "stop" else target.allocs_to_place).append(obj)
+    return _fit(first, limit, measure) + _fit(second, limit, measure)

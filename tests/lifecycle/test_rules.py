@@ -24,7 +24,7 @@ from scheduler import feasibility as fz
 from scheduler import reschedule as rs
 from scheduler.feasibility import PlacementContext, ask_for, constraint_met
 from scheduler.generic import schedule
-from scheduler.plan import Plan, approx_size, to_entries
+from scheduler.plan import Plan, approx_size, logged_size, to_entries
 from scheduler.ranking import BestFit, Request, Selector, bucket, rank_key
 from scheduler.reconcile import STOP_LOST, name_index, reconcile_group
 from tests.lifecycle.support import NOW, alloc, job, node, snapshot
@@ -408,20 +408,21 @@ def test_entries_are_bounded_and_evals_come_last(n_place, n_stop, with_dep, limi
     if not with_dep:
         plan.deployment = None
     limit = limit_kb * 1024
-    bodies = to_entries(plan, limit, approx_size)
-    assert all(approx_size(b) <= limit for b in bodies)
-    assert [e.id for b in bodies for e in b.evals] == [e.id for e in plan.evals] and bodies[-1].evals
-    assert all(not b.evals for b in bodies[:-1])
-    assert sum(len(b.allocs_to_place) for b in bodies) == len(plan.place)
-    assert sum(len(b.allocs_to_stop) for b in bodies) == n_stop
-    if plan.deployment is not None:
-        assert bodies[0].deployment is plan.deployment and all(b.deployment is None for b in bodies[1:])
-    # Stops before placements: no entry places before an earlier-or-same entry's stops are done.
-    seen_place = False
-    for b in bodies:
-        if b.allocs_to_stop:
-            assert not seen_place
-        seen_place |= bool(b.allocs_to_place)
+    # Packed by exact probes, and by a per-item estimate that undercounts (re-split by the check).
+    for bodies in (to_entries(plan, limit, approx_size), to_entries(plan, limit, approx_size, item_size=logged_size)):
+        assert all(approx_size(b) <= limit for b in bodies)
+        assert [e.id for b in bodies for e in b.evals] == [e.id for e in plan.evals] and bodies[-1].evals
+        assert all(not b.evals for b in bodies[:-1])
+        assert [a.id for b in bodies for a in b.allocs_to_place] == [a.id for a in plan.place]
+        assert sum(len(b.allocs_to_stop) for b in bodies) == n_stop
+        if plan.deployment is not None:
+            assert bodies[0].deployment is plan.deployment and all(b.deployment is None for b in bodies[1:])
+        # Stops before placements: no entry stops anything after an entry that placed.
+        seen_place = False
+        for b in bodies:
+            if b.allocs_to_stop:
+                assert not seen_place
+            seen_place |= bool(b.allocs_to_place)
 
 
 def test_an_empty_plan_still_writes_its_eval() -> None:
