@@ -153,6 +153,7 @@ async def job_register(server: Server, ctx: RequestContext, args: dict[str, Any]
 async def job_stop(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     job_id = _arg(args, "job_id")
     purge = bool(args.get("purge", False))
+    server.ensure_leader()  # the job is read from state: read the leader's
     job = await server.local(lambda r: r.job(job_id))
     if job is None:
         raise RPCError(NOT_FOUND, f"job {job_id} not found")
@@ -302,11 +303,8 @@ async def node_status(server: Server, ctx: RequestContext, args: dict[str, Any])
     new = _arg(args, "status", required=False, default=NODE_READY)
     if new not in (NODE_READY, NODE_DOWN):
         raise _bad("argument 'status' must be ready or down")
+    server.ensure_leader()
     await server.authorize(ctx, Need.WRITE)
-    if not server.raft.is_leader:
-        from node.server import _Forward
-
-        raise _Forward(server.leader_rpc())
     node = await server.local(lambda r: r.node(node_id))
     if node is None:
         raise RPCError(NOT_FOUND, f"node {node_id} not found; register it first")

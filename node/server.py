@@ -318,10 +318,16 @@ class Server:
         the leader validates and stamps it, and a retry of a request that
         already committed returns the first result (the FSM remembers ids).
         """
+        # A follower forwards before checking the token: a token (or object)
+        # the client just created may not have reached this server yet.
+        self.ensure_leader()
         await self.authorize(ctx, need)
+        return await self.propose(body, ctx.request_id)
+
+    def ensure_leader(self) -> None:
+        """Send the request on to the leader unless this server is it."""
         if not self.raft.is_leader:
             raise _Forward(self.leader_rpc())
-        return await self.propose(body, ctx.request_id)
 
     async def _submit(self, entry: bytes) -> tuple[ApplyResult, int]:
         loop = asyncio.get_running_loop()
@@ -372,11 +378,15 @@ class Server:
         *,
         need: Need = Need.READ,
     ) -> dict[str, Any]:
-        """{"index": N, "data": fn(state)} — linearizable, stale, and/or blocking."""
-        await self.authorize(ctx, need)
-        stale = bool(args.get("stale"))
-        if not stale:
+        """{"index": N, "data": fn(state)} — linearizable, stale, and/or blocking.
+
+        The token is checked where the read is served: on the leader after the
+        barrier for a linearizable read (so a token just created is known), on
+        this server's own state for a stale one.
+        """
+        if not args.get("stale"):
             await self.linearize(ctx)
+        await self.authorize(ctx, need)
         min_index = args.get("min_index") or 0
         wait = min(float(args.get("wait") or 0), READ_WAIT_MAX)
         if min_index and wait > 0:

@@ -28,7 +28,7 @@ def caravan(c: ClusterHandle, *args: str, token: str | None = None, stdin: str |
 
 def test_job_lifecycle_commands(cluster: ClusterHandle, tmp_path: Path) -> None:
     spec = ROOT / "examples" / "batch.json"
-    out = caravan(cluster, "job", "run", str(spec))
+    out = caravan(cluster, "job", "run", "--detach", str(spec))
     assert out.returncode == 0, out.stderr
     assert "Evaluation ID" in out.stdout
     listing = caravan(cluster, "job", "status")
@@ -37,12 +37,12 @@ def test_job_lifecycle_commands(cluster: ClusterHandle, tmp_path: Path) -> None:
     assert detail["ID"] == "example" and detail["Type"] == "batch" and "ModifyIndex" in detail
     # stdin, bare (unwrapped) spec
     bare = json.dumps(json.loads(spec.read_text())["Job"] | {"ID": "from-stdin"})
-    assert caravan(cluster, "job", "run", "-", stdin=bare).returncode == 0
+    assert caravan(cluster, "job", "run", "--detach", "-", stdin=bare).returncode == 0
     assert caravan(cluster, "job", "stop", "example").returncode == 0
     history = json.loads(caravan(cluster, "job", "history", "example", "--json").stdout)
     assert [v["Version"] for v in history["Versions"]] == [1, 0] and history["Versions"][0]["Stop"] is True
     evals = json.loads(caravan(cluster, "eval", "list", "--job", "example", "--json").stdout)
-    assert {e["TriggeredBy"] for e in evals} == {"job-register", "job-deregister"}
+    assert {e["TriggeredBy"] for e in evals} >= {"job-register", "job-deregister"}
     digest = json.loads(caravan(cluster, "debug", "digest", "--json").stdout)
     assert set(digest) == {"digest", "index"}
 
@@ -52,11 +52,11 @@ def test_errors_are_one_line_and_non_zero(cluster: ClusterHandle, tmp_path: Path
     assert missing.returncode != 0 and missing.stderr.strip() == "Error: job nope not found"
     bad = tmp_path / "bad.json"
     bad.write_text('{"ID": "x", "TaskGroups": [{"Name": "g", "Count": -2, "Tasks": [{"Name": "t"}]}]}')
-    out = caravan(cluster, "job", "run", str(bad))
+    out = caravan(cluster, "job", "run", "--detach", str(bad))
     assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1 and "count -2" in out.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{nope")
-    out = caravan(cluster, "job", "run", str(broken))
+    out = caravan(cluster, "job", "run", "--detach", str(broken))
     assert out.returncode != 0 and "not valid JSON" in out.stderr and "Traceback" not in out.stderr
     unreachable = subprocess.run(
         [sys.executable, "-m", "node.cli", "job", "status", "--address", "127.0.0.1:1"],
