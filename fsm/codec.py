@@ -207,22 +207,29 @@ def _nested_fields(cls: type) -> list[tuple[str, str, type]]:
 def _loader(cls: type) -> Callable[[dict], Any]:
     fn = _LOADERS.get(cls)
     if fn is None:
-        nested = _nested_fields(cls)
+        nested = [(name, kind, _loader(sub)) for name, kind, sub in _nested_fields(cls)]
+        names = frozenset(f.name for f in dataclasses.fields(cls))
+        plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
+        new = object.__new__
 
         def fn(data: dict) -> Any:
-            if nested:
-                data = dict(data)
-                for name, kind, sub in nested:
-                    value = data.get(name)
-                    if value is None:
-                        continue
-                    load_sub = _loader(sub)
-                    if kind in ("one", "opt"):
-                        data[name] = load_sub(value)
-                    elif kind == "list":
-                        data[name] = [load_sub(v) for v in value]
-                    else:
-                        data[name] = {k: load_sub(v) for k, v in value.items()}
+            # ``data`` is a fresh map from msgpack, owned here.
+            for name, kind, load_sub in nested:
+                value = data.get(name)
+                if value is None:
+                    continue
+                if kind == "one" or kind == "opt":
+                    data[name] = load_sub(value)
+                elif kind == "list":
+                    data[name] = [load_sub(v) for v in value]
+                else:
+                    data[name] = {k: load_sub(v) for k, v in value.items()}
+            if plain and data.keys() == names:
+                # Exactly the fields, as ``dump`` wrote them: skip __init__'s
+                # argument binding (the apply hot path loads several records).
+                obj = new(cls)
+                obj.__dict__ = data
+                return obj
             return cls(**data)
 
         _LOADERS[cls] = fn
@@ -261,6 +268,11 @@ def to_wire(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_wire(v) for k, v in obj.items()}
     return obj
+
+
+def dump(obj: Any) -> dict:
+    """One record's wire map (what ``encode`` packs and the journal carries)."""
+    return _dumper(type(obj))(obj)
 
 
 def encode(obj: Any) -> bytes:

@@ -119,17 +119,50 @@ def _put_summary(w: StateWriter, summary: JobSummary) -> None:
     w.put_summary(summary)
 
 
+# Summary counters are updated on the stored map (no JobSummary round trip):
+# they move on every alloc status change, the hottest path of apply.
+_EMPTY_GROUP = codec.dump(TaskGroupSummary())
+
+
+def _group_map(summary: dict[str, Any], name: str) -> dict[str, int]:
+    groups = summary["summary"]
+    group = groups.get(name)
+    if group is None:
+        group = groups[name] = dict(_EMPTY_GROUP)
+    return group
+
+
 def _count_alloc(w: StateWriter, alloc: Allocation, delta: int, *, placed: bool = False) -> None:
     """Move an alloc in or out of its group's summary counter (by client status)."""
-    summary = w.job_summary(alloc.job_id)
+    summary = w.summary_map(alloc.job_id)
     if summary is None:
         return
-    group = summary.summary.setdefault(alloc.task_group, TaskGroupSummary())
-    name = _SUMMARY_FIELD[alloc.client_status]
-    setattr(group, name, getattr(group, name) + delta)
-    if placed and group.queued > 0:
-        group.queued -= 1
-    _put_summary(w, summary)
+    group = _group_map(summary, alloc.task_group)
+    group[_SUMMARY_FIELD[alloc.client_status]] += delta
+    if placed and group["queued"] > 0:
+        group["queued"] -= 1
+    w.put_summary_map(alloc.job_id, summary)
+
+
+def _move_count(w: StateWriter, old: Allocation, new: Allocation) -> None:
+    """Move an alloc between summary counters (status or group changed), one read and write."""
+    if old.job_id != new.job_id:
+        _count_alloc(w, old, -1)
+        _count_alloc(w, new, +1)
+        return
+    summary = w.summary_map(new.job_id)
+    if summary is None:
+        return
+    _group_map(summary, old.task_group)[_SUMMARY_FIELD[old.client_status]] -= 1
+    _group_map(summary, new.task_group)[_SUMMARY_FIELD[new.client_status]] += 1
+    w.put_summary_map(new.job_id, summary)
+
+
+def _clone(obj: Any) -> Any:
+    """A shallow copy of a record (copy.copy without the __reduce_ex__ detour)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    return new
 
 
 def _set_queued(w: StateWriter, ev: Evaluation) -> None:
@@ -326,15 +359,14 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
         alloc = w.alloc(stop.id)
         if alloc is None:
             continue
-        old = copy.copy(alloc)
+        old = _clone(alloc)
         alloc.desired_status = stop.desired_status
         alloc.desired_description = stop.desired_description
         if stop.followup_eval_id:
             alloc.followup_eval_id = stop.followup_eval_id
         if stop.client_status and stop.client_status != alloc.client_status:
-            _count_alloc(w, old, -1)
             alloc.client_status = stop.client_status
-            _count_alloc(w, alloc, +1)
+            _move_count(w, old, alloc)
         alloc.alloc_modify_index = w.index
         w.put_alloc(alloc, old, "PlanResult")
         stopped.append(alloc.id)
@@ -374,8 +406,7 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
                 _link_previous(w, alloc)
         elif (old.job_id, old.task_group) != (alloc.job_id, alloc.task_group):
             # The summaries count allocs per job and group: move this one.
-            _count_alloc(w, old, -1)
-            _count_alloc(w, alloc, +1)
+            _move_count(w, old, alloc)
         placed.append(alloc.id)
     eval_ids = _upsert_evals(w, msg.evals)
     return {"placed": placed, "stopped": stopped, "eval_ids": eval_ids}
@@ -384,7 +415,7 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
 def _link_previous(w: StateWriter, alloc: Allocation) -> None:
     prev = w.alloc(alloc.previous_allocation)
     if prev is not None and prev.next_allocation != alloc.id:
-        old = copy.copy(prev)
+        old = _clone(prev)
         prev.next_allocation = alloc.id
         w.put_alloc(prev, old, "AllocationUpdated")
 
@@ -399,11 +430,10 @@ def alloc_client_update(w: StateWriter, msg: m.AllocClientUpdate) -> dict[str, A
         if alloc is None or (alloc.client_terminal() and state.client_status != alloc.client_status):
             ignored.append(state.id)
             continue
-        old = copy.copy(alloc)
+        old = _clone(alloc)
         if state.client_status != alloc.client_status:
-            _count_alloc(w, old, -1)
             alloc.client_status = state.client_status
-            _count_alloc(w, alloc, +1)
+            _move_count(w, old, alloc)
         alloc.client_description = state.client_description
         if state.task_states is not None:
             alloc.task_states = state.task_states
@@ -438,7 +468,7 @@ def alloc_desired_transition(w: StateWriter, msg: m.AllocDesiredTransition) -> d
         alloc = w.alloc(alloc_id)
         if alloc is None:
             continue
-        old = copy.copy(alloc)
+        old = _clone(alloc)
         alloc.desired_transition = transition
         alloc.alloc_modify_index = w.index
         w.put_alloc(alloc, old, "AllocationUpdateDesiredStatus")
@@ -497,7 +527,7 @@ def node_update_status(w: StateWriter, msg: m.NodeUpdateStatus) -> dict[str, Any
     node = w.node(msg.node_id)
     if node is None:
         raise not_found(f"node {msg.node_id} not found")
-    old = copy.copy(node)
+    old = _clone(node)
     node.status = msg.status
     node.status_description = msg.status_description
     w.put_node(node, old, "NodeStatusUpdate")
@@ -509,7 +539,7 @@ def node_update_eligibility(w: StateWriter, msg: m.NodeUpdateEligibility) -> dic
     node = w.node(msg.node_id)
     if node is None:
         raise not_found(f"node {msg.node_id} not found")
-    old = copy.copy(node)
+    old = _clone(node)
     node.scheduling_eligibility = msg.eligibility
     if msg.drain is not None:
         node.drain = msg.drain

@@ -22,7 +22,14 @@ def from_u64(data: bytes) -> int:
     return int.from_bytes(data, "big")
 
 
+_JOIN = "\x00".join
+
+
 def key(*parts: str | bytes | int) -> bytes:
+    try:
+        return _JOIN(parts).encode()  # all str: the common case, one C call
+    except TypeError:
+        pass
     out = []
     for part in parts:
         if isinstance(part, int):

@@ -56,9 +56,12 @@ class StateWriter(StateReader):
         self.dirty_jobs: set[str] = set()
 
     # -- primitives ------------------------------------------------------
-    def _put(self, table: str, k: bytes, obj: Any) -> None:
-        self.txn.put(k, codec.encode(obj), db=self.dbs[table])
+    def _put(self, table: str, k: bytes, obj: Any) -> dict[str, Any]:
+        """Store ``obj``; returns its wire map, which the journal record reuses."""
+        wire = codec.dump(obj)
+        self.txn.put(k, codec.pack(wire), db=self.dbs[table])
         self.touched.add(table)
+        return wire
 
     def _delete(self, table: str, k: bytes) -> None:
         if self.txn.delete(k, db=self.dbs[table]):
@@ -112,6 +115,18 @@ class StateWriter(StateReader):
     def put_summary(self, summary: JobSummary) -> None:
         self._put("job_summary", summary.job_id.encode(), summary)
 
+    def summary_map(self, job_id: str) -> dict[str, Any] | None:
+        """A job summary as its stored map: counters move on every alloc update."""
+        raw = self.txn.get(job_id.encode(), db=self.dbs["job_summary"])
+        return None if raw is None else codec.unpack(raw)
+
+    def put_summary_map(self, job_id: str, data: dict[str, Any]) -> None:
+        if data["create_index"] == 0:
+            data["create_index"] = self.index
+        data["modify_index"] = self.index
+        self.txn.put(job_id.encode(), codec.pack(data), db=self.dbs["job_summary"])
+        self.touched.add("job_summary")
+
     def delete_job(self, job_id: str) -> None:
         """The job, its versions and summary (a purge); evals and allocs stay."""
         self._delete("jobs", job_id.encode())
@@ -122,38 +137,50 @@ class StateWriter(StateReader):
         self.dirty_jobs.discard(job_id)
 
     def set_job_status(self, job_id: str) -> None:
-        """Derive pending/running/dead as Nomad's getJobStatus does."""
-        job = self.job(job_id)
-        if job is None:
+        """Derive pending/running/dead as Nomad's getJobStatus does.
+
+        Runs for every job an entry touched and usually changes nothing, so
+        it reads the stored map instead of building a ``Job``; a changed job
+        is written back from that map (the same bytes ``encode`` would make).
+        """
+        k = job_id.encode()
+        raw = self.txn.get(k, db=self.dbs["jobs"])
+        if raw is None:
             return
-        status = self.derive_job_status(job)
-        if status != job.status:
-            job.status = status
-            job.modify_index = self.index
-            job.modify_time = self.now
-            self._put("jobs", job.id.encode(), job)
-            self.record(TOPIC_JOB, "JobStatusChanged", job.id, job)
+        data = codec.unpack(raw)
+        status = self._derive_status(
+            job_id, data["type"], data["periodic"], data["parameterized"], data["stop"]
+        )
+        if status != data["status"]:
+            data["status"] = status
+            data["modify_index"] = self.index
+            data["modify_time"] = self.now
+            self.txn.put(k, codec.pack(data), db=self.dbs["jobs"])
+            self.touched.add("jobs")
+            self.record(TOPIC_JOB, "JobStatusChanged", job_id, data)
         if status == JOB_DEAD:
-            if self.mark_of(GC_JOB, job.id) is None:
-                self.mark(GC_JOB, job.id, self.now)
+            if self.mark_of(GC_JOB, job_id) is None:
+                self.mark(GC_JOB, job_id, self.now)
         else:
-            self.unmark(GC_JOB, job.id)
+            self.unmark(GC_JOB, job_id)
 
     def derive_job_status(self, job: Job) -> str:
-        if job.type == "system" or job.periodic or job.parameterized:
-            return JOB_DEAD if job.stop else "running"
-        if self.job_has_live_allocs(job.id):
+        return self._derive_status(job.id, job.type, job.periodic, job.parameterized, job.stop)
+
+    def _derive_status(self, job_id: str, type_: str, periodic: bool, parameterized: bool, stop: bool) -> str:
+        if type_ == "system" or periodic or parameterized:
+            return JOB_DEAD if stop else "running"
+        start = prefix(job_id)
+        if self._any("allocs_live_by_job", start):
             return "running"
-        if self.job_has_live_evals(job.id):
+        if self._any("evals_live_by_job", start):
             return "pending"
-        for dep in self.deployments_by_job(job.id):
+        for dep in self.deployments_by_job(job_id):
             if dep.active():
                 return "running"
-        if job.stop:
+        if stop:
             return JOB_DEAD
-        has_history = self._any("evals_by_job", prefix(job.id)) or self._any(
-            "allocs_by_job", prefix(job.id)
-        )
+        has_history = self._any("evals_by_job", start) or self._any("allocs_by_job", start)
         return JOB_DEAD if has_history else "pending"
 
     # -- evals -----------------------------------------------------------
@@ -172,9 +199,12 @@ class StateWriter(StateReader):
         else:
             self._link("evals_live_by_job", live_key)
             self.unmark(GC_EVAL, ev.id)
-        self._put("evals", ev.id.encode(), ev)
-        self.dirty_jobs.add(ev.job_id)
-        self.record(TOPIC_EVAL, "EvaluationUpdated", ev.id, ev)
+        wire = self._put("evals", ev.id.encode(), ev)
+        # Job status depends on whether the job has live evals: only a new
+        # eval or a change of liveness can change it.
+        if old is None or (old.status in EVAL_TERMINAL) != (ev.status in EVAL_TERMINAL):
+            self.dirty_jobs.add(ev.job_id)
+        self.record(TOPIC_EVAL, "EvaluationUpdated", ev.id, wire)
 
     def delete_eval(self, ev: Evaluation) -> None:
         self._delete("evals", ev.id.encode())
@@ -190,33 +220,50 @@ class StateWriter(StateReader):
         return key(alloc.node_id, "1" if alloc.terminal() else "0", alloc.id)
 
     def put_alloc(self, alloc: Allocation, old: Allocation | None, event: str) -> None:
+        """Store an alloc, touching only the index rows whose key parts changed."""
         self._stamp(alloc, old)
-        if old is not None and old.job_id != alloc.job_id:
-            self._unlink("allocs_by_job", key(old.job_id, alloc.id))
-            self._unlink("allocs_live_by_job", key(old.job_id, alloc.id))
-            self.dirty_jobs.add(old.job_id)
-        if old is None or old.job_id != alloc.job_id:
-            self._link("allocs_by_job", key(alloc.job_id, alloc.id))
+        alloc_id = alloc.id
+        terminal = alloc.terminal()
         if old is None:
-            self._link("allocs_by_eval", key(alloc.eval_id, alloc.id))
-        elif old.eval_id != alloc.eval_id:
-            self._unlink("allocs_by_eval", key(old.eval_id, alloc.id))
-            self._link("allocs_by_eval", key(alloc.eval_id, alloc.id))
-        if old is not None:
-            self._unlink("allocs_by_node", self._node_key(old))
-            if old.deployment_id and old.deployment_id != alloc.deployment_id:
-                self._unlink("allocs_by_deployment", key(old.deployment_id, alloc.id))
-        self._link("allocs_by_node", self._node_key(alloc))
-        if alloc.deployment_id:
-            self._link("allocs_by_deployment", key(alloc.deployment_id, alloc.id))
-        live_key = key(alloc.job_id, alloc.id)
-        if alloc.terminal():
-            self._unlink("allocs_live_by_job", live_key)
+            self._link("allocs_by_job", key(alloc.job_id, alloc_id))
+            self._link("allocs_by_eval", key(alloc.eval_id, alloc_id))
+            self._link("allocs_by_node", self._node_key(alloc))
+            if alloc.deployment_id:
+                self._link("allocs_by_deployment", key(alloc.deployment_id, alloc_id))
+            if not terminal:
+                self._link("allocs_live_by_job", key(alloc.job_id, alloc_id))
+            self.dirty_jobs.add(alloc.job_id)
         else:
-            self._link("allocs_live_by_job", live_key)
-        self._put("allocs", alloc.id.encode(), alloc)
-        self.dirty_jobs.add(alloc.job_id)
-        self.record(TOPIC_ALLOC, event, alloc.id, alloc)
+            was_terminal = old.terminal()
+            job_moved = old.job_id != alloc.job_id
+            if job_moved:
+                self._unlink("allocs_by_job", key(old.job_id, alloc_id))
+                self._unlink("allocs_live_by_job", key(old.job_id, alloc_id))
+                self._link("allocs_by_job", key(alloc.job_id, alloc_id))
+                self.dirty_jobs.update((old.job_id, alloc.job_id))
+            if old.eval_id != alloc.eval_id:
+                self._unlink("allocs_by_eval", key(old.eval_id, alloc_id))
+                self._link("allocs_by_eval", key(alloc.eval_id, alloc_id))
+            if old.node_id != alloc.node_id or was_terminal != terminal:
+                self._unlink("allocs_by_node", self._node_key(old))
+                self._link("allocs_by_node", self._node_key(alloc))
+            if old.deployment_id != alloc.deployment_id:
+                if old.deployment_id:
+                    self._unlink("allocs_by_deployment", key(old.deployment_id, alloc_id))
+                if alloc.deployment_id:
+                    self._link("allocs_by_deployment", key(alloc.deployment_id, alloc_id))
+            if job_moved or was_terminal != terminal:
+                live_key = key(alloc.job_id, alloc_id)
+                if terminal:
+                    self._unlink("allocs_live_by_job", live_key)
+                else:
+                    self._link("allocs_live_by_job", live_key)
+                # Job status depends on whether the job has live allocs (and
+                # any at all): only a new alloc or a change of liveness can
+                # change it.
+                self.dirty_jobs.add(alloc.job_id)
+        wire = self._put("allocs", alloc_id.encode(), alloc)
+        self.record(TOPIC_ALLOC, event, alloc_id, wire)
 
     def delete_alloc(self, alloc: Allocation) -> None:
         self._delete("allocs", alloc.id.encode())
@@ -234,16 +281,17 @@ class StateWriter(StateReader):
         self._stamp(dep, old)
         if old is not None and old.job_id != dep.job_id:
             self._unlink("deployments_by_job", key(old.job_id, dep.id))
-            self.dirty_jobs.add(old.job_id)
+            self.dirty_jobs.update((old.job_id, dep.job_id))
         if old is None or old.job_id != dep.job_id:
             self._link("deployments_by_job", key(dep.job_id, dep.id))
         if dep.active():
             self.unmark(GC_DEPLOYMENT, dep.id)
         elif old is None or old.active():
             self.mark(GC_DEPLOYMENT, dep.id, self.now)
-        self._put("deployments", dep.id.encode(), dep)
-        self.dirty_jobs.add(dep.job_id)
-        self.record(TOPIC_DEPLOYMENT, event, dep.id, dep)
+        wire = self._put("deployments", dep.id.encode(), dep)
+        if old is None or old.active() != dep.active():
+            self.dirty_jobs.add(dep.job_id)
+        self.record(TOPIC_DEPLOYMENT, event, dep.id, wire)
 
     def delete_deployment(self, dep: Deployment) -> None:
         self._delete("deployments", dep.id.encode())
@@ -266,8 +314,8 @@ class StateWriter(StateReader):
                 self.mark(GC_NODE, node.id, node.status_updated_at)
         else:
             self.unmark(GC_NODE, node.id)
-        self._put("nodes", node.id.encode(), node)
-        self.record(TOPIC_NODE, event, node.id, node)
+        wire = self._put("nodes", node.id.encode(), node)
+        self.record(TOPIC_NODE, event, node.id, wire)
 
     def delete_node(self, node: Node) -> None:
         self._delete("nodes", node.id.encode())
