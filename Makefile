@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-journal bench-lifecycle clean jepsen
+.PHONY: install run test lint bench bench-fsm bench-journal bench-lifecycle bench-http clean jepsen
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -38,7 +38,7 @@ jepsen: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: bench-fsm bench-journal bench-lifecycle
+bench: bench-fsm bench-journal bench-lifecycle bench-http
 
 bench-fsm: $(STAMP)
 	$(BIN)/python -m tests.bench.fsm_bench
@@ -48,6 +48,9 @@ bench-journal: $(STAMP)
 
 bench-lifecycle: $(STAMP)
 	$(BIN)/python -m tests.bench.lifecycle_bench
+
+bench-http: $(STAMP)
+	$(BIN)/python -m tests.bench.http_bench
 
 clean:
 	rm -rf $(VENV) .caravan .pytest_cache .hypothesis
