@@ -125,18 +125,29 @@ def check_cmd(directory: str, checker_timeout: float) -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="directory for the runs")
 @_with_run_options
 def campaign_cmd(seeds: str, rotate: bool, out: str, **kw: object) -> None:
-    """Several seeded runs; a table of verdicts in OUT/campaign.json. Exits 1 if any run found an anomaly."""
-    if ":" in seeds:
-        first, _, count = seeds.partition(":")
-        seed_list = list(range(int(first), int(first) + int(count)))
-    else:
-        seed_list = [int(s) for s in _split(seeds)]
+    """Several seeded runs; a table of verdicts in OUT/campaign.json. Exits 1 if any run found an anomaly.
+
+    Create the file OUT/STOP to stop after the run in progress.
+    """
+    try:
+        if ":" in seeds:
+            first, _, count = seeds.partition(":")
+            seed_list = list(range(int(first), int(first) + int(count)))
+        else:
+            seed_list = [int(s) for s in _split(seeds)]
+    except ValueError:
+        raise click.BadParameter(f"{seeds!r} is not a comma list of integers or FIRST:COUNT", param_hint="--seeds") from None
+    if not seed_list:
+        raise click.BadParameter("no seeds given", param_hint="--seeds")
     nemeses = _split(str(kw["nemesis"]))
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     table = []
     worst = EXIT_OK
     for i, seed in enumerate(seed_list):
+        if (root / "STOP").exists():  # `touch OUT/STOP` ends a campaign cleanly between runs
+            click.echo(f"{root / 'STOP'} exists: not starting more runs")
+            break
         nemesis = nemeses[i % len(nemeses)] if rotate and nemeses else ",".join(nemeses)
         run_dir = root / f"seed{seed}-{nemesis.replace(',', '+')}"
         options = _options(str(run_dir), seed, {**kw, "nemesis": nemesis})
