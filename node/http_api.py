@@ -290,7 +290,11 @@ class HTTPAPI:
     async def start(self, bind: str) -> str:
         host, port = parse_address(bind)
         runner = web.AppRunner(
-            self.build_app(), access_log=None, handle_signals=False, handler_cancellation=True
+            self.build_app(),
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=2.0,  # requests still running at shutdown get 2 s, not 60
         )
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_address=True)
