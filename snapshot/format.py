@@ -12,8 +12,9 @@ big-endian.
     chunks      repeated:
                   u8 kind (1 = records) | u8 record type | u8 codec (0 raw, 1 zlib)
                   | u32 record count | u32 raw length | u32 stored length     15 bytes
-                  stored bytes; once decoded, ``count`` records of
-                  u16 key length | u32 value length | key | value
+                  stored bytes; once decoded, ``count`` records as columns:
+                  count x u16 key length | count x u32 value length
+                  | every key, concatenated | every value, concatenated
     end         u8 kind (2 = end) | 0 | 0 | u32 0 | u32 raw length | u32 stored length
                 msgpack summary: {"types": [[code, count, bytes], ...], "records": n, "chunks": n}
     trailer     b"CVSNPEND" | u64 offset of the end chunk | u64 file length
@@ -24,6 +25,9 @@ Why this shape:
 - One record type per chunk (one per LMDB database), so a reader can skip a
   whole chunk of an ignorable unknown type without decoding it, and restore
   can hand a chunk's records to LMDB in one ``putmulti`` call.
+- Records are stored as columns (lengths, then keys, then values) so both
+  sides frame a chunk with C-speed array operations instead of a Python loop
+  per record; it also compresses a little better.
 - Chunks are bounded (``MAX_CHUNK_RAW``), so neither side ever holds more than
   one chunk: a 1,000,000-object state streams through a few MiB of memory.
 - Per-type counts are exact in the metadata at the start (LMDB's ``stat`` in
@@ -45,7 +49,10 @@ Why this shape:
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from typing import Any
 
 from fsm.store import ALL_DBS
@@ -57,7 +64,7 @@ FORMAT_MINOR = 0
 HEADER = struct.Struct(">12sHH")
 META_LEN = struct.Struct(">I")
 CHUNK = struct.Struct(">BBBIII")
-RECORD = struct.Struct(">HI")
+RECORD_OVERHEAD = 6  # u16 key length + u32 value length per record
 TRAILER_MAGIC = b"CVSNPEND"
 TRAILER = struct.Struct(">8sQQ32s")
 DIGEST_SIZE = 32
@@ -72,7 +79,7 @@ ZLIB_LEVEL = 1  # ~220 MB/s and ~7x on our msgpack records; higher levels cost 2
 CHUNK_TARGET = 1 << 20  # raw bytes per chunk before it is flushed
 MAX_CHUNK_RAW = 64 << 20  # a reader refuses larger chunks (bounded buffers)
 MAX_META = 16 << 20
-MAX_RECORDS_PER_CHUNK = MAX_CHUNK_RAW // RECORD.size
+MAX_RECORDS_PER_CHUNK = MAX_CHUNK_RAW // RECORD_OVERHEAD
 MAX_KEY = 0xFFFF
 
 IGNORE_FLAG = 128
@@ -117,6 +124,42 @@ if _missing:  # a new LMDB database without a code would silently vanish from sn
     raise ImportError(f"snapshot.format: no record type code for LMDB databases {_missing}")
 if len(set(TYPE_CODES.values())) != len(TYPE_CODES):
     raise ImportError("snapshot.format: duplicate record type codes")
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+if array("H").itemsize != 2 or array("I").itemsize != 4:  # pragma: no cover - exotic platforms
+    raise ImportError("snapshot.format needs 2-byte 'H' and 4-byte 'I' arrays")
+
+
+def pack_records(keys: list[bytes], values: list[bytes]) -> bytes:
+    """One chunk's records in the columnar layout (see the module docstring)."""
+    klens = array("H", map(len, keys))
+    vlens = array("I", map(len, values))
+    if not _BIG_ENDIAN:
+        klens.byteswap()
+        vlens.byteswap()
+    return b"".join((klens.tobytes(), vlens.tobytes(), *keys, *values))
+
+
+def unpack_records(raw: bytes, count: int) -> list[tuple[bytes, bytes]] | None:
+    """The records of one chunk, or None if the lengths do not frame ``raw`` exactly."""
+    kend, vend = 2 * count, 6 * count
+    if vend > len(raw):
+        return None
+    klens = array("H")
+    klens.frombytes(raw[:kend])
+    vlens = array("I")
+    vlens.frombytes(raw[kend:vend])
+    if not _BIG_ENDIAN:
+        klens.byteswap()
+        vlens.byteswap()
+    koffs = list(accumulate(klens, initial=vend))
+    voffs = list(accumulate(vlens, initial=koffs[-1]))
+    if voffs[-1] != len(raw):
+        return None
+    keys = [raw[a:b] for a, b in pairwise(koffs)]
+    values = [raw[a:b] for a, b in pairwise(voffs)]
+    return list(zip(keys, values, strict=True))
 
 
 def ignorable(code: int) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,7 +52,7 @@ from snapshot.format import (
     MAX_META,
     MAX_RECORDS_PER_CHUNK,
     META_LEN,
-    RECORD,
+    RECORD_OVERHEAD,
     TRAILER,
     TRAILER_MAGIC,
     TYPE_NAMES,
@@ -58,6 +60,7 @@ from snapshot.format import (
     TypeStat,
     ignorable,
     snapshot_id,
+    unpack_records,
 )
 from snapshot.info import SnapshotInfo
 
@@ -66,12 +69,59 @@ _READ = 1 << 20
 
 @dataclass
 class Chunk:
-    """One decoded records chunk: ``count`` records of one type (``records`` is None if skipped)."""
+    """One records chunk, decompressed: ``count`` records of one type (``raw`` is None if skipped)."""
 
     code: int
     count: int
     raw_size: int
-    records: list[tuple[bytes, bytes]] | None
+    raw: bytes | None
+
+
+class _Prefetch:
+    """Run a chunk iterator on a helper thread, a few chunks ahead.
+
+    Reading, hashing and decompressing (which release the GIL) overlap with
+    decoding records and writing them to LMDB on the caller's thread. The
+    queue is bounded, so memory stays at a few chunks. ``close`` stops the
+    helper and waits for it (before the caller closes the file).
+    """
+
+    _END = object()
+
+    def __init__(self, it: Iterator[Chunk], depth: int = 4) -> None:
+        self._it = it
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="snapshot-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._it:
+                if self._stop.is_set():
+                    return
+                self._q.put((True, item))
+            self._q.put((True, self._END))
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._q.put((False, exc))
+
+    def __iter__(self) -> Iterator[Chunk]:
+        while True:
+            ok, item = self._q.get()
+            if not ok:
+                raise item
+            if item is self._END:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:  # free a slot so a blocked put returns and the helper sees the stop
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join()
 
 
 @dataclass
@@ -195,39 +245,20 @@ def _read_meta(r: _Hashing) -> SnapshotMeta:
 
 
 def _decode_records(raw: bytes, count: int, name: str, code: int) -> list[tuple[bytes, bytes]]:
-    out: list[tuple[bytes, bytes]] = []
-    append = out.append
-    unpack = RECORD.unpack_from
-    off = 0
-    end = len(raw)
-    try:
-        for _ in range(count):
-            lk, lv = unpack(raw, off)
-            off += 6
-            k = raw[off : off + lk]
-            off += lk
-            append((k, raw[off : off + lv]))
-            off += lv
-    except Exception:  # struct.error on a short buffer
-        off = end + 1
-    if off != end:
+    records = unpack_records(raw, count)
+    if records is None:
         raise CorruptError(
             f"{name}: records of type {code} do not fill their chunk exactly (bad framing)"
         )
-    return out
+    return records
 
 
-def iter_chunks(
-    r: _Hashing,
-    meta: SnapshotMeta,
-    *,
-    decode: Callable[[int], bool],
-) -> Iterator[Chunk]:
-    """Yield records chunks up to the end chunk (which the caller reads with ``read_end``).
+def iter_chunks(r: _Hashing, meta: SnapshotMeta) -> Iterator[Chunk]:
+    """Yield records chunks, decompressed, up to the end chunk (which ``read_end`` reads).
 
-    ``decode(code)`` says whether to decode a chunk's records; others are
-    skipped (still hashed and framed). Unknown codes without the ignore flag
-    are refused here, before anything is done with them.
+    Chunks of unknown ignorable types are skipped (still hashed and framed).
+    Unknown codes without the ignore flag are refused here, before anything
+    is done with them.
     """
     decompress = zlib.decompressobj
     while True:
@@ -252,7 +283,7 @@ def iter_chunks(
                 "upgrade caravan to restore this snapshot"
             )
         body = r.read(stored_len, "a chunk")
-        want = code in TYPE_NAMES and decode(code)
+        want = code in TYPE_NAMES
         if codec_id == CODEC_RAW:
             if stored_len != raw_len:
                 raise CorruptError(
@@ -279,7 +310,7 @@ def iter_chunks(
         if not want:
             yield Chunk(code, count, raw_len, None)
             continue
-        yield Chunk(code, count, raw_len, _decode_records(raw, count, r.name, code))
+        yield Chunk(code, count, raw_len, raw)
 
 
 def read_end(r: _Hashing, layout: _Layout) -> dict[int, tuple[int, int]]:
@@ -397,22 +428,26 @@ def scan(
             on_meta(meta)
         seen: dict[int, list[int]] = {}
         last_key: dict[int, bytes] = {}
-        for chunk in iter_chunks(r, meta, decode=lambda code: True):
-            acc = seen.setdefault(chunk.code, [0, 0])
-            acc[0] += chunk.count
-            if chunk.records is None:
-                acc[1] = -1  # skipped: byte size unknown, take the summary's
-                continue
-            if check_order:
-                prev = last_key.get(chunk.code, b"")
-                for k, _ in chunk.records:
-                    if k <= prev:
+        chunks = _Prefetch(iter_chunks(r, meta))
+        try:
+            for chunk in chunks:
+                acc = seen.setdefault(chunk.code, [0, 0])
+                acc[0] += chunk.count
+                if chunk.raw is None:
+                    acc[1] = -1  # skipped: byte size unknown, take the summary's
+                    continue
+                records = _decode_records(chunk.raw, chunk.count, name, chunk.code)
+                if check_order and records:
+                    keys = [k for k, _ in records]
+                    # strictly increasing = sorted and no duplicates (C-speed checks)
+                    if keys[0] <= last_key.get(chunk.code, b"") or keys != sorted(set(keys)):
                         raise CorruptError(unordered(name, chunk.code))
-                    prev = k
-                last_key[chunk.code] = prev
-            acc[1] += chunk.raw_size - RECORD.size * chunk.count  # framing was checked exactly
-            if consume is not None:
-                consume(chunk.code, chunk.records)
+                    last_key[chunk.code] = keys[-1]
+                acc[1] += chunk.raw_size - RECORD_OVERHEAD * chunk.count  # framing checked
+                if consume is not None:
+                    consume(chunk.code, records)
+        finally:
+            chunks.close()
         end = read_end(r, layout)
         if r.hash.digest() != layout.digest:
             raise ChecksumError(

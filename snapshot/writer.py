@@ -38,7 +38,7 @@ from snapshot.format import (
     MAGIC,
     MAX_CHUNK_RAW,
     META_LEN,
-    RECORD,
+    RECORD_OVERHEAD,
     TRAILER,
     TRAILER_MAGIC,
     TYPE_CODES,
@@ -46,6 +46,7 @@ from snapshot.format import (
     RaftData,
     SnapshotMeta,
     TypeStat,
+    pack_records,
     snapshot_id,
 )
 from snapshot.info import SnapshotInfo
@@ -65,7 +66,9 @@ def caravan_version() -> str:
         return "unknown"
 
 
-def _compress(raw: bytes) -> tuple[int, bytes]:
+def _pack(keys: list[bytes], values: list[bytes]) -> tuple[int, bytes]:
+    """Frame and compress one chunk (runs on the helper thread; zlib releases the GIL)."""
+    raw = pack_records(keys, values)
     packed = zlib.compress(raw, ZLIB_LEVEL)
     if len(packed) < len(raw):
         return CODEC_ZLIB, packed
@@ -140,14 +143,14 @@ def write_stream(
             w.write(body)
             chunks += 1
 
-    pack_record = RECORD.pack
-    big = MAX_CHUNK_RAW - RECORD.size - 512
+    big = MAX_CHUNK_RAW - RECORD_OVERHEAD - 512
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-zlib") as pool:
         try:
             for name, code in order:
                 total_n = total_bytes = 0
-                parts: list[bytes] = []
-                size = n = 0
+                keys: list[bytes] = []
+                values: list[bytes] = []
+                size = 0
                 cursor = txn.cursor(db=dbs[name])
                 for k, v in cursor.iternext():
                     lv = len(v)
@@ -155,26 +158,24 @@ def write_stream(
                         raise SnapshotWriteError(
                             f"record {k[:40]!r} in {name} is {lv} bytes, larger than a chunk may be"
                         )
-                    parts.append(pack_record(len(k), lv))
-                    parts.append(k)
-                    parts.append(v)
-                    size += 6 + len(k) + lv
-                    n += 1
+                    keys.append(k)
+                    values.append(v)
+                    size += RECORD_OVERHEAD + len(k) + lv
                     if size >= CHUNK_TARGET:
                         if cancel is not None and cancel.is_set():
                             raise SnapshotWriteError("snapshot cancelled")
-                        raw = b"".join(parts)
-                        pending.append((code, n, len(raw), pool.submit(_compress, raw)))
+                        n = len(keys)
+                        pending.append((code, n, size, pool.submit(_pack, keys, values)))
                         drain(_PIPELINE_DEPTH)
                         total_n += n
-                        total_bytes += size - 6 * n
-                        parts, size, n = [], 0, 0
-                if n:
-                    raw = b"".join(parts)
-                    pending.append((code, n, len(raw), pool.submit(_compress, raw)))
+                        total_bytes += size - RECORD_OVERHEAD * n
+                        keys, values, size = [], [], 0
+                if keys:
+                    n = len(keys)
+                    pending.append((code, n, size, pool.submit(_pack, keys, values)))
                     drain(_PIPELINE_DEPTH)
                     total_n += n
-                    total_bytes += size - 6 * n
+                    total_bytes += size - RECORD_OVERHEAD * n
                 if total_n != counts[code]:
                     raise SnapshotWriteError(
                         f"{name}: scanned {total_n} records but LMDB counted {counts[code]}"

@@ -44,9 +44,9 @@ from snapshot.format import (
     KIND_RECORDS,
     MAGIC,
     META_LEN,
-    RECORD,
     TRAILER,
     TRAILER_MAGIC,
+    pack_records,
 )
 
 T0 = 1_700_000_000 * SECOND
@@ -286,7 +286,7 @@ def forge(
     out += META_LEN.pack(len(raw_meta)) + raw_meta
     totals: dict[int, list[int]] = {int(c): [0, 0] for c, _ in meta.get("counts", [])}
     for code, records in chunks:
-        raw = b"".join(RECORD.pack(len(k), len(v)) + k + v for k, v in records)
+        raw = pack_records([k for k, _ in records], [v for _, v in records])
         out += CHUNK.pack(KIND_RECORDS, code, CODEC_RAW, len(records), len(raw), len(raw)) + raw
         acc = totals.setdefault(code, [0, 0])
         acc[0] += len(records)
