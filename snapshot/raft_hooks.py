@@ -43,7 +43,7 @@ import structlog
 from fsm import codec
 from snapshot.errors import SnapshotError, SnapshotWriteError
 from snapshot.format import RaftData
-from snapshot.reader import verify
+from snapshot.reader import inspect
 from snapshot.restore import restore
 from snapshot.writer import fsync_dir, write_file
 
@@ -73,28 +73,31 @@ def make_serializer(fsm: FSM, *, cluster_id: str = "") -> Callable[[str, tuple],
 
 
 def make_deserializer(
-    fsm: FSM, *, before_restore: Callable[[], None] | None = None
+    fsm: FSM, *, before_load: Callable[[], None] | None = None
 ) -> Callable[[str], tuple]:
     """A ``deserializer(file_name) -> raft_data`` for ``SyncObjConf``.
 
-    Verifies the file; restores it into ``fsm`` only if its applied index is
-    greater than the store's; returns the raft data tuple either way.
-    ``before_restore`` runs first (the background snapshotter cancels its
-    writer there, since restore closes the environment it reads).
+    Checks the file's integrity (``inspect``: checksum, metadata); restores
+    it into ``fsm`` only if its applied index is greater than the store's
+    (``restore`` then makes the full structural pass while it builds); returns
+    the raft data tuple either way. ``before_load`` runs first: the background
+    snapshotter cancels a dump in progress there, because after pysyncobj
+    loads a dump its log no longer matches what that dump was cut from (and
+    restore closes the environment the writer reads).
     A bad file raises ``SnapshotError``, which pysyncobj logs and swallows.
     """
 
     def deserializer(file_name: str) -> tuple:
         try:
-            info = verify(file_name)
+            if before_load is not None:
+                before_load()
+            info = inspect(file_name)
             meta = info.meta
             if meta is None or meta.raft is None:
                 raise SnapshotError(
                     f"{os.path.basename(file_name)}: not a raft dump (no raft data)"
                 )
             if info.index > fsm.applied_index:
-                if before_restore is not None:
-                    before_restore()
                 log.info(
                     "restoring raft dump", dump_index=info.index, store_index=fsm.applied_index
                 )
@@ -160,7 +163,7 @@ class BackgroundSnapshotter:
         self._done.set()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.partial)  # left by a crash mid-write
-        self._deserialize = make_deserializer(fsm, before_restore=self.cancel)
+        self._deserialize = make_deserializer(fsm, before_load=self.cancel)
 
     # -- pysyncobj hooks ---------------------------------------------------------
     def serializer(self, file_name: str, raft_data: tuple) -> None:

@@ -296,3 +296,21 @@ def test_single_node_syncobj_compacts_restarts_and_replays(tmp_path) -> None:
     kept = _restart(tmp_path, "run3", str(tmp_path / "a"), addr)
     assert fresh == kept
     assert fresh[1] > final[1]
+
+
+def test_loading_a_dump_cancels_a_dump_in_progress(tmp_path) -> None:
+    """After pysyncobj loads a dump its log changed; our own half-done dump must not be installed."""
+    leader = new_fsm(str(tmp_path / "leader"))
+    apply_entries(leader, example_entries())
+    received = str(tmp_path / "follower.dump")
+    make_serializer(leader)(received, RAFT)  # what the leader sent, already in place
+
+    follower = new_fsm(str(tmp_path / "follower"))
+    apply_entries(follower, example_entries(n=3))
+    bg = BackgroundSnapshotter(follower, received, mode="process")
+    bg.serializer(received + ".tmp", ((b"x", 7, 1), (b"y", 6, 1), set()))
+    _same_raft(bg.deserializer(received), RAFT)
+    assert bg.serialize_checker() == SERIALIZER_STATE.FAILED
+    assert follower.digest() == leader.digest()
+    assert inspect(received).raft_index == LAST[1]  # the received dump was not replaced
+    assert not os.path.exists(bg.partial)
