@@ -10,10 +10,10 @@ servers and across restarts.
 Group commit and when callers see results
 -----------------------------------------
 ``target.apply`` writes into a pending LMDB transaction; we call
-``target.commit()`` once per tick, in a tick callback that runs after
-pysyncobj applied that tick's entries and before the tick thread blocks in
-``poll``. Client callbacks for successful entries are *deferred* until right
-after that commit, so a caller that sees ``(result, index)`` can read the
+``target.commit()`` once per tick, right after pysyncobj's apply loop for
+that tick returns (we wrap it), and again at the end of the tick if anything
+else applied. Client callbacks for successful entries are *deferred* until
+right after that commit, so a caller that sees ``(result, index)`` can read the
 state at ``index`` from LMDB immediately (a barrier read depends on this).
 A crash can only lose the uncommitted tick: those entries are already in the
 raft journal (pysyncobj writes it before applying), pysyncobj re-applies the
@@ -473,6 +473,21 @@ class _Replica(SyncObj):
             self._commits += 1
         return not self._halted
 
+    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - wraps pysyncobj's private apply loop
+        """Group commit right where pysyncobj applied this tick's entries,
+        then release their callbacks -- before the tick goes on to send
+        append_entries, take new commands and compact, so callers see results
+        as early as with raw pysyncobj."""
+        need_send = SyncObj._SyncObj__applyLogEntries(self)
+        if self.commit_pending() and self._deferred:
+            self._fire_deferred()
+        return need_send
+
+    def _fire_deferred(self) -> None:
+        batch, self._deferred = self._deferred, []
+        for fn, args in batch:
+            _safe_call(self._log, fn, *args)
+
     def _finish_tick(self) -> None:
         if self._fsync:
             # The leader's entries appended this tick were already sent to
@@ -482,9 +497,7 @@ class _Replica(SyncObj):
         if not self.commit_pending():
             return
         if self._deferred:
-            batch, self._deferred = self._deferred, []
-            for fn, args in batch:
-                _safe_call(self._log, fn, *args)
+            self._fire_deferred()
         while self._tasks:
             _safe_call(self._log, self._tasks.popleft())
         self._flush_barrier_batch()
