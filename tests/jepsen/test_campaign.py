@@ -27,11 +27,11 @@ def short_run(out: Path, seed: int, nemeses: list[str], **overrides: object) -> 
         "quiet": (1.0, 2.0),
         "hold": (1.5, 3.0),
         "workloads": ["register", "set", "journal"],
+        "time": 15.0,
     } | overrides
     options = RunOptions(
         out=str(out),
         seed=seed,
-        time=15.0,
         nemeses=nemeses,
         checker_timeout=60.0,
         convergence_wait=60.0,
@@ -89,12 +89,12 @@ def test_lifecycle_under_faults_collects_safely(tmp_path: Path) -> None:
 def test_campaign_reports_broken_exactly_once(tmp_path: Path) -> None:
     """The deliberate bug makes a restarted replica re-apply its log; the run must say so."""
     out = tmp_path / "buggy"
-    code, results = short_run(out, 21, ["kill"], server_env={UNSAFE_REAPPLY: "1"})
+    code, results = short_run(out, 21, ["kill"], time=12.0, server_env={UNSAFE_REAPPLY: "1"})
     assert code == EXIT_ANOMALY, explain(results, out)
     convergence = by_checker(results, "convergence")
     assert convergence["status"] == "anomaly" and "DIVERGED" in convergence["summary"], explain(results, out)
     assert "verdict: ANOMALY" in (out / "summary.txt").read_text()
 
     control = tmp_path / "control"  # the same campaign without the bug is clean
-    code, results = short_run(control, 21, ["kill"])
+    code, results = short_run(control, 21, ["kill"], time=12.0)
     assert code == EXIT_OK, explain(results, control)
