@@ -72,6 +72,8 @@ TOKEN_STUB = (
     "ModifyIndex",
 )
 
+# Times an index=0 event stream re-reads the oldest retained index before giving up.
+MAX_OLDEST_RETRIES = 5
 # Event payloads are keyed by topic, as Nomad's are.
 PAYLOAD_KEY = {
     "Job": "Job",
@@ -617,24 +619,26 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     api = api_of(request)
     heartbeat = max(0.05, min(api.heartbeat, 300.0))
     args = _event_args(request, heartbeat)
-    items = api.stream(request, "event.stream", args)
-    try:
-        first = await _first(items)  # raises before the response starts: a proper status
-    except RPCError as exc:
-        if exc.code != RESET_REQUIRED:
-            raise
-        oldest = int(exc.details.get("oldest_index") or 1)
-        if args["index"] != 0:
-            raise HTTPError(
-                410,
-                f"index {args['index'] + 1} is older than the oldest retained index {oldest}: "
-                f"reload the state you follow (e.g. GET /v1/jobs) and stream again with index = its X-Nomad-Index + 1",
-                {"X-Caravan-Oldest-Index": str(oldest)},
-            ) from None
-        # No index asked for: start at the oldest batch kept (Nomad's index=0), not an error.
-        args["index"] = max(oldest - 1, 0)
+    from_oldest = args["index"] == 0
+    for attempt in range(MAX_OLDEST_RETRIES + 1):
         items = api.stream(request, "event.stream", args)
-        first = await _first(items)
+        try:
+            first = await _first(items)  # raises before the response starts: a proper status
+            break
+        except RPCError as exc:
+            if exc.code != RESET_REQUIRED:
+                raise
+            oldest = int(exc.details.get("oldest_index") or 1)
+            if not from_oldest or attempt == MAX_OLDEST_RETRIES:
+                raise HTTPError(
+                    410,
+                    f"index {args['index'] + 1} is older than the oldest retained index {oldest}: "
+                    f"reload the state you follow (e.g. GET /v1/jobs) and stream again with index = its X-Nomad-Index + 1",
+                    {"X-Caravan-Oldest-Index": str(oldest)},
+                ) from None
+            # No index asked for: start at the oldest batch kept (Nomad's index=0), not an
+            # error; under a busy, tiny journal the oldest may move again before we read it.
+            args["index"] = max(oldest - 1, 0)
     resp = web.StreamResponse(
         status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"}
     )

@@ -133,7 +133,8 @@ def test_reset_required_is_410(cluster_factory: Callable[..., HTTPCluster]) -> N
     try:
         assert stream.status == 200
         assert json.loads(stream.lines(1)[0]) == {}
-        batches = stream.events(has_job("trim-7"))
+        register(base, job("trim-8"))
+        batches = stream.events(has_job("trim-8"))
         assert batches[0]["Index"] > 2
     finally:
         stream.close()
