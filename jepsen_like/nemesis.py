@@ -21,14 +21,15 @@ Faults (``--nemesis`` names):
   then (see ``SnapshotLag.unavailable``).
 
 Every fault is recorded as a window (start, end, targets) in faults.jsonl;
-the nemesis always undoes its own fault, and the runner heals everything at
-the end regardless.
+the nemesis always undoes its own fault, waits (bounded) for a leader before
+its next quiet period, and the runner heals everything at the end regardless.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ class Timing:
     quiet: tuple[float, float] = (2.0, 5.0)
     hold: tuple[float, float] = (2.0, 6.0)
     kill_all_hold: tuple[float, float] = (0.5, 2.0)
+    settle: float = 30.0  # longest wait for a leader after a fault is undone
 
 
 class Fault:
@@ -217,3 +219,17 @@ class Nemesis:
                 done = f"undo failed: {exc}"
                 self.errors.append(f"{fault.name}: {done}")
             self.log.end(window, done)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Wait (bounded) until some server leads again, so the quiet time is time the cluster can serve.
+
+        Without this a whole-cluster restart (seconds: imports, log replay,
+        election) eats most of the quiet period and the next fault hits a
+        cluster that never came back, which tests little.
+        """
+        deadline = time.monotonic() + self.timing.settle
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.testbed.leader() is not None:
+                return
+            self.stop.wait(0.2)
