@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsm.caches import NodeUsageCache
-from fsm.messages import encode_entry
+from fsm.messages import PlanApply, encode_entry
 from fsm.store import StateReader
 from fsm.structs import DESIRED_RUN, NODE_ELIGIBLE, NODE_READY, Resources
 from raft.node import encoded_entry_size
@@ -68,9 +68,56 @@ class ApplierStats:
     placed: int = 0
 
 
-def check_plan(reader: StateReader, plan: Plan, cache: NodeUsageCache) -> tuple[Plan, dict[str, str]]:
-    """(the part of ``plan`` that still fits, {rejected node: reason}) at ``reader``'s index."""
+@dataclass(frozen=True)
+class Claim:
+    """What one proposed, not yet applied PlanApply entry will hold, per node.
+
+    ``probe`` is an alloc the entry places: once it exists in a snapshot, the
+    whole entry has been applied there (entries apply atomically) and its
+    claim is already in the usage cache.
+    """
+
+    probe: str
+    usage: dict[str, Resources]
+
+
+def claims_of(body: PlanApply, inplace: set[str]) -> Claim | None:
+    new = [a for a in body.allocs_to_place if a.id not in inplace]
+    if not new:
+        return None
+    usage: dict[str, Resources] = {}
+    for alloc in new:
+        u = usage.setdefault(alloc.node_id, Resources(cpu=0, memory_mb=0, disk_mb=0))
+        u.cpu += alloc.resources.cpu
+        u.memory_mb += alloc.resources.memory_mb
+        u.disk_mb += alloc.resources.disk_mb
+    return Claim(new[0].id, usage)
+
+
+def pending_usage(reader: StateReader, claims: list[Claim]) -> dict[str, Resources]:
+    """Per-node resources of in-flight entries that ``reader`` does not show yet."""
+    out: dict[str, Resources] = {}
+    for claim in claims:
+        if reader.alloc(claim.probe) is not None:
+            continue
+        for node_id, r in claim.usage.items():
+            u = out.setdefault(node_id, Resources(cpu=0, memory_mb=0, disk_mb=0))
+            u.cpu += r.cpu
+            u.memory_mb += r.memory_mb
+            u.disk_mb += r.disk_mb
+    return out
+
+
+def check_plan(
+    reader: StateReader, plan: Plan, cache: NodeUsageCache, in_flight: list[Claim] | None = None
+) -> tuple[Plan, dict[str, str]]:
+    """(the part of ``plan`` that still fits, {rejected node: reason}) at ``reader``'s index.
+
+    ``in_flight``: entries of earlier plans that were proposed but may not
+    be applied yet; what they place counts as used.
+    """
     cache.catch_up(reader)
+    pending = pending_usage(reader, in_flight or [])
     rejected: dict[str, str] = {}
     by_node: dict[str, list] = {}
     for alloc in plan.place:
@@ -98,6 +145,11 @@ def check_plan(reader: StateReader, plan: Plan, cache: NodeUsageCache) -> tuple[
             rejected[node_id] = "node is draining or ineligible"
             continue
         used = cache.usage(node_id)
+        p = pending.get(node_id)
+        if p is not None:
+            used.cpu += p.cpu
+            used.memory_mb += p.memory_mb
+            used.disk_mb += p.disk_mb
         f = freed.get(node_id)
         if f is not None:
             used.cpu -= f.cpu
@@ -140,8 +192,19 @@ def check_plan(reader: StateReader, plan: Plan, cache: NodeUsageCache) -> tuple[
     return accepted, rejected
 
 
+MAX_IN_FLIGHT = 4  # plans proposed and not yet committed while the next one is checked
+
+
 class PlanApplier:
-    """One per leadership term: a queue of plans and the task that commits them."""
+    """One per leadership term: a queue of plans, checked one at a time, committed pipelined.
+
+    Like Nomad's plan applier, the next plan is checked while earlier ones
+    are still committing: their placements count as used (``Claim``s) until
+    the snapshot shows them, so pipelining never lets two plans overcommit a
+    node. Entries of one plan are proposed in order; a later plan's entries
+    may commit before an earlier plan's last (eval-carrying) entry, which is
+    harmless — the last entry only writes evals.
+    """
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -149,6 +212,10 @@ class PlanApplier:
         self.queue: asyncio.Queue[tuple[Plan, asyncio.Future[PlanResult]]] = asyncio.Queue()
         self.stats = ApplierStats()
         self.log = server.log.bind(component="plan_apply")
+        self.in_flight: dict[int, list[Claim]] = {}
+        self._seq = 0
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def submit(self, plan: Plan) -> PlanResult:
         """Queue ``plan`` and wait for its outcome (raises what proposing raised)."""
@@ -157,25 +224,28 @@ class PlanApplier:
         return await future
 
     async def run(self) -> None:
-        while True:
-            plan, future = await self.queue.get()
-            if future.cancelled():
-                continue
-            try:
-                result = await self.apply(plan)
-            except asyncio.CancelledError:
-                if not future.done():
-                    future.cancel()
-                raise
-            except Exception as exc:  # noqa: BLE001 - handed to the worker, which nacks
-                if not future.done():
-                    future.set_exception(exc)
-                continue
-            if not future.done():
-                future.set_result(result)
+        try:
+            while True:
+                plan, future = await self.queue.get()
+                if future.cancelled():
+                    continue
+                await self._slots.acquire()
+                try:
+                    started = await self._start(plan, future)
+                except Exception as exc:  # noqa: BLE001 - handed to the worker, which nacks
+                    started = False
+                    if not future.done():
+                        future.set_exception(exc)
+                if not started:
+                    self._slots.release()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
 
-    async def apply(self, plan: Plan) -> PlanResult:
-        accepted, rejected = await self.server.local(lambda r: check_plan(r, plan, self.cache))
+    async def _start(self, plan: Plan, future: asyncio.Future[PlanResult]) -> bool:
+        """Check ``plan`` and start committing what fits; False if nothing was proposed."""
+        claims = [c for cs in self.in_flight.values() for c in cs]
+        accepted, rejected = await self.server.local(lambda r: check_plan(r, plan, self.cache, claims))
         result = PlanResult(whole=not rejected)
         if rejected:
             result.rejected_nodes = sorted(n for n in rejected if n)
@@ -192,20 +262,50 @@ class PlanApplier:
             )
         self.stats.plans += 1
         if accepted.empty():
-            return result
+            future.set_result(result)
+            return False
         bodies = to_entries(accepted, self.server.raft.max_entry_bytes, entry_size, item_size=logged_size)
-        head, last = bodies[:-1], bodies[-1]
-        if head:
-            outcomes = await asyncio.gather(*(self.server.propose(b) for b in head), return_exceptions=True)
-            for outcome in outcomes:
+        self._seq += 1
+        key = self._seq
+        self.in_flight[key] = [c for c in (claims_of(b, accepted.inplace) for b in bodies) if c is not None]
+        # Propose the head entries now, in order, before the next plan is checked.
+        head = [asyncio.ensure_future(self.server.propose(b)) for b in bodies[:-1]]
+        task = asyncio.ensure_future(self._commit(key, accepted, bodies, head, result, future))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.sleep(0)  # let the head proposals reach raft before the next plan's
+        return True
+
+    async def _commit(
+        self,
+        key: int,
+        accepted: Plan,
+        bodies: list[PlanApply],
+        head: list[asyncio.Future[dict[str, Any]]],
+        result: PlanResult,
+        future: asyncio.Future[PlanResult],
+    ) -> None:
+        try:
+            for outcome in await asyncio.gather(*head, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     raise outcome
                 result.index = max(result.index, outcome["index"])
-        out = await self.server.propose(last)
-        result.index = max(result.index, out["index"])
-        result.entries = len(bodies)
-        result.placed = len(accepted.new_placements)
-        result.stopped = len(accepted.stop)
-        self.stats.entries += len(bodies)
-        self.stats.placed += result.placed
-        return result
+            out = await self.server.propose(bodies[-1])
+            result.index = max(result.index, out["index"])
+            result.entries = len(bodies)
+            result.placed = len(accepted.new_placements)
+            result.stopped = len(accepted.stop)
+            self.stats.entries += len(bodies)
+            self.stats.placed += result.placed
+            if not future.done():
+                future.set_result(result)
+        except asyncio.CancelledError:
+            if not future.done():
+                future.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the worker, which nacks
+            if not future.done():
+                future.set_exception(exc)
+        finally:
+            self.in_flight.pop(key, None)
+            self._slots.release()

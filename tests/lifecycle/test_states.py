@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fsm import messages as m
 from fsm.caches import NodeUsageCache
 from fsm.structs import SECOND, Evaluation, Job, TaskState
-from node.plan_apply import check_plan
+from node.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
 from scheduler.state import load_snapshot
@@ -166,3 +166,28 @@ def test_lifecycle_never_runs_more_than_count(steps, kind, seed) -> None:
                 h.ok(m.EvalUpsert(evals=[ev]))
     finally:
         h.destroy()
+
+
+def test_in_flight_plans_count_until_the_snapshot_shows_them(h: Harness) -> None:
+    """Pipelining: a plan checked while an earlier one is still committing sees its claims."""
+    h.ok(m.NodeRegister(node=node("only", cpu=1000, mem=8000)))
+    a, b = job("a", count=2, cpu=400, mem=100), job("b", count=2, cpu=400, mem=100)
+    ev_a, ev_b = register(h, a), register(h, b)
+    with h.reader() as r:
+        plan_a = schedule(load_snapshot(r, r.eval(ev_a.id), h.time))
+        plan_b = schedule(load_snapshot(r, r.eval(ev_b.id), h.time))
+    bodies = to_entries(plan_a, 48 * 1024, approx_size)
+    claims = [c for c in (claims_of(x, plan_a.inplace) for x in bodies) if c is not None]
+    cache = NodeUsageCache()
+    with h.reader() as r:  # "a" proposed, not applied: 800 of 1000 MHz claimed
+        _, rejected = check_plan(r, plan_b, cache, claims)
+    assert rejected == {"only": "resources exhausted: cpu"}
+    for body in bodies:
+        h.ok(body)
+    with h.reader() as r:  # applied now: counted once (from state), not twice
+        _, again = check_plan(r, plan_b, cache, claims)
+    assert again == {"only": "resources exhausted: cpu"}
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=x.id, client_status="complete") for x in plan_a.place]))
+    with h.reader() as r:
+        _, free = check_plan(r, plan_b, cache, claims)
+    assert free == {}
