@@ -57,8 +57,11 @@ def _fail(message: str) -> _PathError:
 
 def _scalar(kind: tuple[type, ...], name: str) -> Converter:
     allow_bool = bool in kind
+    exact = kind[0]  # what msgpack produces for a valid value
 
     def convert(value: Any) -> Any:
+        if value.__class__ is exact:
+            return value
         if not isinstance(value, kind) or (not allow_bool and value.__class__ is bool):
             raise _fail(f"expected {name}, got {type(value).__name__}")
         return value

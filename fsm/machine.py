@@ -7,7 +7,12 @@ for anything an entry contains; unknown types with the ignore flag are
 skipped and other unknown types stop the node.
 
 Group commit: ``apply`` works inside one pending write transaction that the
-caller (the raft adapter, once per tick) ends with ``commit``.
+caller (the raft adapter, once per tick) ends with ``commit``. Entries are
+not isolated in nested transactions (too slow): an entry rejected after it
+wrote is undone by aborting the group and applying its earlier entries
+again, after which ``apply`` commits the group itself. Committed state is
+always a prefix of the applied entries, so this changes nothing for crash
+recovery.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import structlog
 from fsm import codec, journal
 from fsm.errors import ApplyRejected, CodecError, FatalApplyError
 from fsm.handlers import HANDLERS
-from fsm.keys import key, u64
+from fsm.keys import SEP, u64
 from fsm.messages import IGNORE_FLAG, MessageType, decode_entry
 from fsm.store import (
     DEFAULT_MAP_SIZE,
@@ -90,6 +95,10 @@ class FSM:
         self.on_fatal = on_fatal
         self._txn: lmdb.Transaction | None = None
         self._touched: dict[str, int] = {}
+        # Entries applied in the open group, and (applied, last_time) before
+        # it: a rejected entry that already wrote is undone by replaying them.
+        self._pending: list[tuple[int, bytes]] = []
+        self._group_start = (0, 0)
         self._listeners: list[Callable[[int], None]] = []
         with self.store.read() as r:
             self._applied = r.applied_index
@@ -146,6 +155,7 @@ class FSM:
             raise
         self._txn = None
         self._touched = {}
+        self._pending = []
         for listener in list(self._listeners):
             listener(self._applied)
 
@@ -204,6 +214,7 @@ class FSM:
     def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
             self._txn = self.store.begin_write()
+            self._group_start = (self._applied, self._last_time)
         return self._txn
 
     def _abort(self) -> None:
@@ -211,68 +222,93 @@ class FSM:
             self._txn.abort()
             self._txn = None
             self._touched = {}
+            self._pending = []
             with self.store.read() as r:
                 self._applied, self._last_time = r.applied_index, r.last_time
 
-    def _consume(self, index: int, result: ApplyResult) -> ApplyResult:
+    def _consume(self, index: int, entry: bytes, result: ApplyResult) -> ApplyResult:
         self._applied = index
+        self._pending.append((index, entry))
         return result
+
+    def _rollback(self) -> lmdb.Transaction:
+        """Undo a rejected entry's writes: abort the group and apply its entries again.
+
+        Entries are not applied in nested transactions (LMDB copies every page
+        an entry touches into a child); rejections after a write are rare, so
+        undoing the whole group and replaying it (deterministically: the same
+        results) is cheaper overall. The caller commits right after, so a
+        group is replayed at most once per such rejection.
+        """
+        pending = self._pending
+        assert self._txn is not None
+        self._txn.abort()
+        self._txn = None
+        self._touched = {}
+        self._pending = []
+        self._applied, self._last_time = self._group_start
+        txn = self._begin()
+        for index, entry in pending:
+            self._apply(index, entry)
+        return txn
 
     def _apply(self, index: int, entry: bytes) -> ApplyResult:
         txn = self._begin()
         if not entry:
             # No type byte at all: malformed, not an unknown type from a newer version.
-            return self._consume(index, ApplyResult(index, False, code="bad_request", error="empty entry"))
+            return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error="empty entry"))
         code = entry[0]
         if code not in MessageType._value2member_map_:
             if code & IGNORE_FLAG:
                 log.warning("skipping unknown entry type with the ignore flag", index=index, type=code)
-                return self._consume(index, ApplyResult(index, True, skipped=True))
+                return self._consume(index, entry, ApplyResult(index, True, skipped=True))
             raise FatalApplyError(
                 f"unknown entry type {code} at index {index}; upgrade this server before it can apply the log"
             )
         try:
             decoded = decode_entry(entry)
         except CodecError as exc:
-            return self._consume(index, ApplyResult(index, False, code="bad_request", error=str(exc)))
+            return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error=str(exc)))
         self._last_time = max(self._last_time, decoded.time)
         now = self._last_time
         if decoded.rid and index > self._unsafe_reapply_upto:
             prior = txn.get(decoded.rid.encode(), db=self.store.dbs["requests"])
             if prior is not None:
                 data = codec.unpack(prior)
-                return self._consume(index, ApplyResult(duplicate=True, **data))
-        child = self.store.begin_write(parent=txn)
-        writer = StateWriter(self.store, child, index, now)
+                return self._consume(index, entry, ApplyResult(duplicate=True, **data))
+        writer = StateWriter(self.store, txn, index, now)
         try:
             value = HANDLERS[decoded.type](writer, decoded.body)
             writer.finish()
-            journal.append(child, self.store.dbs, index, writer.records, self.retention)
-            child.commit()
+            journal.append(txn, self.store.dbs, index, writer.records, self.retention)
             result = ApplyResult(index, True, value=value)
             for table in writer.touched:
                 self._touched[table] = index
             if writer.records:
                 self._touched["journal"] = index
         except ApplyRejected as exc:
-            child.abort()
             result = ApplyResult(index, False, code=exc.code, error=exc.message)
         except lmdb.Error:
-            child.abort()
             raise
         except Exception as exc:  # a bug in a handler: the same on every replica
-            child.abort()
             log.error("apply handler failed", index=index, type=decoded.type.name, error=repr(exc))
             result = ApplyResult(index, False, code="internal", error=f"apply failed: {exc!r}")
+        rolled_back = not result.ok and writer.txn.wrote
+        if rolled_back:
+            txn = self._rollback()
+            self._last_time = max(self._last_time, decoded.time)
         if decoded.rid:
             self._remember(txn, decoded.rid, now, result)
-        return self._consume(index, result)
+        self._consume(index, entry, result)
+        if rolled_back:
+            self.commit()
+        return result
 
     def _remember(self, txn: lmdb.Transaction, rid: str, now: int, result: ApplyResult) -> None:
         """Keep a request's result for ``request_ttl`` so a retry returns it instead of re-applying."""
         dbs = self.store.dbs
         txn.put(rid.encode(), codec.pack(result.to_wire()), db=dbs["requests"])
-        txn.put(key(now, rid), b"", db=dbs["requests_by_time"])
+        txn.put(u64(now) + SEP + rid.encode(), b"", db=dbs["requests_by_time"])  # key(now, rid)
         cutoff = now - self.request_ttl
         cursor = txn.cursor(db=dbs["requests_by_time"])
         while cursor.first():

@@ -46,9 +46,45 @@ def public_token(token: ACLToken) -> dict[str, Any]:
     return data
 
 
+class WriteTracker:
+    """The entry's view of the group's write transaction, noting whether it wrote.
+
+    Reads go straight to the transaction's methods; every write method sets
+    ``wrote``. A rejected entry that wrote nothing needs no rollback (the
+    common case: validation fails before the first write). Handlers write
+    only through this object (never through cursors).
+    """
+
+    __slots__ = ("_txn", "get", "cursor", "stat", "wrote")
+
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        self._txn = txn
+        self.get = txn.get
+        self.cursor = txn.cursor
+        self.stat = txn.stat
+        self.wrote = False
+
+    def put(self, key: bytes, value: bytes, **kw: Any) -> bool:
+        self.wrote = True
+        return self._txn.put(key, value, **kw)
+
+    def delete(self, key: bytes, *args: Any, **kw: Any) -> bool:
+        self.wrote = True
+        return self._txn.delete(key, *args, **kw)
+
+    def pop(self, key: bytes, **kw: Any) -> bytes | None:
+        self.wrote = True
+        return self._txn.pop(key, **kw)
+
+    def replace(self, key: bytes, value: bytes, **kw: Any) -> bytes | None:
+        self.wrote = True
+        return self._txn.replace(key, value, **kw)
+
+
 class StateWriter(StateReader):
     def __init__(self, store: StateStore, txn: lmdb.Transaction, index: int, now: int) -> None:
         super().__init__(store, txn)
+        self.txn: Any = WriteTracker(txn)
         self.index = index
         self.now = now
         self.records: list[list[Any]] = []

@@ -38,6 +38,8 @@ from tests.fsm.support import (
     Harness,
     check_invariants,
     dump,
+    make_alloc,
+    make_eval,
     make_job,
     make_node,
     raise_fatal,
@@ -220,6 +222,61 @@ def test_same_index_twice_in_one_group_is_applied_once(h: Harness) -> None:
     assert first.ok and not first.skipped and second.skipped
     with h.reader() as r:
         assert r.job("web").task_groups[0].count == 1 and r.job("web").version == 0
+
+
+def test_entry_rejected_after_writing_is_undone_inside_a_group(h: Harness) -> None:
+    """No nested transactions: a rejection after a write replays the group, then commits it."""
+    setup = [
+        m.NodeRegister(node=make_node("n1")),
+        m.JobRegister(job=make_job("web"), eval=make_eval("e1", "web")),
+        m.PlanApply(
+            allocs_to_place=[make_alloc("a1")], evals=[make_eval("e1", "web", status="complete")]
+        ),
+    ]
+    # stops a1 (a write), then fails on a placement for a missing node
+    bad = m.PlanApply(
+        allocs_to_stop=[m.AllocStop(id="a1")], allocs_to_place=[make_alloc("a2", node_id="n9")]
+    )
+    after = [m.AllocClientUpdate(allocs=[m.AllocClientState(id="a1", client_status="running")])]
+    bodies = [*setup, bad, *after]
+    entries = [
+        (i, encode_entry(b, time=T0 + i * SECOND, rid=f"r{i}")) for i, b in enumerate(bodies, 1)
+    ]
+    reference = Harness.temp()
+    try:
+        expected = [reference.fsm.apply_batch([e])[0] for e in entries]  # one commit per entry
+        assert expected[3].code == "conflict"
+        results = [h.fsm.apply(i, e) for i, e in entries[:3]]
+        with h.reader() as r:
+            assert r.applied_index == 0  # still one open group
+        results.append(h.fsm.apply(*entries[3]))
+        with h.reader() as r:
+            assert r.applied_index == 4  # undone, replayed and committed
+            assert r.alloc("a1").desired_status == "run"
+        results.append(h.fsm.apply(*entries[4]))
+        h.fsm.commit()
+        assert [r.to_wire() for r in results] == [r.to_wire() for r in expected]
+        assert h.fsm.digest() == reference.fsm.digest()
+        # a retry of the rejected request returns its rejection
+        again = h.fsm.apply(6, entries[3][1])
+        assert again.duplicate and again.code == "conflict"
+    finally:
+        reference.destroy()
+
+
+def test_entry_rejected_before_writing_keeps_the_group_open(h: Harness) -> None:
+    h.fsm.apply(1, encode_entry(m.NodeRegister(node=make_node("n1")), time=T0, rid=""))
+    rejected = h.fsm.apply(2, encode_entry(m.JobDeregister(job_id="nope"), time=T0, rid="x"))
+    assert rejected.code == "not_found"
+    with h.reader() as r:
+        assert r.applied_index == 0  # nothing to undo, no early commit
+    h.fsm.commit()
+    with h.reader() as r:
+        assert (
+            r.applied_index == 2
+            and r.node("n1") is not None
+            and r.request_result("x")["code"] == "not_found"
+        )
 
 
 CHILD = textwrap.dedent(
