@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections import defaultdict
@@ -264,3 +265,32 @@ def test_system_job_runs_one_alloc_per_node(lifecycle_env: Env) -> None:
     assert sorted(a["NodeID"] for a in rows) == sorted(ready)
     env.call("job.stop", {"job_id": "sys"})
     wait_until(lambda: not live(allocs(env, "sys")), 30, "system allocs stopped")
+
+
+def test_a_node_marked_down_by_an_operator_loses_its_allocs_and_heartbeats_revive_it(lifecycle_env: Env) -> None:
+    env = lifecycle_env
+    op = env.start_sim(2, "op")
+    env.call("job.register", {"job": spec("mark", count=5, cpu=100)})
+    rows = wait_until(lambda: (r := [a for a in allocs(env, "mark") if a["ClientStatus"] == "running"]) and len(r) == 5 and r,
+                      60, "5 running")
+    victim = next(a["NodeID"] for a in rows if a["NodeID"] in op.nodes)
+    lost_ids = {a["ID"] for a in rows if a["NodeID"] == victim}
+    # Pause the client so its heartbeats cannot mark the node ready before the scheduler acts.
+    op.proc.send_signal(signal.SIGSTOP)
+    try:
+        env.call("node.status", {"node_id": victim, "status": "down"})
+
+        def replaced() -> bool:
+            now = allocs(env, "mark")
+            by_id = {a["ID"]: a for a in now}
+            running = [a for a in now if a["ClientStatus"] in ("pending", "running") and a["DesiredStatus"] == "run"]
+            return all(by_id[i]["ClientStatus"] == "lost" for i in lost_ids) and len(running) == 5
+
+        wait_until(replaced, 60, "the down node's allocs lost and replaced")
+        evals = env.read("eval.list", {"job_id": "mark"})
+        assert any(e["TriggeredBy"] == "node-update" and e["NodeID"] == victim for e in evals)
+    finally:
+        op.proc.send_signal(signal.SIGCONT)
+    # The client is alive again and heartbeats: the leader marks its nodes ready.
+    wait_until(lambda: env.read("node.get", {"node_id": victim})["Status"] == "ready", 30, "node revived by heartbeats")
+    env.call("job.stop", {"job_id": "mark"})
