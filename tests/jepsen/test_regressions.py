@@ -82,12 +82,18 @@ def _paused_leader_trial(directory: Path) -> str | None:
 def test_paused_leader_catches_up(tmp_path: Path) -> None:
     """Found by the pause nemesis: the resumed ex-leader stayed at its old index while the others moved on.
 
-    Likely mechanism (pysyncobj's append path): the new leader pipelines
-    several batches from nextIndex; the follower rejects the first (term
-    mismatch at prevLogIdx: "go back to prevLogIdx") and answers every later
-    one (prevLogIdx past its log) with "my log ends here + 1", which the
-    leader applies last, so nextIndex never moves back and the follower
-    never finds the point where the logs agree.
+    Mechanism (confirmed with a message trace of the raft hooks): the
+    ex-leader's log ends with entries of its old term past the commit index
+    (e.g. last 549 term 1, commit 547). The new leader pipelines several
+    batches from nextIndex=550 each round: prevLogIdx=549/term 3, then 605,
+    661, ... The follower rejects the first on the term mismatch with
+    ``next_node_idx=549, reset`` and every later one (prevLogIdx beyond its
+    log) with ``next_node_idx=550, reset``; the leader applies the replies in
+    order, so nextIndex is back at 550 after every round and never reaches
+    548, where the logs agree. 534 identical rounds in 20 s in the trace.
+    A fix (raft/): once a follower reported a mismatch at index k for the
+    current term, never answer a later reject with more than k (or the
+    leader never raises nextIndex on a failed reply) until an append succeeds.
     """
     for trial in range(8):
         stuck = _paused_leader_trial(tmp_path / f"t{trial}")
