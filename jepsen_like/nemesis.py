@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jepsen_like.recorder import FaultLog
 from jepsen_like.testbed import Testbed, TestbedError
@@ -172,7 +173,12 @@ FAULTS: dict[str, Callable[[], Fault]] = {
 
 
 class Nemesis:
-    """Runs the enabled faults one at a time on a seeded schedule, in its own thread."""
+    """Runs the enabled faults on a seeded schedule, in its own thread.
+
+    One fault at a time, or with ``overlap`` sometimes two different kinds at
+    once (a partition while a server is killed, a pause during a partition):
+    compound faults are where recovery paths meet.
+    """
 
     def __init__(
         self,
@@ -182,8 +188,10 @@ class Nemesis:
         log: FaultLog,
         stop: threading.Event,
         timing: Timing | None = None,
+        overlap: bool = False,
     ) -> None:
         self.testbed = testbed
+        self.overlap = overlap
         self.faults = faults
         self.rng = rng
         self.log = log
@@ -200,25 +208,38 @@ class Nemesis:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def _pick(self) -> list[Fault]:
+        """One fault, or with ``overlap`` half of the time two different ones held together."""
+        first = self.rng.choice(self.faults)
+        if not self.overlap or first.name == "kill-all" or self.rng.random() < 0.5:
+            return [first]
+        others = [f for f in self.faults if f.name not in (first.name, "kill-all")]
+        return [first, self.rng.choice(others)] if others else [first]
+
     def _run(self) -> None:
         while not self.stop.wait(self.rng.uniform(*self.timing.quiet)):
-            fault = self.rng.choice(self.faults)
-            hold_range = self.timing.kill_all_hold if fault.name == "kill-all" else self.timing.hold
+            picked = self._pick()
+            hold_range = self.timing.kill_all_hold if picked[0].name == "kill-all" else self.timing.hold
             hold = self.rng.uniform(*hold_range)
-            start = self.log.clock.now()
-            try:
-                undo, targets, what = fault.inject(self.testbed, self.rng)
-            except Exception as exc:  # noqa: BLE001 - a failed injection is reported, not fatal
-                self.errors.append(f"{fault.name}: could not inject: {exc}")
+            active: list[tuple[Fault, Callable[[], str], Any]] = []
+            for fault in picked:
+                start = self.log.clock.now()
+                try:
+                    undo, targets, what = fault.inject(self.testbed, self.rng)
+                except Exception as exc:  # noqa: BLE001 - a failed injection is reported, not fatal
+                    self.errors.append(f"{fault.name}: could not inject: {exc}")
+                    continue
+                active.append((fault, undo, self.log.begin(fault.name, targets, what, start=start)))
+            if not active:
                 continue
-            window = self.log.begin(fault.name, targets, what, start=start)
-            self.stop.wait(hold)  # hold the fault (ends early when the run stops)
-            try:
-                done = undo()
-            except Exception as exc:  # noqa: BLE001
-                done = f"undo failed: {exc}"
-                self.errors.append(f"{fault.name}: {done}")
-            self.log.end(window, done)
+            self.stop.wait(hold)  # hold the fault(s) (ends early when the run stops)
+            for fault, undo, window in reversed(active):
+                try:
+                    done = undo()
+                except Exception as exc:  # noqa: BLE001
+                    done = f"undo failed: {exc}"
+                    self.errors.append(f"{fault.name}: {done}")
+                self.log.end(window, done)
             self._settle()
 
     def _settle(self) -> None:

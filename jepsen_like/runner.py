@@ -76,6 +76,8 @@ class RunOptions:
     think: float = 0.02
     quiet: tuple[float, float] = (2.0, 5.0)
     hold: tuple[float, float] = (2.0, 6.0)
+    #: sometimes hold two different faults at once
+    overlap: bool = False
     checker_timeout: float = 120.0
     convergence_wait: float = 60.0
     #: extra environment for the server processes (test-only switches)
@@ -232,7 +234,9 @@ def _run_on(
     )
     recorders = {w.name: HistoryRecorder(out / history_file(w.name), clock) for w in active}
     fault_log = FaultLog(out / FAULTS_FILE, clock)
-    nemesis = Nemesis(testbed, faults, nemesis_rng, fault_log, stop, Timing(quiet=options.quiet, hold=options.hold))
+    nemesis = Nemesis(
+        testbed, faults, nemesis_rng, fault_log, stop, Timing(quiet=options.quiet, hold=options.hold), overlap=options.overlap
+    )
 
     threads: list[threading.Thread] = []
     lingering: list[threading.Thread] = []  # lanes that run on until their workload's final phase

@@ -328,3 +328,22 @@ def test_gc_anomalies(steps: list[list[Event]], needle: str) -> None:
 def test_gc_that_collected_nothing_proves_nothing() -> None:
     h = history(run_job(0, 0.0, "life-1"), final_state(2.0, {"life-1": "dead"}))
     assert checkers.check_gc(h).status == "unknown"
+
+
+# -- nemesis schedule ------------------------------------------------------------------------------------
+def test_overlap_picks_two_different_faults_never_with_kill_all() -> None:
+    import random
+    import threading
+
+    from jepsen_like.nemesis import FAULTS, Nemesis
+
+    faults = [FAULTS[name]() for name in ("kill", "kill-all", "pause", "partition")]
+    nemesis = Nemesis(None, faults, random.Random(5), None, threading.Event(), overlap=True)  # type: ignore[arg-type]
+    picks = [[f.name for f in nemesis._pick()] for _ in range(400)]
+    pairs = [p for p in picks if len(p) == 2]
+    assert pairs and all(p[0] != p[1] and "kill-all" not in p for p in pairs)
+    assert any(len(p) == 1 for p in picks)
+    same_seed = Nemesis(None, faults, random.Random(5), None, threading.Event(), overlap=True)  # type: ignore[arg-type]
+    assert [[f.name for f in same_seed._pick()] for _ in range(400)] == picks  # one seed, one schedule
+    single = Nemesis(None, faults, random.Random(5), None, threading.Event())  # type: ignore[arg-type]
+    assert all(len(single._pick()) == 1 for _ in range(100))
