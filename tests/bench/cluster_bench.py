@@ -113,7 +113,10 @@ def main() -> None:
 
     raw = raft_bench.run_case("raw", "low-latency", False, a.serial, a.pipelined, a.window, 256)
     directory = tempfile.mkdtemp(prefix="caravan-bench-")
-    c = cl.plan(directory, 3, extra_config=f"fsync = {'true' if a.fsync else 'false'}")
+    # The scheduler is off so the write path alone is measured (job registrations
+    # would otherwise also create evals, plans and blocked evals).
+    extra = f"fsync = {'true' if a.fsync else 'false'}\n[scheduler]\nenabled = false\n"
+    c = cl.plan(directory, 3, extra_config=extra)
     for node in c.nodes:
         cl.start_node(node)
     c.save()
