@@ -130,6 +130,9 @@ DEFAULT_PROFILE = "low-latency"
 
 Serializer = Callable[[str, Any], None]
 Deserializer = Callable[[str], Any]
+#: pysyncobj's ``serializeChecker``: returns a ``pysyncobj.SERIALIZER_STATE``
+#: (0 not serializing, 1 serializing, 2 success, 3 failed).
+SerializeChecker = Callable[[], int]
 
 
 def _split_host_port(address: str, what: str) -> tuple[str, int]:
@@ -175,6 +178,11 @@ class RaftConfig:
     dynamic_membership: bool = False
     serializer: Serializer | None = field(default=None, repr=False)
     deserializer: Deserializer | None = field(default=None, repr=False)
+    #: pysyncobj's ``serializeChecker``, for a serializer that writes the dump
+    #: off the tick thread (snapshot.raft_hooks.BackgroundSnapshotter): pysyncobj
+    #: polls it every tick and drops compacted log entries only after it
+    #: reports success. Requires ``serializer``.
+    serialize_checker: SerializeChecker | None = field(default=None, repr=False)
     #: TEST ONLY: disable the follower-truncation fix (defect 1).
     unsafe_disable_truncation_fix: bool = False
 
@@ -254,6 +262,8 @@ class RaftConfig:
             )
         if (self.serializer is None) != (self.deserializer is None):
             raise ConfigError("snapshot serializer and deserializer must be given together")
+        if self.serialize_checker is not None and self.serializer is None:
+            raise ConfigError("a snapshot serialize checker needs a snapshot serializer")
         prof = self.resolved_profile()
         if prof.raft_min_timeout <= 3 * prof.append_entries_period:
             raise ConfigError("election timeout must exceed three heartbeat periods")
@@ -308,6 +318,10 @@ class RaftConfig:
             "deserializer": self.deserializer,
             "useFork": False,
         }
+        if self.serialize_checker is not None:
+            # Only when set: pysyncobj treats any non-None checker as the
+            # authority on whether a dump is in progress.
+            kwargs["serializeChecker"] = self.serialize_checker
         kwargs.update(overrides)
         conf = SyncObjConf(**kwargs)
         return conf

@@ -57,7 +57,7 @@ import msgpack
 import pysyncobj.pickle as so_pickle
 import structlog
 from pysyncobj import SyncObj, replicated
-from pysyncobj.config import FAIL_REASON
+from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.pipe_notifier import PipeNotifier
@@ -723,6 +723,8 @@ class RaftNode:
         if config.serializer is not None and config.deserializer is not None:
             hooks["serializer"] = self._wrap_snapshot_hook(config.serializer)
             hooks["deserializer"] = self._wrap_snapshot_hook(config.deserializer)
+            if config.serialize_checker is not None:
+                hooks["serializeChecker"] = self._wrap_serialize_checker(config.serialize_checker)
         conf = config.to_syncobj_conf(**hooks)
         self._obj = _Replica(self, config, conf, target)
         transport = self._obj._SyncObj__transport
@@ -999,6 +1001,24 @@ class RaftNode:
             return fn(*args)
 
         return hook
+
+    def _wrap_serialize_checker(self, fn: Callable[[], int]) -> Callable[[], int]:
+        """pysyncobj polls the checker every tick (no commit needed: it only
+        reports on a dump already started). An exception there would abort
+        the rest of the tick (apply, sends, our commit) on every tick, so it
+        is logged and reported as a failed dump instead; pysyncobj then keeps
+        the journal and tries again later."""
+
+        def checker() -> int:
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - must never break the tick
+                self._log.error(
+                    "raft_serialize_checker_failed", error=f"{type(exc).__name__}: {exc}"
+                )
+                return SERIALIZER_STATE.FAILED
+
+        return checker
 
     def _on_state_changed(self, old: int, new: int) -> None:
         # May run before self._obj is assigned (pysyncobj ticks during its

@@ -63,6 +63,24 @@ def test_unknown_profile_and_bad_limits_are_rejected() -> None:
         cfg(password="pw", serializer=lambda f, d: None).validate()
 
 
+def test_serialize_checker_is_passed_only_when_set() -> None:
+    assert cfg(password="pw").to_syncobj_conf().serializeChecker is None
+
+    def checker() -> int:
+        return 0
+
+    c = cfg(
+        password="pw",
+        serializer=lambda f, d: None,
+        deserializer=lambda f: None,
+        serialize_checker=checker,
+    )
+    c.validate()
+    assert c.to_syncobj_conf().serializeChecker is checker
+    with pytest.raises(ConfigError, match="needs a snapshot serializer"):
+        cfg(password="pw", serialize_checker=checker).validate()
+
+
 def test_compaction_is_off_without_a_snapshot_serializer() -> None:
     conf = cfg(password="pw").to_syncobj_conf()
     assert conf.logCompactionMinEntries > 10**12

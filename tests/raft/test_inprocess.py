@@ -267,6 +267,56 @@ def test_snapshot_hooks_see_a_committed_store_and_restore_on_restart(
         again.destroy()
 
 
+def test_serialize_checker_decides_when_the_journal_is_compacted(single_node: Any) -> None:
+    """A background serializer returns at once; pysyncobj must keep the
+    journal until the checker reports SUCCESS (and survive a checker bug)."""
+    state = {"value": 0, "polls": 0, "raise": False}
+    started: list[Any] = []
+
+    def serializer(file_name: str, raft_data: Any) -> None:
+        started.append(raft_data)
+        state["value"] = 1  # SERIALIZING: "the writer thread runs"
+
+    def checker() -> int:
+        state["polls"] += 1
+        if state["raise"]:
+            raise RuntimeError("checker bug")
+        value = state["value"]
+        if value in (2, 3):
+            state["value"] = 0  # SUCCESS/FAILED are reported once
+        return value
+
+    def deserializer(file_name: str) -> Any:
+        with open(file_name, "rb") as f:
+            return pickle.load(f)
+
+    node, _ = single_node(
+        serializer=serializer, deserializer=deserializer, serialize_checker=checker
+    )
+    assert node._obj._SyncObj__conf.serializeChecker is not None
+    for i in range(20):
+        node.submit(b"e%d" % i, None)
+    node.submit_sync(b"last")
+    node._obj.forceLogCompaction()
+    wait_for(lambda: started, 10, "the serializer to start a dump")
+    polls = state["polls"]
+    wait_for(lambda: state["polls"] > polls + 20, 10, "the checker to be polled")
+    assert node.status()["first_log_index"] == 1, "journal compacted before the dump finished"
+
+    # A checker that raises must not break the tick: writes still commit.
+    state["raise"] = True
+    polls = state["polls"]
+    wait_for(lambda: state["polls"] > polls + 5, 10, "the raising checker to be polled")
+    node.submit_sync(b"while the checker fails")
+    assert node.status()["first_log_index"] == 1
+    state["raise"] = False
+
+    with open(node.config.dump_file, "wb") as f:
+        pickle.dump(started[-1], f)
+    state["value"] = 2  # SUCCESS: the background write finished
+    wait_for(lambda: node.status()["first_log_index"] > 1, 10, "the journal to be compacted")
+
+
 # -- leadership callbacks, transfer and lost quorum (three nodes, one process) --
 
 
