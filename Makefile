@@ -31,9 +31,10 @@ JEPSEN_OUT ?= .caravan/jepsen
 JEPSEN_SEEDS ?= 1:8
 JEPSEN_NEMESIS ?= kill,kill-all,pause,partition
 JEPSEN_TIME ?= 60
+JEPSEN_WORKLOAD ?= register,set,journal
 jepsen: $(STAMP)
 	$(BIN)/python -m jepsen_like campaign --seeds $(JEPSEN_SEEDS) --rotate --nemesis $(JEPSEN_NEMESIS) \
-		--time $(JEPSEN_TIME) --workload register,set --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
+		--time $(JEPSEN_TIME) --workload $(JEPSEN_WORKLOAD) --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
