@@ -11,6 +11,7 @@ Conversion plans are built once per dataclass from its type hints.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -29,6 +30,7 @@ _STRICT: dict[type, tuple[dict[str, Converter], tuple[str, ...]]] = {}
 _LOADERS: dict[type, Callable[[dict], Any]] = {}
 _DUMPERS: dict[type, Callable[[Any], dict]] = {}
 _packer_opts = {"use_bin_type": True}
+_local = threading.local()
 
 
 class _PathError(CodecError):
@@ -41,7 +43,12 @@ class _PathError(CodecError):
 
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    # One Packer per thread: msgpack.packb builds (and sizes a buffer for) a
+    # new Packer on every call, which shows in apply's profile.
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(obj)
 
 
 def unpack(data: bytes) -> Any:
@@ -128,7 +135,7 @@ def _strict_converter(hint: Any) -> Converter:
     raise TypeError(f"codec cannot handle type hint {hint!r}")
 
 
-def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...]]:
+def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...], bool]:
     plan = _STRICT.get(cls)
     if plan is None:
         hints = typing.get_type_hints(cls)
@@ -139,7 +146,8 @@ def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...]]:
             for f in fields
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
-        plan = (converters, required)
+        plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
+        plan = (converters, required, plain)
         _STRICT[cls] = plan
     return plan
 
@@ -147,7 +155,20 @@ def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...]]:
 def _strict_build(cls: type[T], data: Any) -> T:
     if not isinstance(data, dict):
         raise _fail(f"expected map, got {type(data).__name__}")
-    converters, required = _strict_plan(cls)
+    converters, required, plain = _strict_plan(cls)
+    if plain and data.keys() == converters.keys():
+        # Every field and nothing else (what encode_entry sends): convert in
+        # field order and skip __init__'s argument binding, as ``load`` does.
+        values = {}
+        for key, convert in converters.items():
+            try:
+                values[key] = convert(data[key])
+            except _PathError as exc:
+                exc.path.append(f".{key}")
+                raise
+        obj = object.__new__(cls)
+        obj.__dict__ = values
+        return obj
     kwargs = {}
     for key, value in data.items():
         convert = converters.get(key)
@@ -280,7 +301,7 @@ def dump(obj: Any) -> dict:
 
 def encode(obj: Any) -> bytes:
     """A record as stored: msgpack of its wire map."""
-    return msgpack.packb(_dumper(type(obj))(obj), use_bin_type=True)
+    return pack(_dumper(type(obj))(obj))
 
 
 def decode(cls: type[T], data: bytes) -> T:

@@ -249,14 +249,17 @@ def peek_type(entry: bytes) -> int:
     return entry[0]
 
 
+_TYPE_OF = {int(t): t for t in MessageType}
+_ENVELOPE_FIELDS = frozenset(("v", "time", "rid", "body"))
+
+
 def decode_entry(entry: bytes) -> Entry:
     """Strictly decode an entry whose type this version knows."""
     code = peek_type(entry)
-    try:
-        msg_type = MessageType(code)
-    except ValueError:
-        raise CodecError(f"unknown entry type {code}") from None
-    envelope = codec.unpack(entry[1:])
+    msg_type = _TYPE_OF.get(code)
+    if msg_type is None:
+        raise CodecError(f"unknown entry type {code}")
+    envelope = codec.unpack(memoryview(entry)[1:])
     if not isinstance(envelope, dict):
         raise CodecError("entry payload is not a map")
     version = envelope.get("v")
@@ -267,8 +270,7 @@ def decode_entry(entry: bytes) -> Entry:
         raise CodecError("entry time must be a non-negative integer")
     if not isinstance(rid, str) or len(rid.encode()) > MAX_RID_LEN:
         raise CodecError(f"entry rid must be a string of at most {MAX_RID_LEN} bytes")
-    extra = set(envelope) - {"v", "time", "rid", "body"}
-    if extra:
-        raise CodecError(f"unknown envelope fields {sorted(extra)}")
+    if not _ENVELOPE_FIELDS.issuperset(envelope):
+        raise CodecError(f"unknown envelope fields {sorted(set(envelope) - _ENVELOPE_FIELDS)}")
     body = codec.from_wire(PAYLOADS[msg_type], envelope.get("body", {}))
     return Entry(msg_type, time, rid, body)

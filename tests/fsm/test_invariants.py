@@ -597,6 +597,41 @@ def test_every_message_type_round_trips() -> None:
         assert (decoded.time, decoded.rid) == (T0, "rid")
 
 
+def test_wire_field_order_and_omitted_defaults_do_not_change_the_state() -> None:
+    """Decoding is canonical: the leader's field order or omitted defaults leave no trace."""
+    body = m.JobRegister(job=make_job("web"), eval=make_eval("e1", "web"))
+    wire = codec.to_wire(body)
+
+    def reorder(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: reorder(v) for k, v in reversed(list(value.items()))}
+        if isinstance(value, list):
+            return [reorder(v) for v in value]
+        return value
+
+    sparse = {
+        "job": {
+            "id": "web",
+            "name": "web",
+            "task_groups": [{"name": "g", "tasks": [{"name": "t"}]}],
+        }
+    }
+    sparse["eval"] = {"id": "e1", "job_id": "web"}
+    digests = []
+    for variant in (wire, reorder(wire), sparse):
+        raw = bytes([MessageType.JOB_REGISTER]) + codec.pack(
+            {"v": 1, "time": T0, "rid": "", "body": variant}
+        )
+        assert decode_entry(raw).body == body
+        h = Harness.temp()
+        try:
+            assert h.raw(raw).ok
+            digests.append(h.fsm.digest())
+        finally:
+            h.destroy()
+    assert digests[0] == digests[1] == digests[2]
+
+
 def test_optional_map_of_records_encodes() -> None:
     """Regression: encode_entry raised TypeError on AllocClientState.task_states."""
     body = m.AllocClientUpdate(
