@@ -14,8 +14,9 @@ HTML timeline can highlight them.
   from a read that started after.
 * convergence -- after healing, every server reaches the same applied index
   with the same state digest (observations recorded by the runner).
-* server-logs -- a server that stopped on a fatal apply error is an anomaly;
-  error/critical lines are counted for the summary.
+* server-logs -- a server that stopped on a fatal apply error, or raft
+  truncating entries it had already applied, is an anomaly (``ANOMALY_MARKERS``);
+  other error/critical lines are counted for the summary.
 """
 
 from __future__ import annotations
@@ -230,7 +231,15 @@ def check_convergence(observation: dict[str, Any] | None) -> CheckerResult:
 
 
 # -- server logs ------------------------------------------------------------------------------
-FATAL_MARKERS = ("fatal apply error",)
+#: Log events that are anomalies in themselves: a server stopped rather than
+#: diverge, or raft removed entries it had already applied (committed entries
+#: must never leave a log; pysyncobj's follower-truncation defect, which the
+#: raft adapter's fix must prevent).
+ANOMALY_MARKERS = {
+    "fatal apply error": "stopped on a fatal apply error",
+    "raft_fatal_apply_error": "stopped on a fatal apply error",
+    "truncating already-applied log entries": "truncated already-applied (committed) raft entries",
+}
 
 
 def check_server_logs(cluster_dir: str | Path) -> CheckerResult:
@@ -248,12 +257,14 @@ def check_server_logs(cluster_dir: str | Path) -> CheckerResult:
             if level in levels:
                 levels[level] += 1
             text = str(record.get("event", "")).lower()
-            if any(marker in text for marker in FATAL_MARKERS):
-                fatal.append(f"{log.parent.name}: {record.get('event')} {record.get('error', '')}"[:300])
+            for marker, meaning in ANOMALY_MARKERS.items():
+                if marker in text:
+                    fatal.append(f"{log.parent.name} {meaning}: {record.get('event')} {record.get('error', '')}"[:300])
+                    break
         counts[log.parent.name] = levels
     details = {"levels": counts, "fatal": fatal[:20]}
     if fatal:
-        return CheckerResult("server-logs", None, "anomaly", f"{len(fatal)} fatal apply errors: {fatal[0]}", details=details)
+        return CheckerResult("server-logs", None, "anomaly", f"{len(fatal)} anomalous server log events, first: {fatal[0]}", details=details)
     errors = sum(c["error"] + c["critical"] for c in counts.values())
     return CheckerResult("server-logs", None, "ok", f"no fatal errors ({errors} error/critical log lines)", details=details)
 

@@ -104,6 +104,10 @@ class RunOptions:
             )
         if self.op_timeout <= 0:
             raise RunError("--op-timeout must be positive")
+        if self.think < 0:
+            raise RunError("--think must be zero or positive")
+        if self.register_lanes < 1 or self.set_lanes < 1:
+            raise RunError("--register-clients and --set-clients must be at least 1")
         out = Path(self.out)
         if out.exists() and any(out.iterdir()):
             raise RunError(f"{out} is not empty; give a new directory for the run")

@@ -347,3 +347,19 @@ def test_overlap_picks_two_different_faults_never_with_kill_all() -> None:
     assert [[f.name for f in same_seed._pick()] for _ in range(400)] == picks  # one seed, one schedule
     single = Nemesis(None, faults, random.Random(5), None, threading.Event())  # type: ignore[arg-type]
     assert all(len(single._pick()) == 1 for _ in range(100))
+
+
+# -- server logs -----------------------------------------------------------------------------------------
+def test_server_logs_flag_applied_entries_truncated_and_fatal_errors(tmp_path: Path) -> None:
+    (tmp_path / "server1").mkdir()
+    (tmp_path / "server2").mkdir()
+    (tmp_path / "server1" / "server.log").write_text(
+        json.dumps({"event": "rpc request failed", "level": "error"}) + "\n" + "not json\n"
+    )
+    result = checkers.check_server_logs(tmp_path)
+    assert result.status == "ok" and result.details["levels"]["server1"]["error"] == 1
+    (tmp_path / "server2" / "server.log").write_text(
+        json.dumps({"event": "truncating already-applied log entries from index 5 (last applied: 9)", "level": "critical"}) + "\n"
+    )
+    result = checkers.check_server_logs(tmp_path)
+    assert result.status == "anomaly" and "server2 truncated already-applied" in result.summary

@@ -98,3 +98,26 @@ def test_paused_leader_catches_up(tmp_path: Path) -> None:
     for trial in range(8):
         stuck = _paused_leader_trial(tmp_path / f"t{trial}")
         assert stuck is None, f"trial {trial}: servers did not converge within 30 s: {stuck}"
+
+
+def test_disabled_truncation_fix_is_caught_under_pipelined_load(tmp_path: Path) -> None:
+    """The raft adapter's test-only switch re-enables pysyncobj's follower truncation (defect 1).
+
+    32 back-to-back set clients and leader kills make followers truncate
+    entries they had applied (and acknowledged); the server-logs checker (and,
+    when a kill lands in the window, the set checker) must report it, and the
+    same run with the fix on must be clean.
+    """
+    from jepsen_like.runner import EXIT_ANOMALY, EXIT_OK, RunOptions, run
+
+    def pipelined(out: Path, env: dict[str, str]) -> int:
+        return run(
+            RunOptions(
+                out=str(out), seed=31, time=30.0, nemeses=["kill"], workloads=["set"], set_lanes=32, think=0.0,
+                quiet=(2.0, 4.0), hold=(2.0, 4.0), server_env=env, keep_cluster_data=False,
+            ),
+            log=lambda *_: None,
+        )
+
+    assert pipelined(tmp_path / "unfixed", {"CARAVAN_UNSAFE_DISABLE_TRUNCATION_FIX": "1"}) == EXIT_ANOMALY
+    assert pipelined(tmp_path / "fixed", {}) == EXIT_OK
