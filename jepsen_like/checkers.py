@@ -433,7 +433,9 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
         problems.append(f"{len(came_back)} collected jobs came back: {sorted(came_back)[:5]}")
 
     orphans: list[list[str]] = []
+    pending: list[list[str]] = []
     if final is not None:
+        pending = [row for row in (final.output or {}).get("allocs") or [] if row[2] == "pending"]
         jobs = set((final.output or {}).get("jobs") or {})
         ours = set(kinds)
         for kind in ("evals", "allocs"):
@@ -456,6 +458,8 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
         "orphans": orphans[:50],
         "came_back": came_back[:50],
         "collected_while_running": collected_running[:50],
+        # liveness, not safety: allocations that never started by the end of the run
+        "pending_allocs_at_end": pending[:50],
     }
     if problems:
         return CheckerResult("gc-safety", "lifecycle", "anomaly", "; ".join(problems), len(ops), details, marks)
@@ -463,9 +467,10 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
         return CheckerResult("gc-safety", "lifecycle", "unknown", "no final state was read after healing", len(ops), details)
     if not collected:
         return CheckerResult("gc-safety", "lifecycle", "unknown", "GC collected no job during the run; nothing was exercised", len(ops), details)
+    liveness = f"; liveness note: {len(pending)} allocations still pending at the end" if pending else ""
     return CheckerResult(
         "gc-safety", "lifecycle", "ok",
         f"{len(collected)} of {len(acked)} acknowledged jobs collected; no running job collected, none came back, "
-        f"no orphans ({len(observations)} observations, {forced} forced GCs)",
+        f"no orphans ({len(observations)} observations, {forced} forced GCs){liveness}",
         len(ops), details,
     )
