@@ -507,12 +507,14 @@ class LifecycleWorkload(Workload):
                     jobs = {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "")
                             for prefix in ("life-", "keep-") for j in client.call("job.list", {"prefix": prefix})["data"]}
                     evals = [[e["ID"], e["JobID"], e["Status"]] for e in client.call("eval.list", {})["data"]]
-                    allocs = [[a["ID"], a["JobID"], a["ClientStatus"]] for a in client.call("alloc.list", {})["data"]]
+                    allocs = [[a["ID"], a["JobID"], a["ClientStatus"], a.get("NodeID", ""), a.get("DesiredStatus", "")]
+                              for a in client.call("alloc.list", {})["data"]]
+                    nodes = {n["ID"]: n.get("Status", "") for n in client.call("node.list", {})["data"]}
                 except (RPCError, OSError) as err:
                     lane.complete("fail", {"error": error_text(err)})
                     ctx.stop.wait(0.5)
                     continue
-                lane.complete("ok", {"jobs": jobs, "evals": evals, "allocs": allocs})
+                lane.complete("ok", {"jobs": jobs, "evals": evals, "allocs": allocs, "nodes": nodes})
                 return
 
 
