@@ -72,7 +72,7 @@ once and fans them out to the *live* subscribers (those at the tail). A new
 subscriber first catches up by reading LMDB itself, paced by its own
 connection, and joins the live set when it reaches the hub's tail; batches
 are deduplicated by index at the hand-over, so it is gapless. Under a steady
-stream of commits, fan-out rounds are spaced by 1 ms per live subscriber
+stream of commits, fan-out rounds are spaced by 3 ms per live subscriber
 (``FANOUT_INTERVAL_PER_SUBSCRIBER``): many subscribers add a little latency
 rather than take CPU from apply.
 """
@@ -117,11 +117,12 @@ CHUNK_BATCHES = 256  # batches per LMDB read (catch-up and fan-out)
 CHUNK_RECORDS = 20_000  # ... or this many records, whichever comes first
 # Fan-out rounds under a stream of commits are at least this far apart, per
 # live subscriber: a round costs each live subscriber a wake-up and a frame
-# (~16 us of the loop's CPU), whatever it carries, so the spacing keeps the
-# fan-out near 1.5% of a core however many subscribers there are (their lag
-# grows instead: 33 subscribers -> rounds every 33 ms). A commit after a
-# quiet spell goes out at once.
-FANOUT_INTERVAL_PER_SUBSCRIBER = 0.001
+# (~16 us of the loop's CPU in isolation, several times that when the tick
+# thread contends for the GIL), whatever it carries, so the spacing bounds
+# the fan-out's share of the server however many subscribers there are;
+# their lag grows instead (10 subscribers -> rounds at most every 30 ms,
+# 34 or more -> every 100 ms). A commit after a quiet spell goes out at once.
+FANOUT_INTERVAL_PER_SUBSCRIBER = 0.003
 FANOUT_INTERVAL_MAX = 0.1
 MAX_GROUP = 1024  # batches in one item
 GROUP_BYTES = 1 << 20  # ... and about this many bytes (the default frame limit is 4 MiB)

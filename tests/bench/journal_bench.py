@@ -327,6 +327,12 @@ def stalled_streams(addresses: list[str], count: int, start: int) -> list[socket
 
 
 def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int) -> dict[str, Any]:
+    """Interleaved phases (none / subscribers / none / stalled) x ``rounds``; medians per kind.
+
+    On a shared machine neighbouring work moves every figure a lot; phases
+    of each kind are spread over the whole run and compared by median, and
+    the servers' CPU per write is reported beside the write rate.
+    """
     from node import cluster as cl
     from node.rpc_client import RPCClient
     from tests.journal.support import read_journal
@@ -335,15 +341,23 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
     c = cl.up(directory, 3)
     try:
         leader = cl.wait_for_leader(c.rpc_addresses)["Leader"]
-        asyncio.run(pipelined_writes(leader, 300, window, "warmup"))
-        base, loaded, lags, cpu = [], [], [], []
+        leader_node = next(n for n in c.nodes if n.rpc_addr == leader)
         pids = [n.pid for n in c.nodes]
-        server_cpu: dict[str, list[float]] = {"without": [], "with": []}
-        for r in range(rounds):
+        asyncio.run(pipelined_writes(leader, 300, window, "warmup"))
+        rate: dict[str, list[float]] = {"none": [], "subscribers": [], "stalled": []}
+        cpu_ms: dict[str, list[float]] = {"none": [], "subscribers": [], "stalled": []}
+        lags: list[float] = []
+        sub_cpu: list[float] = []
+
+        def phase(kind: str, tag: str) -> int:
             before = cpu_seconds(pids)
-            rate, _ = asyncio.run(pipelined_writes(leader, writes, window, f"b{r}"))
-            server_cpu["without"].append(1000 * (cpu_seconds(pids) - before) / writes)
-            base.append(rate)
+            r, last = asyncio.run(pipelined_writes(leader, writes, window, tag))
+            cpu_ms[kind].append(1000 * (cpu_seconds(pids) - before) / writes)
+            rate[kind].append(r)
+            return last
+
+        for r in range(rounds):
+            phase("none", f"a{r}")
             start = RPCClient([leader]).call("status")["AppliedIndex"]
             result_file = os.path.join(directory, f"subs-{r}.json")
             proc = subprocess.Popen(
@@ -353,52 +367,47 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
             )
             assert proc.stdout is not None and proc.stdin is not None
             assert proc.stdout.readline().strip() == "READY"
-            before = cpu_seconds(pids)
-            rate, last = asyncio.run(pipelined_writes(leader, writes, window, f"s{r}"))
-            server_cpu["with"].append(1000 * (cpu_seconds(pids) - before) / writes)
-            loaded.append(rate)
+            last = phase("subscribers", f"s{r}")
             proc.stdin.write(f"UNTIL {last}\n")
             proc.stdin.flush()
             assert proc.wait(300) == 0, "subscriber process failed"
             data = json.loads(Path(result_file).read_text())
-            cpu.append(data["cpu"])
-            leader_node = next(n for n in c.nodes if n.rpc_addr == leader)
+            sub_cpu.append(data["cpu"])
             journal = read_journal(Path(leader_node.data_dir) / "state")
-            stamp = {i: batch[0][3]["modify_time"] for i, batch in journal.items() if batch and batch[0][3]}
+            stamp = {i: b[0][3]["modify_time"] for i, b in journal.items() if b and b[0][3] and start < i <= last}
             for seen in data["seen"]:
                 indexes = [i for i, _ in seen]
                 assert indexes == sorted(set(indexes)), "a subscriber saw batches out of order"
-                lags += [(t - stamp[i]) / 1e6 for i, t in seen if i in stamp and i <= last]
-        stalled_rate = []
-        for r in range(rounds):
-            start = RPCClient([leader]).call("status")["AppliedIndex"]
-            socks = stalled_streams(c.rpc_addresses, stalled, start)
-            try:
-                rate, _ = asyncio.run(pipelined_writes(leader, writes, window, f"st{r}"))
-                stalled_rate.append(rate)
-            finally:
-                for sock in socks:
-                    sock.close()
-            rate, _ = asyncio.run(pipelined_writes(leader, writes, window, f"sb{r}"))
-            base.append(rate)
-        mean_base, mean_loaded = statistics.mean(base), statistics.mean(loaded)
+                assert set(stamp) <= set(indexes), "a subscriber missed batches"
+                lags += [(t - stamp[i]) / 1e6 for i, t in seen if i in stamp]
+            phase("none", f"b{r}")
+            if stalled:
+                start = RPCClient([leader]).call("status")["AppliedIndex"]
+                socks = stalled_streams(c.rpc_addresses, stalled, start)
+                try:
+                    phase("stalled", f"t{r}")
+                finally:
+                    for sock in socks:
+                        sock.close()
+        med = {k: statistics.median(v) for k, v in rate.items() if v}
+        med_cpu = {k: statistics.median(v) for k, v in cpu_ms.items() if v}
         return {
-            "stalled_subscribers": stalled,
-            "write_rate_with_stalled": stalled_rate,
-            "stalled_cost_pct": 100 * (1 - statistics.mean(stalled_rate) / mean_base),
             "subscribers": subscribers,
-            "writes_per_round": writes,
-            "write_rate_without": base,
-            "write_rate_with": loaded,
-            "throughput_cost_pct": 100 * (1 - mean_loaded / mean_base),
+            "stalled_subscribers": stalled,
+            "writes_per_phase": writes,
+            "write_rate": rate,
+            "server_cpu_ms_per_write": cpu_ms,
+            "median_write_rate": med,
+            "median_server_cpu_ms_per_write": med_cpu,
+            "throughput_cost_pct": 100 * (1 - med["subscribers"] / med["none"]),
+            "cpu_cost_pct": 100 * (med_cpu["subscribers"] / med_cpu["none"] - 1),
+            "stalled_throughput_cost_pct": 100 * (1 - med["stalled"] / med["none"]) if stalled else None,
             "lag_ms_p50": percentile(lags, 0.50),
             "lag_ms_p99": percentile(lags, 0.99),
             "lag_ms_max": max(lags),
             "deliveries": len(lags),
-            "subscriber_process_cpu_s": cpu,
-            "server_cpu_ms_per_write_without": server_cpu["without"],
-            "server_cpu_ms_per_write_with": server_cpu["with"],
-            "server_cpu_cost_pct": 100 * (statistics.mean(server_cpu["with"]) / statistics.mean(server_cpu["without"]) - 1),
+            "subscriber_process_cpu_s": sub_cpu,
+            "load_average": os.getloadavg(),
         }
     finally:
         cl.down(c)
@@ -410,9 +419,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--per-batch", type=int, default=10)
     ap.add_argument("--subscribers", type=int, default=100)
-    ap.add_argument("--writes", type=int, default=3000)
+    ap.add_argument("--writes", type=int, default=2000)
     ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--stalled", type=int, default=10, help="subscribers that never read, in extra rounds")
     ap.add_argument("--skip-catch-up", action="store_true")
     ap.add_argument("--skip-fanout", action="store_true")
@@ -451,18 +460,22 @@ def main() -> None:
     if not a.skip_fanout:
         f = fanout(a.subscribers, a.writes, a.window, a.rounds, a.stalled)
         report["fanout"] = f
-        print(f"{f['subscribers']} subscribers over 3 servers, {f['writes_per_round']} pipelined writes per round")
-        print(f"  writes/s without subscribers  {', '.join(f'{x:,.0f}' for x in f['write_rate_without'])}")
-        print(f"  writes/s with subscribers     {', '.join(f'{x:,.0f}' for x in f['write_rate_with'])}")
-        print(f"  throughput cost               {f['throughput_cost_pct']:.1f}%")
-        print(f"  delivery lag p50/p99/max      {f['lag_ms_p50']:.1f} / {f['lag_ms_p99']:.1f} / {f['lag_ms_max']:.1f} ms "
-              f"over {f['deliveries']:,} deliveries")
-        print(f"  servers' CPU per write        without {', '.join(f'{x:.2f}' for x in f['server_cpu_ms_per_write_without'])} ms, "
-              f"with {', '.join(f'{x:.2f}' for x in f['server_cpu_ms_per_write_with'])} ms "
-              f"({f['server_cpu_cost_pct']:+.1f}%; 3 servers together, stamped while the writes ran)")
-        print(f"  subscriber process CPU        {', '.join(f'{x:.1f}s' for x in f['subscriber_process_cpu_s'])}")
-        print(f"  writes/s with {f['stalled_subscribers']} stalled subscribers (never read) "
-              f"{', '.join(f'{x:,.0f}' for x in f['write_rate_with_stalled'])} (cost {f['stalled_cost_pct']:.1f}% vs the rounds without)")
+        print(f"{f['subscribers']} subscribers over 3 servers; {a.rounds} rounds of phases of {f['writes_per_phase']} "
+              f"pipelined writes (median of each kind)")
+        for kind, label in (("none", "no subscribers"), ("subscribers", f"{f['subscribers']} subscribers"),
+                            ("stalled", f"{f['stalled_subscribers']} stalled (never read)")):
+            if f["write_rate"][kind]:
+                print(f"  {label:<28} {f['median_write_rate'][kind]:>8,.0f} writes/s   "
+                      f"{f['median_server_cpu_ms_per_write'][kind]:.2f} ms servers' CPU per write   "
+                      f"(phases: {', '.join(f'{x:,.0f}' for x in f['write_rate'][kind])})")
+        print(f"  throughput cost of {f['subscribers']} subscribers  {f['throughput_cost_pct']:.1f}%  "
+              f"(servers' CPU per write {f['cpu_cost_pct']:+.1f}%)")
+        if f["stalled_throughput_cost_pct"] is not None:
+            print(f"  throughput cost of stalled subscribers  {f['stalled_throughput_cost_pct']:.1f}%")
+        print(f"  delivery lag p50/p99/max  {f['lag_ms_p50']:.1f} / {f['lag_ms_p99']:.1f} / {f['lag_ms_max']:.1f} ms "
+              f"over {f['deliveries']:,} deliveries (leader's stamp -> subscriber)")
+        print(f"  subscriber process CPU {', '.join(f'{x:.1f}s' for x in f['subscriber_process_cpu_s'])}; "
+              f"load average {', '.join(f'{x:.1f}' for x in f['load_average'])} on {os.cpu_count()} CPUs")
     print(json.dumps(report))
 
 
