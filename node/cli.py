@@ -7,6 +7,7 @@ failure is one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -833,6 +834,83 @@ def event_stream(index: int, topics: tuple[str, ...], heartbeat: float, show_pro
         sys.stderr.close()  # the reader went away (| head): not an error
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+@operator.group()
+def snapshot() -> None:
+    """Save, inspect and restore state snapshots."""
+
+
+@snapshot.command("save")
+@click.argument("file")
+@client_options
+def snapshot_save(file: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Save a consistent snapshot of the cluster to FILE (management token)."""
+    from node.snapshots import partial_path
+    from snapshot import inspect as inspect_file
+
+    c = make_ctx(address, token, as_json)
+    leader = c.call("status")["Leader"] or c.addresses[0]
+    partial = partial_path(file)
+    try:
+        with open(partial, "wb") as out, RPCClient([leader], token=token, timeout=60) as client:
+            for item in client.stream("operator.snapshot.save", {}):
+                if "chunk" in item:
+                    out.write(item["chunk"])
+            out.flush()
+            os.fsync(out.fileno())
+        info = inspect_file(partial)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    os.replace(partial, file)
+    emit(c, info.to_json() | {"Path": file}, lambda d: f"Saved snapshot of index {d['Index']} (term {d['Term']}, {d['Size']} bytes) to {file}")
+
+
+@snapshot.command("inspect")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def snapshot_inspect(file: str, as_json: bool) -> None:
+    """Show a snapshot's ID, size, index, term, version and per-type counts (also reads raft.dump)."""
+    from snapshot import SnapshotError, format_info
+    from snapshot import inspect as inspect_file
+
+    try:
+        info = inspect_file(file)
+    except SnapshotError as exc:
+        fail(str(exc))
+    click.echo(json.dumps(info.to_json(), indent=2) if as_json else format_info(info))
+
+
+@snapshot.command("restore")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dir", "directory", default=None, help="A local cluster directory (caravan cluster up): stop, seed every server, start.")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="One stopped server's config: seed its data dir (run on every server).")
+@click.option("--keep-backup", is_flag=True, help="Keep the pre-restore data directories (local cluster).")
+def snapshot_restore(file: str, directory: str | None, config_file: str | None, keep_backup: bool) -> None:
+    """Bring servers to FILE's state (servers are stopped while seeded; see node/snapshots.py)."""
+    from node import snapshots
+    from snapshot import SnapshotError
+
+    if (directory is None) == (config_file is None):
+        fail("give exactly one of --dir (a local cluster) or --config (one stopped server)")
+    try:
+        if directory is not None:
+            out = snapshots.restore_local_cluster(file, directory)
+            if not keep_backup:
+                snapshots.clean_backups(out["backups"])
+            click.echo(f"Restored {directory} to index {out['index']}; servers restarted")
+        else:
+            from node.config import ConfigError, ServerConfig
+
+            try:
+                config = ServerConfig.load(config_file)
+            except ConfigError as exc:
+                fail(str(exc))
+            info = snapshots.seed_server(file, str(config.data_dir), [s.raft_addr for s in config.servers])
+            click.echo(f"Seeded {config.node_id} ({config.data_dir}) at index {info['Index']}; start it with caravan agent")
+    except SnapshotError as exc:
+        fail(str(exc))
 
 
 @main.group()

@@ -162,6 +162,7 @@ def start_node(node: ClusterNode) -> int:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped by whoever started it) is dead."""
     if pid <= 0:
         return False
     try:
@@ -170,10 +171,17 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child of ours counts as dead
+    try:  # reap it if it is our own child
         done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
+        if done:
+            return False
     except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
         return True
 
 

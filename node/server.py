@@ -13,6 +13,7 @@ import asyncio
 import collections
 import concurrent.futures
 import functools
+import hashlib
 import signal
 import sys
 import threading
@@ -66,6 +67,8 @@ class Server:
         self.log = structlog.get_logger("caravan.server").bind(node_id=config.node_id)
         self.members = [Member(s.id, s.raft_addr, s.rpc_addr) for s in config.servers]
         self.rpc_of_raft = {m.raft_addr: m.rpc_addr for m in self.members}
+        # Names the cluster in snapshots: the same on every member, from the shared membership list.
+        self.cluster_id = hashlib.sha256(",".join(sorted(m.node_id for m in self.members)).encode()).hexdigest()[:16]
         data = Path(config.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.fsm = FSM(str(data / "state"), retention=config.journal)
@@ -141,13 +144,28 @@ class Server:
             await asyncio.sleep(0.05)
             leader = self.leader_rpc()
 
+    def _start_raft(self) -> RaftNode:
+        """Start raft with snapshot hooks: compaction writes the snapshot format off the tick."""
+        from snapshot.raft_hooks import BackgroundSnapshotter
+
+        raft_dir = Path(self.config.data_dir) / "raft"
+        raft_dir.mkdir(parents=True, exist_ok=True)
+        self.snapshotter = BackgroundSnapshotter(self.fsm, str(raft_dir / "raft.dump"), cluster_id=self.cluster_id)
+        config = self.config.raft_config(
+            data_dir=str(raft_dir),
+            serializer=self.snapshotter.serializer,
+            deserializer=self.snapshotter.deserializer,
+            serialize_checker=self.snapshotter.serialize_checker,
+        )
+        return RaftNode(config, self.fsm, on_leadership=self._on_leadership)
+
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT."""
         self.loop = asyncio.get_running_loop()
         self.loop.set_default_executor(self.executor)
         self._applied_event = asyncio.Event()
         self.fsm.on_commit(self._on_commit)
-        self.raft = RaftNode(self.config.raft_config(data_dir=str(Path(self.config.data_dir) / "raft")), self.fsm, on_leadership=self._on_leadership)
+        self.raft = self._start_raft()
         address = await self.rpc.start()
         for start in features.services():
             self._service_stops.append(await start(self))

@@ -58,6 +58,10 @@ class ClusterHandle:
         leader = self.leader()
         return [n for n in self.cluster.nodes if n.id != leader.id]
 
+    def reload(self) -> None:
+        """Re-read cluster.json after a CLI command restarted servers (new pids)."""
+        self.cluster = cl.Cluster.load(self.cluster.dir)
+
     def kill(self, node: cl.ClusterNode) -> None:
         cl.kill(self.cluster, node.id)
 
@@ -100,6 +104,10 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
 
     yield make
     for c in started:
+        try:  # pids may have changed behind our back (cluster restart, snapshot restore)
+            c = cl.Cluster.load(c.dir)
+        except cl.ClusterError:
+            pass
         try:
             cl.down(c, timeout=10.0)
         except Exception:  # noqa: BLE001 - best effort, then SIGKILL
