@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-journal bench-lifecycle bench-http clean jepsen
+.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http clean jepsen
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -39,10 +39,22 @@ jepsen: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: bench-fsm bench-journal bench-lifecycle bench-http
+bench: bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http
 
 bench-fsm: $(STAMP)
 	$(BIN)/python -m tests.bench.fsm_bench
+
+bench-raft: $(STAMP)
+	$(BIN)/python -m tests.bench.raft_bench
+
+bench-cluster: $(STAMP)
+	$(BIN)/python -m tests.bench.cluster_bench
+
+bench-snapshot: $(STAMP)
+	$(BIN)/python -m tests.bench.snapshot_bench
+
+bench-gc: $(STAMP)
+	$(BIN)/python -m tests.bench.gc_bench
 
 bench-journal: $(STAMP)
 	$(BIN)/python -m tests.bench.journal_bench
