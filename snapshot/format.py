@@ -25,9 +25,10 @@ Why this shape:
 - One record type per chunk (one per LMDB database), so a reader can skip a
   whole chunk of an ignorable unknown type without decoding it, and restore
   can hand a chunk's records to LMDB in one ``putmulti`` call.
-- Records are stored as columns (lengths, then keys, then values) so both
-  sides frame a chunk with C-speed array operations instead of a Python loop
-  per record; it also compresses a little better.
+- Records are stored as columns (lengths, then keys, then values): framing
+  is checked with array operations in one step (the lengths must add up to
+  the chunk exactly) instead of a struct call per record. Decoding cost is
+  then dominated by creating the key and value objects LMDB needs.
 - Chunks are bounded (``MAX_CHUNK_RAW``), so neither side ever holds more than
   one chunk: a 1,000,000-object state streams through a few MiB of memory.
 - Per-type counts are exact in the metadata at the start (LMDB's ``stat`` in
