@@ -314,3 +314,67 @@ def test_loading_a_dump_cancels_a_dump_in_progress(tmp_path) -> None:
     assert follower.digest() == leader.digest()
     assert inspect(received).raft_index == LAST[1]  # the received dump was not replaced
     assert not os.path.exists(bg.partial)
+
+
+def test_lagging_follower_is_brought_back_by_snapshot_install(tmp_path) -> None:
+    """Three in-process pysyncobj nodes: a follower that missed compacted entries
+    receives the leader's dump through pysyncobj's transfer, restores it, and converges."""
+    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
+
+    def start(i: int, store: str) -> tuple[_Node, _Watched]:
+        fsm = new_fsm(store)
+        bg = _Watched(fsm, str(tmp_path / f"dump-{i}-{os.path.basename(store)}"))
+        conf = SyncObjConf(
+            bindAddress=addrs[i],
+            logCompactionMinEntries=10**9,
+            logCompactionMinTime=10**9,
+            **bg.conf_kwargs(),
+        )
+        node = _Node.__new__(_Node)
+        node.fsm = fsm
+        SyncObj.__init__(node, addrs[i], [a for a in addrs if a != addrs[i]], conf)
+        return node, bg
+
+    nodes = [start(i, str(tmp_path / f"n{i}")) for i in range(3)]
+    try:
+        first = nodes[0][0]
+        first.waitReady()
+
+        def write(via: _Node, tag: str, n: int) -> None:
+            for i, (body, _, _, _) in enumerate(example_entries(seed=len(tag), n=n)[:n]):
+                res = via.submit(
+                    m.encode_entry(body, time=T0 + i, rid=f"{tag}{i}"), sync=True, timeout=10
+                )
+                assert res is not None
+
+        write(first, "a", 8)
+        leader_addr = str(first._getLeader())
+        leader = next(n for n, _ in nodes if str(n.selfNode) == leader_addr)
+        victim = next(i for i, (n, _) in enumerate(nodes) if n is not leader)
+        nodes[victim][0].destroy_synchronous()
+        nodes[victim][0].fsm.close()
+
+        write(leader, "b", 10)
+        leader_bg = next(bg for n, bg in nodes if n is leader)
+        leader.forceLogCompaction()
+        assert leader_bg.succeeded.wait(30), leader_bg.last_error
+        write(leader, "c", 3)
+
+        # The follower comes back with an empty store: the leader's log no longer
+        # reaches back far enough, so it must send its dump.
+        nodes[victim] = start(victim, str(tmp_path / f"n{victim}-fresh"))
+        follower = nodes[victim][0]
+        follower.submit(m.encode_entry(m.Barrier(), time=T0 + 999, rid=""), sync=True, timeout=30)
+        leader.submit(m.encode_entry(m.Barrier(), time=T0 + 1000, rid=""), sync=True, timeout=30)
+        target = leader.fsm.applied_index
+        for n, _ in nodes:  # wait (on commit notifications) until every node applied it
+            reached = threading.Event()
+            n.fsm.on_commit(lambda index, ev=reached: index >= target and ev.set())
+            if n.fsm.applied_index < target:
+                assert reached.wait(30), (n.fsm.applied_index, target)
+        digests = {n.fsm.digest() for n, _ in nodes}
+        assert len(digests) == 1, digests
+        assert follower.fsm.applied_index == leader.fsm.applied_index
+    finally:
+        for n, _ in nodes:
+            n.destroy_synchronous()
