@@ -26,6 +26,10 @@ pysyncobj defects handled here (numbers from shared/reference/pysyncobj.md)
 1. follower truncation: :mod:`raft.truncation` rewrites append_entries in
    front of pysyncobj's handler (switch: ``CARAVAN_UNSAFE_DISABLE_TRUNCATION_FIX=1``,
    test only).
+   Catch-up livelock (found by jepsen_like): the leader lets a failed
+   append reply only lower a follower's nextIndex, never raise it, and a
+   follower's mismatch reject skips the conflicting term's run
+   (:mod:`raft.catchup`).
 2. chunking of large entries: entries are capped (as stored in the log) at
    submit and again at the leader's command queue, for forwarded commands.
 3. 0.0.0.0 bind and unauthenticated pickle: bind to the node's own host and
@@ -64,6 +68,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 from raft.auth import LinkAuthenticator
+from raft.catchup import filter_reply
 from raft.config import RaftConfig
 from raft.errors import (
     EntryTooLargeError,
@@ -208,6 +213,8 @@ class _Replica(SyncObj):
         self._min_timeout = config.resolved_profile().raft_min_timeout
         self._tstats = TruncationStats()
         self._ack_override: int | None = None
+        self._reject_hint: int | None = None
+        self._cstats = {"stale_rejects_ignored": 0, "conflict_hints": 0}
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._pending_commit = False
@@ -370,20 +377,34 @@ class _Replica(SyncObj):
     def _caravan_on_message(
         self, node: Any, message: dict[str, Any], deliver: Callable[..., None]
     ) -> None:
-        if message.get("type") != "append_entries":
+        mtype = message.get("type")
+        if mtype == "next_node_idx":
+            # Leader: a failed reply only lowers nextIndex (raft/catchup.py).
+            if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+                replaced = filter_reply(message, self._SyncObj__raftNextIndex.get(node))
+                if replaced is not None:
+                    self._cstats["stale_rejects_ignored"] += 1
+                    message = replaced
+            deliver(node, message)
+            return
+        if mtype != "append_entries":
             deliver(node, message)
             return
         if self._fix_enabled:
-            rw = rewrite_append_entries(message, self._view, self.raftCurrentTerm)
-            if rw.action in ("append_only", "present", "present_unproven_tail"):
+            rw = rewrite_append_entries(
+                message, self._view, self.raftCurrentTerm, self.raftCommitIndex
+            )
+            if rw.action in ("append_only", "present", "present_unproven_tail", "below_first"):
                 self._tstats.truncations_avoided += 1
             elif rw.action == "conflict":
                 self._tstats.conflict_truncations += 1
             self._ack_override = rw.ack_override
+            self._reject_hint = rw.reject_hint
             try:
                 deliver(node, rw.message)
             finally:
                 self._ack_override = None
+                self._reject_hint = None
         else:
             deliver(node, message)
         if "prevLogIdx" in message:
@@ -398,6 +419,15 @@ class _Replica(SyncObj):
         if mtype == "next_node_idx":
             if self._ack_override is not None and message.get("success"):
                 message = dict(message, next_node_idx=self._ack_override)
+            elif (
+                self._reject_hint is not None
+                and not message.get("success")
+                and message.get("reset")
+                and self._reject_hint < message["next_node_idx"]
+            ):
+                # Term mismatch: skip back over the conflicting term's run.
+                message = dict(message, next_node_idx=self._reject_hint)
+                self._cstats["conflict_hints"] += 1
             self._tstats.on_ack(
                 self.raftCurrentTerm,
                 self._view.last_index(),
@@ -953,6 +983,7 @@ class RaftNode:
             "fsm_commits": obj._commits,
             "truncation_fix": obj._fix_enabled,
             "truncation": obj._tstats.as_dict(),
+            "catchup": dict(obj._cstats),
             "halted": obj._halted,
         }
 

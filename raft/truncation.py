@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from raft.catchup import conflict_hint
+
 
 class LogView(Protocol):
     """Read-only view of a follower's log (pysyncobj keeps it in memory)."""
@@ -47,10 +49,14 @@ class Rewrite:
     """What to hand to pysyncobj for one incoming append_entries message."""
 
     message: dict[str, Any]
-    #: "pass", "append_only", "conflict", "present", "present_unproven_tail"
+    #: "pass", "append_only", "conflict", "present", "present_unproven_tail",
+    #: "below_first" (re-anchored at our first entry, then appended as usual)
     action: str
     #: next_node_idx to acknowledge instead of pysyncobj's (unproven tail case).
     ack_override: int | None = None
+    #: next_node_idx to reject with instead of pysyncobj's ``prevLogIdx`` on a
+    #: term mismatch (:func:`raft.catchup.conflict_hint`).
+    reject_hint: int | None = None
 
 
 @dataclass
@@ -109,8 +115,14 @@ class TruncationStats:
             self.worst_commit_gap = max(self.worst_commit_gap, leader_commit - log_end)
 
 
-def rewrite_append_entries(message: dict[str, Any], log: LogView, current_term: int) -> Rewrite:
-    """Return the message pysyncobj should see so it truncates only on a real conflict."""
+def rewrite_append_entries(
+    message: dict[str, Any], log: LogView, current_term: int, commit_index: int = 0
+) -> Rewrite:
+    """Return the message pysyncobj should see so it truncates only on a real conflict.
+
+    ``commit_index`` is the follower's own: it bounds how far back a term
+    mismatch reject may send the leader (:func:`raft.catchup.conflict_hint`).
+    """
     if message.get("term", -1) < current_term or "prevLogIdx" not in message:
         return Rewrite(message, "pass")
     if message.get("transmission") is not None:
@@ -121,10 +133,12 @@ def rewrite_append_entries(message: dict[str, Any], log: LogView, current_term: 
     if prev_idx is None:
         return Rewrite(message, "pass")
     first, last = log.first_index(), log.last_index()
-    if prev_idx < first or prev_idx > last:
+    if prev_idx < first:
+        return _reanchor_at_first(message, log, current_term, commit_index)
+    if prev_idx > last:
         return Rewrite(message, "pass")
     if log.term_at(prev_idx) != message["prevLogTerm"]:
-        return Rewrite(message, "pass")
+        return Rewrite(message, "pass", reject_hint=conflict_hint(log, prev_idx, commit_index))
     if prev_idx == last:
         return Rewrite(message, "pass")  # nothing beyond prev: pysyncobj cannot over-truncate
 
@@ -159,3 +173,33 @@ def rewrite_append_entries(message: dict[str, Any], log: LogView, current_term: 
     covered = entries[-1][1] if entries else prev_idx
     out["commit_index"] = min(message["commit_index"], covered)
     return Rewrite(out, "present_unproven_tail", ack_override=covered + 1)
+
+
+def _reanchor_at_first(
+    message: dict[str, Any], log: LogView, current_term: int, commit_index: int
+) -> Rewrite:
+    """``prevLogIdx`` lies before our first entry (we compacted past it).
+
+    pysyncobj would reject it as "missing" with our last index + 1, a value
+    above the leader's nextIndex that the leader's rule (raft/catchup.py)
+    ignores, so the leader would repeat the message forever. Our first entry
+    is committed (pysyncobj only compacts or loads dumps at applied entries),
+    so it agrees with every leader's log: re-anchor the message there, drop
+    the entries it already covers, and handle it as usual.
+    """
+    first = log.first_index()
+    entries = message.get("entries") or []
+    if entries and entries[0][1] != message["prevLogIdx"] + 1:
+        return Rewrite(message, "pass")  # not contiguous: leave it to pysyncobj
+    for entry in entries:
+        if entry[1] == first and entry[2] != log.term_at(first):
+            return Rewrite(message, "pass")  # cannot happen with a correct leader
+    out = dict(message)
+    out["prevLogIdx"] = first
+    out["prevLogTerm"] = log.term_at(first)
+    out["entries"] = [e for e in entries if e[1] > first]
+    rw = rewrite_append_entries(out, log, current_term, commit_index)
+    if rw.action == "pass":
+        # Our log ends at `first`: pysyncobj appends after it (or acks it).
+        return Rewrite(rw.message, "below_first", rw.ack_override, rw.reject_hint)
+    return rw

@@ -74,11 +74,6 @@ def _paused_leader_trial(directory: Path) -> str | None:
         tb.teardown()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="pysyncobj livelock (found by jepsen_like, campaign seed 106 pause): a deposed leader whose log has "
-    "uncommitted entries of its old term, behind the new leader by more than one append batch, never catches up",
-)
 def test_paused_leader_catches_up(tmp_path: Path) -> None:
     """Found by the pause nemesis: the resumed ex-leader stayed at its old index while the others moved on.
 
@@ -91,9 +86,11 @@ def test_paused_leader_catches_up(tmp_path: Path) -> None:
     log) with ``next_node_idx=550, reset``; the leader applies the replies in
     order, so nextIndex is back at 550 after every round and never reaches
     548, where the logs agree. 534 identical rounds in 20 s in the trace.
-    A fix (raft/): once a follower reported a mismatch at index k for the
-    current term, never answer a later reject with more than k (or the
-    leader never raises nextIndex on a failed reply) until an append succeeds.
+    Fixed in raft/catchup.py: the leader lets a failed reply only lower a
+    follower's nextIndex (Raft's rule), and a follower's term-mismatch reject
+    points at the start of the conflicting term's run (not below its commit
+    index + 1). Fast versions: tests/raft/test_catchup.py (message level) and
+    tests/raft/test_cluster.py::test_cut_off_leader_with_a_long_uncommitted_tail_catches_up.
     """
     for trial in range(8):
         stuck = _paused_leader_trial(tmp_path / f"t{trial}")

@@ -174,6 +174,20 @@ class Control:
         self.node.transfer_leadership(target, timeout)
         return {"ok": True}
 
+    def op_isolate(self, on: bool) -> dict[str, Any]:
+        """Drop every raft message to and from this node (a symmetric
+        partition that keeps the TCP connections up, so the other side's
+        leader goes on pipelining into the void, as it does to a paused
+        process)."""
+        obj = self.node._obj
+        if on:
+            obj._caravan_on_message = lambda node, message, deliver: None
+            obj._caravan_on_send = lambda node, message, send: True
+        else:
+            obj.__dict__.pop("_caravan_on_message", None)
+            obj.__dict__.pop("_caravan_on_send", None)
+        return {"ok": True}
+
     def op_entries(self, start: int = 0, prefix_len: int = 64) -> dict[str, Any]:
         return {
             "ok": True,

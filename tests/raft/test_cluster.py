@@ -233,3 +233,45 @@ def test_leadership_transfer_to_a_chosen_peer(cluster: Any) -> None:
     assert not bad["ok"] and bad["error"] == "LeadershipTransferError"
     converge(c, list(range(3)), target)
     assert_acked_entries_present(c, target, ls.acks, "t")
+
+
+def test_cut_off_leader_with_a_long_uncommitted_tail_catches_up(cluster: Any) -> None:
+    """The pause nemesis's livelock (jepsen_like seed 106), on raft alone and deterministic.
+
+    The leader is cut off (every raft message to and from it dropped, TCP
+    connections kept) while it appends entries nobody else gets, so its log
+    ends with a long uncommitted tail of its term. The others elect a new
+    leader, which appends many append_entries batches more. After the cut
+    heals, the ex-leader must find the index where the logs agree, drop its
+    tail and catch up. Without the leader-side rule of raft/catchup.py the
+    new leader's pipelined batches make the follower's "beyond my log"
+    rejects undo its "term mismatch" reject every round and the ex-leader
+    never moves; without the follower's conflict hint it would back up one
+    entry per round (about 1,500 rounds here).
+    """
+    c = cluster()
+    old = c.wait_leader()
+    run_load(c, old, n=2000, window=500, tag="a")
+    assert c.call(old, "isolate", on=True)["ok"]
+    healed = False
+    try:
+        tail = LoadStream(c, old, n=1500, window=1500, size=128, tag="x")
+        wait_for(
+            lambda: (lambda st: st["last_log_index"] - st["commit_index"] >= 1400)(c.status(old)),
+            60,
+            "the cut-off leader to append an uncommitted tail",
+        )
+        new = c.wait_leader(timeout=30, among=followers(c, old))
+        run_load(c, new, n=5000, window=1000, tag="b")  # many batches past the tail
+        assert c.call(old, "isolate", on=False)["ok"]
+        healed = True
+    finally:
+        if not healed:
+            c.call(old, "isolate", on=False)
+    idx = c.call(new, "barrier", timeout=10)["index"]
+    c.wait_applied(old, idx, timeout=45)
+    converge(c, list(range(3)), new)
+    tail.join(30)  # its entries were replaced: every callback got an error
+    assert tail.done is not None and not tail.acks, tail.done
+    st = c.status(new)
+    print(f"leader catch-up stats: {st['catchup']}; ex-leader: {c.status(old)['catchup']}")

@@ -97,6 +97,34 @@ def test_mismatch_and_gaps_are_left_to_pysyncobj() -> None:
     assert rewrite_append_entries(ae(5, 1, []), compacted, 3).action == "pass"
 
 
+def test_term_mismatch_reject_carries_the_conflict_hint() -> None:
+    # The trace: our log ends 549 term 1, commit 547; the term-3 leader's 549 is term 3.
+    log = FakeLog([1] * 549)
+    rw = rewrite_append_entries(ae(549, 3, [(550, 3)], term=3, commit=900), log, 3, 547)
+    assert rw.action == "pass" and rw.message["prevLogIdx"] == 549  # pysyncobj rejects it ...
+    assert rw.reject_hint == 548  # ... but points the leader at our commit index + 1
+
+
+def test_prev_before_our_first_entry_is_reanchored_there_not_rejected() -> None:
+    # We compacted to 10 (our first entry, committed); the leader's nextIndex
+    # for us is lower. pysyncobj would reject as "missing" with 13, which
+    # the leader's rule ignores (it only lowers nextIndex): answer instead.
+    log = FakeLog([3, 3, 3, 3], first=10)  # 10..13
+    rw = rewrite_append_entries(ae(5, 2, [(i, 3) for i in range(6, 16)], term=3), log, 3)
+    assert rw.action == "append_only"
+    assert rw.message["prevLogIdx"] == 13 and [e[1] for e in rw.message["entries"]] == [14, 15]
+    beat = rewrite_append_entries(ae(5, 2, [], term=3, commit=13), log, 3)
+    assert beat.action == "present" and beat.message["prevLogIdx"] == 13
+    only_first = FakeLog([3], first=10)
+    rw = rewrite_append_entries(ae(5, 2, [(i, 3) for i in range(6, 13)], term=3), only_first, 3)
+    assert rw.action == "below_first"
+    assert rw.message["prevLogIdx"] == 10 and [e[1] for e in rw.message["entries"]] == [11, 12]
+    # An old-term tail after our first entry is kept but not acknowledged.
+    tail = FakeLog([2, 2, 2, 2], first=10)
+    rw = rewrite_append_entries(ae(5, 2, [], term=4, commit=13), tail, 4)
+    assert rw.action == "present_unproven_tail" and rw.ack_override == 11
+
+
 def test_stats_count_same_term_ack_regressions_only() -> None:
     st = TruncationStats()
     st.on_ack(term=2, log_end=100, next_node_idx=101, success=True)

@@ -1,0 +1,235 @@
+"""The paused-leader livelock (jepsen_like campaign seed 106) at the message level.
+
+Two real pysyncobj nodes (the adapter's ``_Replica``, no tick thread, no
+sockets in use): the test is the network. It takes the new leader's
+append_entries from its transport, hands them to the ex-leader's transport
+entry point, and hands the replies back, one round at a time, exactly as
+TCP would deliver them (in order, all of a round's replies after its
+messages). The logs are the trace's: the ex-leader ends at 549 with entries
+of its old term past its commit index 547; the new leader is several append
+batches ahead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import given
+from hypothesis import strategies as st
+from pysyncobj.node import TCPNode
+
+from raft import RaftConfig
+from raft.catchup import conflict_hint, filter_reply
+from raft.node import _Replica
+from tests.raft.cluster import free_ports
+from tests.raft.conftest import MemTarget
+
+# ~1 KiB commands: pysyncobj cuts a batch at 64 KiB, so ~64 entries per message.
+CMD = b"\x00" + b"c" * 1000
+
+
+class _Owner:
+    """What _Replica needs from its RaftNode when nothing is applied."""
+
+    def __init__(self) -> None:
+        self._log = structlog.get_logger("test")
+
+
+class Wire:
+    """Two unticked replicas wired through the test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        ports = free_ports(3)
+        self.addrs = [f"127.0.0.1:{p}" for p in ports]
+        self.nodes: list[_Replica] = []
+        self.out: list[list[tuple[Any, dict[str, Any]]]] = []
+        for i in range(2):
+            cfg = RaftConfig(
+                self_address=self.addrs[i],
+                peers=self.addrs,
+                data_dir=tmp_path / f"n{i}",
+                password="pw",
+            )
+            cfg.data_path.mkdir(parents=True)
+            conf = cfg.to_syncobj_conf(autoTick=False)
+            obj = _Replica(_Owner(), cfg, conf, MemTarget())  # type: ignore[arg-type]
+            sent: list[tuple[Any, dict[str, Any]]] = []
+            # Capture what the adapter's send hook would put on the wire.
+            obj._SyncObj__transport.raw_send = lambda node, msg, sent=sent: (
+                sent.append((node, msg)) or True
+            )
+            self.nodes.append(obj)
+            self.out.append(sent)
+        self.leader, self.follower = self.nodes
+        self.lnode, self.fnode = TCPNode(self.addrs[0]), TCPNode(self.addrs[1])
+
+    def close(self) -> None:
+        for obj in self.nodes:
+            obj._doDestroy()
+
+    def deliver(self, to: int, sender: TCPNode, messages: list[dict[str, Any]]) -> None:
+        transport = self.nodes[to]._SyncObj__transport
+        for msg in messages:
+            transport._onMessageReceived(sender, msg)  # the adapter's hooks, then pysyncobj
+
+    def round(self) -> list[dict[str, Any]]:
+        """One leader send round; returns the follower's replies (already delivered)."""
+        self.out[0].clear()
+        self.leader._SyncObj__sendAppendEntries()
+        sent = [m for node, m in self.out[0] if node == self.fnode]
+        self.out[1].clear()
+        self.deliver(1, self.lnode, sent)
+        replies = [m for _, m in self.out[1]]
+        self.deliver(0, self.fnode, replies)
+        return replies
+
+    @staticmethod
+    def log_of(obj: _Replica) -> list[tuple[int, int]]:
+        j = obj._SyncObj__raftLog
+        return [(j[i][1], j[i][2]) for i in range(len(j))]
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Any:
+    w = Wire(tmp_path)
+    yield w
+    w.close()
+
+
+def _setup(w: Wire, tail: int) -> None:
+    """Ex-leader (follower): 2..548 term 1 committed to 547, then `tail`
+    uncommitted term-1 entries. New leader: same up to 548, then term 2 and
+    term 3 entries to 1000, leader of term 3."""
+    f, ld = w.follower, w.leader
+    for i in range(2, 549):
+        f._SyncObj__raftLog.add(CMD, i, 1)
+        ld._SyncObj__raftLog.add(CMD, i, 1)
+    for i in range(549, 549 + tail):
+        f._SyncObj__raftLog.add(CMD, i, 1)
+    f._SyncObj__setCurrentTerm(1, None)
+    f._SyncObj__raftCommitIndex = 547
+    for i in range(549, 700):
+        ld._SyncObj__raftLog.add(CMD, i, 2)
+    for i in range(700, 1000):
+        ld._SyncObj__raftLog.add(CMD, i, 3)
+    ld._SyncObj__setCurrentTerm(3, w.addrs[0])
+    ld._SyncObj__raftCommitIndex = 999
+    ld._SyncObj__connectedNodes.add(w.fnode)  # pretend the link is up: it sends
+    w.out[0].clear()
+    ld._SyncObj__onBecomeLeader()  # appends its no-op at 1000 and sends a first round
+    # The first round reached nobody (as to a paused process); the leader's
+    # nextIndex for the follower ran ahead optimistically.
+    w.out[0].clear()
+
+
+@pytest.mark.parametrize("tail", [1, 150])
+def test_ex_leader_with_an_old_term_tail_catches_up_in_a_few_rounds(wire: Wire, tail: int) -> None:
+    _setup(wire, tail)
+    ld = wire.leader
+    rounds: list[list[dict[str, Any]]] = []
+    while wire.log_of(wire.follower) != wire.log_of(ld):
+        assert len(rounds) < 5, (
+            f"no convergence after {len(rounds)} rounds: leader nextIndex "
+            f"{ld._SyncObj__raftNextIndex[wire.fnode]}, follower log ends "
+            f"{wire.log_of(wire.follower)[-1]}, replies {rounds[-1]}"
+        )
+        replies = wire.round()
+        rounds.append([{k: r[k] for k in ("next_node_idx", "success", "reset")} for r in replies])
+    assert ld._SyncObj__raftMatchIndex[wire.fnode] == 1000
+    end = 549 + tail  # the follower's log end + 1
+    # Round 1: a heartbeat at the leader's end, "beyond my log".
+    assert rounds[0] == [{"next_node_idx": end, "success": False, "reset": True}]
+    # Round 2 is the trace's: pipelined batches from nextIndex = `end`; one
+    # term-mismatch reject (with the conflict hint: commit index + 1), then
+    # "beyond my log" rejects that pysyncobj alone would let win.
+    trace = rounds[1]
+    assert len(trace) > 2 and not any(r["success"] for r in trace)
+    assert trace[0]["next_node_idx"] == 548
+    assert all(r["next_node_idx"] == end for r in trace[1:])
+    assert ld._cstats["stale_rejects_ignored"] >= len(trace) - 1
+    # Round 3 starts at 548, where the logs agree, and carries everything.
+    assert len(rounds) == 3 and all(r["success"] for r in rounds[2])
+
+
+def test_pysyncobj_alone_applies_the_replies_in_order_and_livelocks(wire: Wire) -> None:
+    """The same replies through pysyncobj's handler without the leader's rule:
+    nextIndex ends at the follower's log end + 1 every round, above 548."""
+    _setup(wire, 1)
+    ld = wire.leader
+    wire.round()  # the heartbeat round: nextIndex drops to 550
+    for _ in range(3):
+        wire.out[0].clear()
+        ld._SyncObj__sendAppendEntries()
+        sent = [m for node, m in wire.out[0] if node == wire.fnode]
+        wire.out[1].clear()
+        wire.deliver(1, wire.lnode, sent)
+        replies = [m for _, m in wire.out[1]]
+        assert len(replies) > 2 and replies[0]["next_node_idx"] == 548
+        for r in replies:
+            ld._SyncObj__onMessageReceived(wire.fnode, r)  # bypasses raft/catchup.py
+        assert ld._SyncObj__raftNextIndex[wire.fnode] == 550  # back where it started
+    assert wire.log_of(wire.follower)[-1] == (549, 1)
+
+
+# -- the rules themselves ------------------------------------------------------
+
+
+def _reply(idx: int, success: bool = False, reset: bool = True) -> dict[str, Any]:
+    return {"type": "next_node_idx", "next_node_idx": idx, "success": success, "reset": reset}
+
+
+def test_filter_reply_only_lets_failures_lower_next_index() -> None:
+    assert filter_reply(_reply(549), 717) is None  # lowers: pysyncobj applies it
+    assert filter_reply(_reply(550), 549) == _reply(550, reset=False)  # would raise: ignored
+    assert filter_reply(_reply(549), 549) is None
+    assert filter_reply(_reply(900, success=True, reset=False), 549) is None  # successes untouched
+    assert filter_reply(_reply(900, reset=False), 549) is None  # chunk acks: no reset
+    assert filter_reply(_reply(900), None) is None  # unknown follower: pysyncobj decides
+
+
+class _Terms:
+    def __init__(self, first: int, terms: list[int]) -> None:
+        self.first, self.terms = first, terms
+
+    def first_index(self) -> int:
+        return self.first
+
+    def last_index(self) -> int:
+        return self.first + len(self.terms) - 1
+
+    def term_at(self, index: int) -> int:
+        return self.terms[index - self.first]
+
+
+def test_conflict_hint_skips_the_conflicting_run_but_not_below_commit() -> None:
+    log = _Terms(1, [0] + [1] * 547 + [1, 1] + [2] * 10)  # 1..560
+    assert conflict_hint(log, 549, commit_index=547) == 548
+    assert conflict_hint(log, 560, commit_index=547) == 551  # start of the term-2 run
+    assert conflict_hint(log, 560, commit_index=555) == 556
+    assert conflict_hint(log, 548, commit_index=547) == 548
+    assert conflict_hint(_Terms(100, [5, 5, 5, 6]), 103, commit_index=0) == 103
+    assert conflict_hint(_Terms(100, [5, 5, 5, 5]), 103, commit_index=0) == 101
+
+
+@given(
+    runs=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    first=st.integers(1, 50),
+    data=st.data(),
+)
+def test_conflict_hint_property(runs: list[int], first: int, data: Any) -> None:
+    terms = [t for t, n in enumerate(runs, start=1) for _ in range(n)]
+    log = _Terms(first, terms)
+    last = log.last_index()
+    prev = data.draw(st.integers(first, last))
+    commit = data.draw(st.integers(0, prev))
+    h = conflict_hint(log, prev, commit)
+    assert h <= prev
+    assert h >= min(prev, max(commit + 1, first + 1))
+    # Every entry skipped has the conflicting term (it conflicts as well) ...
+    assert all(log.term_at(i) == log.term_at(prev) for i in range(h, prev + 1))
+    # ... and the hint goes back as far as the rules allow.
+    if h > max(commit + 1, first + 1):
+        assert log.term_at(h - 1) != log.term_at(prev)
