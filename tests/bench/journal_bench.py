@@ -300,7 +300,10 @@ async def pipelined_writes(leader: str, n: int, window: int, tag: str) -> tuple[
     async def one(i: int) -> None:
         nonlocal last
         async with sem:
-            out = await client.call("node.register", {"node": {"ID": f"{tag}-{i}", "Name": f"{tag}-{i}"}})
+            # Registered down: a ready node that never heartbeats would be marked
+            # down by the leader later, a background write in some later phase.
+            node = {"ID": f"{tag}-{i}", "Name": f"{tag}-{i}", "Status": "down"}
+            out = await client.call("node.register", {"node": node})
             last = max(last, out["Index"])
 
     t = time.perf_counter()

@@ -94,7 +94,9 @@ class Writer:
                                                                 "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]}})
             else:
                 attrs = {"pad": "x" * pad} if pad else {}
-                out = self.client.call("node.register", {"node": {"ID": name, "Name": name, "Attributes": attrs}})
+                # Down: the leader would mark a silent ready node down later (a write in some later test).
+                node = {"ID": name, "Name": name, "Attributes": attrs, "Status": "down"}
+                out = self.client.call("node.register", {"node": node})
             self.last_index = max(self.last_index, out["Index"])
         return self.last_index
 
