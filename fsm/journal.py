@@ -13,7 +13,6 @@ from typing import Any
 
 import lmdb
 
-from fsm import codec
 from fsm.keys import from_u64, u64
 from fsm.store import META_JOURNAL_BYTES, META_JOURNAL_TRIMMED
 
@@ -26,8 +25,19 @@ class Retention:
     max_bytes: int = 256 << 20
 
 
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 def append(txn: lmdb.Transaction, dbs: dict[str, Any], index: int, records: list, retention: Retention) -> None:
     """Write one batch and trim the oldest batches past the retention bounds.
+
+    ``records`` are the entry's change records, each already packed (see
+    ``StateWriter.records``); the batch is their msgpack array.
 
     The highest trimmed index is kept in ``meta`` (``journal_trimmed``): the
     oldest retained batch alone cannot tell a subscriber at index N whether
@@ -37,7 +47,7 @@ def append(txn: lmdb.Transaction, dbs: dict[str, Any], index: int, records: list
     if not records:
         return
     journal, meta = dbs["journal"], dbs["meta"]
-    raw = codec.pack(records)
+    raw = _array_header(len(records)) + b"".join(records)
     txn.put(u64(index), raw, db=journal)
     size_raw = txn.get(META_JOURNAL_BYTES, db=meta)
     size = (0 if size_raw is None else from_u64(size_raw)) + len(raw)

@@ -87,17 +87,24 @@ class StateWriter(StateReader):
         self.txn: Any = WriteTracker(txn)
         self.index = index
         self.now = now
-        self.records: list[list[Any]] = []
+        # Change records, each already packed as msgpack [topic, type, key, object]:
+        # a stored object's bytes are reused in its record (journal.append
+        # joins them into the batch array, the same bytes as packing the list).
+        self.records: list[bytes] = []
         self.touched: set[str] = set()
+        # Jobs whose status must be derived again at the end of the entry, and
+        # jobs that only saw allocs or evals end (live -> terminal): those
+        # keep their status while they still have a live alloc (see finish).
         self.dirty_jobs: set[str] = set()
+        self.ended_jobs: set[str] = set()
 
     # -- primitives ------------------------------------------------------
-    def _put(self, table: str, k: bytes, obj: Any) -> dict[str, Any]:
-        """Store ``obj``; returns its wire map, which the journal record reuses."""
-        wire = codec.dump(obj)
-        self.txn.put(k, codec.pack(wire), db=self.dbs[table])
+    def _put(self, table: str, k: bytes, obj: Any) -> bytes:
+        """Store ``obj``; returns its packed bytes, which the journal record reuses."""
+        raw = codec.encode(obj)
+        self.txn.put(k, raw, db=self.dbs[table])
         self.touched.add(table)
-        return wire
+        return raw
 
     def _delete(self, table: str, k: bytes) -> None:
         if self.txn.delete(k, db=self.dbs[table]):
@@ -111,7 +118,12 @@ class StateWriter(StateReader):
 
     def record(self, topic: str, type_: str, k: str, obj: Any) -> None:
         payload = obj if obj is None or isinstance(obj, dict) else codec.to_wire(obj)
-        self.records.append([topic, type_, k, payload])
+        self.records.append(codec.pack([topic, type_, k, payload]))
+
+    def _record_packed(self, topic: str, type_: str, k: str, packed: bytes) -> None:
+        """A record whose object is already msgpack bytes (msgpack concatenates)."""
+        head = codec.pack((topic, type_, k))  # fixarray(3) header, then the three strings
+        self.records.append(b"\x94" + head[1:] + packed)
 
     def _stamp(self, obj: Any, old: Any) -> None:
         obj.create_index = old.create_index if old is not None else self.index
@@ -171,6 +183,7 @@ class StateWriter(StateReader):
         self._delete("job_summary", job_id.encode())
         self.unmark(GC_JOB, job_id)
         self.dirty_jobs.discard(job_id)
+        self.ended_jobs.discard(job_id)
 
     def set_job_status(self, job_id: str) -> None:
         """Derive pending/running/dead as Nomad's getJobStatus does.
@@ -191,9 +204,10 @@ class StateWriter(StateReader):
             data["status"] = status
             data["modify_index"] = self.index
             data["modify_time"] = self.now
-            self.txn.put(k, codec.pack(data), db=self.dbs["jobs"])
+            raw = codec.pack(data)
+            self.txn.put(k, raw, db=self.dbs["jobs"])
             self.touched.add("jobs")
-            self.record(TOPIC_JOB, "JobStatusChanged", job_id, data)
+            self._record_packed(TOPIC_JOB, "JobStatusChanged", job_id, raw)
         if status == JOB_DEAD:
             if self.mark_of(GC_JOB, job_id) is None:
                 self.mark(GC_JOB, job_id, self.now)
@@ -235,12 +249,14 @@ class StateWriter(StateReader):
         else:
             self._link("evals_live_by_job", live_key)
             self.unmark(GC_EVAL, ev.id)
-        wire = self._put("evals", ev.id.encode(), ev)
+        raw = self._put("evals", ev.id.encode(), ev)
         # Job status depends on whether the job has live evals: only a new
         # eval or a change of liveness can change it.
-        if old is None or (old.status in EVAL_TERMINAL) != (ev.status in EVAL_TERMINAL):
+        if old is None or (old.status in EVAL_TERMINAL and ev.status not in EVAL_TERMINAL):
             self.dirty_jobs.add(ev.job_id)
-        self.record(TOPIC_EVAL, "EvaluationUpdated", ev.id, wire)
+        elif old.status not in EVAL_TERMINAL and ev.status in EVAL_TERMINAL:
+            self.ended_jobs.add(ev.job_id)
+        self._record_packed(TOPIC_EVAL, "EvaluationUpdated", ev.id, raw)
 
     def delete_eval(self, ev: Evaluation) -> None:
         self._delete("evals", ev.id.encode())
@@ -297,9 +313,12 @@ class StateWriter(StateReader):
                 # Job status depends on whether the job has live allocs (and
                 # any at all): only a new alloc or a change of liveness can
                 # change it.
-                self.dirty_jobs.add(alloc.job_id)
-        wire = self._put("allocs", alloc_id.encode(), alloc)
-        self.record(TOPIC_ALLOC, event, alloc_id, wire)
+                if job_moved or not terminal:
+                    self.dirty_jobs.add(alloc.job_id)
+                else:
+                    self.ended_jobs.add(alloc.job_id)
+        raw = self._put("allocs", alloc_id.encode(), alloc)
+        self._record_packed(TOPIC_ALLOC, event, alloc_id, raw)
 
     def delete_alloc(self, alloc: Allocation) -> None:
         self._delete("allocs", alloc.id.encode())
@@ -324,10 +343,10 @@ class StateWriter(StateReader):
             self.unmark(GC_DEPLOYMENT, dep.id)
         elif old is None or old.active():
             self.mark(GC_DEPLOYMENT, dep.id, self.now)
-        wire = self._put("deployments", dep.id.encode(), dep)
+        raw = self._put("deployments", dep.id.encode(), dep)
         if old is None or old.active() != dep.active():
             self.dirty_jobs.add(dep.job_id)
-        self.record(TOPIC_DEPLOYMENT, event, dep.id, wire)
+        self._record_packed(TOPIC_DEPLOYMENT, event, dep.id, raw)
 
     def delete_deployment(self, dep: Deployment) -> None:
         self._delete("deployments", dep.id.encode())
@@ -350,8 +369,8 @@ class StateWriter(StateReader):
                 self.mark(GC_NODE, node.id, node.status_updated_at)
         else:
             self.unmark(GC_NODE, node.id)
-        wire = self._put("nodes", node.id.encode(), node)
-        self.record(TOPIC_NODE, event, node.id, wire)
+        raw = self._put("nodes", node.id.encode(), node)
+        self._record_packed(TOPIC_NODE, event, node.id, raw)
 
     def delete_node(self, node: Node) -> None:
         self._delete("nodes", node.id.encode())
@@ -386,7 +405,19 @@ class StateWriter(StateReader):
 
     # -- end of entry ----------------------------------------------------
     def finish(self) -> None:
-        """Derive job statuses touched by this entry; table index bumps happen in the caller."""
-        for job_id in sorted(self.dirty_jobs):
+        """Derive job statuses touched by this entry; table index bumps happen in the caller.
+
+        A job that only saw allocs or evals end keeps its status if it still
+        has a live alloc: nothing became live in this entry, so it had one
+        at the start too, and the status derived then ("running", or for
+        system/periodic/parameterized jobs a function of ``stop``, which did
+        not change) still holds. That skips the job read on most alloc
+        completions.
+        """
+        dirty = self.dirty_jobs
+        for job_id in sorted(dirty | self.ended_jobs):
+            if job_id not in dirty and self._any("allocs_live_by_job", prefix(job_id)):
+                continue
             self.set_job_status(job_id)
-        self.dirty_jobs.clear()
+        dirty.clear()
+        self.ended_jobs.clear()
