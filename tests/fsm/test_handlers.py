@@ -1062,6 +1062,18 @@ def test_journal_batch_per_entry(h: Harness) -> None:
         assert r.table_index("journal") == 6
 
 
+def test_large_journal_batch_is_one_msgpack_array(h: Harness) -> None:
+    """Records are packed one by one and joined; >15 of them need the array16 header."""
+    seed(h, job=make_job("web", count=20))
+    place(h, *[make_alloc(f"a{i:02d}") for i in range(20)])
+    with h.reader() as r:
+        index, batch = list(r.journal_batches())[-1]
+        raw = dict(r.iter_raw("journal"))[index.to_bytes(8, "big")]
+    assert raw[0] == 0xDC and len(batch) == 22  # 20 allocs, the eval, the job status
+    assert codec.pack(batch) == raw
+    assert [rec[2] for rec in batch if rec[0] == "Allocation"] == [f"a{i:02d}" for i in range(20)]
+
+
 def test_journal_retention_trims_oldest_batches() -> None:
     h = Harness.temp(retention=Retention(max_batches=3, max_bytes=1 << 20))
     try:
