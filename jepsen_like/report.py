@@ -84,6 +84,7 @@ def summary_text(
         f"seed {meta.get('seed')}  nodes {options.get('nodes')}  time {options.get('time')}s  "
         f"nemesis {','.join(options.get('nemeses', []))}  workloads {','.join(options.get('workloads', []))}",
     ]
+    lines.append(f"code under test: {meta.get('code', 'unknown')}")
     if options.get("server_env"):
         lines.append(f"server environment (test switches): {options['server_env']}")
     lines.append("")

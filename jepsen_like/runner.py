@@ -26,6 +26,7 @@ import os
 import platform
 import random
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ from jepsen_like.recorder import (
 )
 from jepsen_like.testbed import Testbed, TestbedError
 from jepsen_like.workloads import JOURNAL_FILE, WORKLOADS, Lane, RunContext, Workload
+from node import cluster as cl
 from node.rpc_client import RPCClient
 
 RUN_FILE = "run.json"
@@ -140,6 +142,24 @@ def _build_workloads(options: RunOptions) -> list[Workload]:
     return built
 
 
+def code_version() -> str:
+    """The commit of the server code under test (``+dirty`` with local edits), or ``unknown``.
+
+    Servers run from the source tree the harness imports ``node`` from, so a
+    campaign against a moving work tree says so in every run.json.
+    """
+    root = Path(cl.__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def run(options: RunOptions, log: Any = print) -> int:
     """Carry out one run; returns the exit code (0 ok, 1 anomaly, 2 unknown)."""
     options.validate()
@@ -154,6 +174,7 @@ def run(options: RunOptions, log: Any = print) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),
         "python": platform.python_version(),
+        "code": code_version(),
     }
     workloads = _build_workloads(options)
     lane = 0
