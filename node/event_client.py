@@ -34,6 +34,15 @@ def unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
+def unfold(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items in one stream frame: a group (``batches`` or ``packed``) or a single one."""
+    if "packed" in frame:
+        return unpack(frame["packed"])
+    if "batches" in frame:
+        return frame["batches"]
+    return [frame]
+
+
 @dataclass
 class FollowState:
     """Where a follower is; ``index`` is what to pass on the next subscribe."""
@@ -83,7 +92,7 @@ def follow(
             for frame in client.stream("event.stream", {**args, "index": st.index}, idle_timeout=3 * heartbeat + 10):
                 last_ok = time.monotonic()
                 backoff = 0.05
-                for item in frame["batches"] if "batches" in frame else (frame,):
+                for item in unfold(frame):
                     if "index" in item:
                         st.index = item["index"]
                         if decode and "raw" in item:

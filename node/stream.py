@@ -45,6 +45,10 @@ Items:
     ACL tokens never carry their secret.
 ``{"batches": [batch-item, batch-item, ...]}`` (only with ``group`` > 1)
     Several whole consecutive batches, each shaped as above, in order.
+``{"packed": msgpack-of-[batch-item, ...]}`` (``encoding=msgpack``, ``group`` > 1)
+    The same, packed once by the server for every subscriber that gets
+    exactly that run of batches (the usual case at the live tail): fan-out
+    then costs one shared byte string per subscriber, not one encoding.
 ``{"progress": N}``
     Everything up to index N that matches the filter has been delivered
     (a bookmark: resubscribing with ``index=N`` loses nothing). Sent once when
@@ -283,6 +287,38 @@ def reset_error(requested: int, chunk: Chunk) -> RPCError:
 
 # -- subscribers ----------------------------------------------------------------------
 Entry = tuple[int, Item, int]  # (batch index, item, packed size)
+SHARED_RUN = 256  # entries in one shared run (follow() asks for groups of this size)
+
+
+class SharedRun(list[Entry]):
+    """Entries of one fan-out round, queued by reference by every unfiltered subscriber.
+
+    Packs itself once into a ``{"packed": ...}`` item for the subscribers
+    that take it whole.
+    """
+
+    nbytes: int = 0
+    _packed: Item | None = None
+
+    def packed(self) -> Item:
+        if self._packed is None:
+            self._packed = {"packed": codec.pack([entry[1] for entry in self])}
+        return self._packed
+
+
+def shared_runs(entries: list[Entry]) -> list[SharedRun]:
+    """``entries`` cut into shared runs of at most SHARED_RUN entries and about GROUP_BYTES."""
+    runs: list[SharedRun] = []
+    run = SharedRun()
+    for entry in entries:
+        if run and (len(run) >= SHARED_RUN or run.nbytes + entry[2] > GROUP_BYTES):
+            runs.append(run)
+            run = SharedRun()
+        run.append(entry)
+        run.nbytes += entry[2]
+    if run:
+        runs.append(run)
+    return runs
 
 
 class Segments:
@@ -312,6 +348,17 @@ class Segments:
     def clear(self) -> None:
         self._runs.clear()
         self._offset = self._count = 0
+
+    def pop_shared(self, most: int, max_bytes: int) -> SharedRun | None:
+        """The first run whole, if it is a shared one that fits in one item."""
+        if self._offset or not self._runs:
+            return None
+        run = self._runs[0]
+        if not isinstance(run, SharedRun) or len(run) > most or run.nbytes > max_bytes:
+            return None
+        self._runs.popleft()
+        self._count -= len(run)
+        return run
 
     def pop(self, most: int, max_bytes: int) -> list[Entry]:
         """Up to ``most`` entries (and about ``max_bytes``), oldest first."""
@@ -365,19 +412,25 @@ class Subscription:
 
     def take(self) -> tuple[int, Item]:
         """The next item from the queue (several batches if ``group`` allows): (last index, item)."""
+        if self.raw and self.group > 1:
+            run = self.queue.pop_shared(self.group, GROUP_BYTES)
+            if run is not None:
+                return run[-1][0], run.packed() if len(run) > 1 else run[0][1]
         entries = self.queue.pop(self.group, GROUP_BYTES)
         return entries[-1][0], grouped([e[1] for e in entries])
 
-    def offer(self, batches: list[Batch], through: int, shared: list[Entry] | None = None) -> bool:
+    def offer(self, batches: list[Batch], through: int, shared: list[SharedRun] | None = None) -> bool:
         """Queue the matching batches after ``through``-so-far; False on overflow.
 
         ``shared``: this round's unfiltered entries in this subscriber's
         encoding, when the hub built them (queued by reference).
         """
         if shared is not None:
-            if shared and shared[0][0] <= self.through:  # hand-over from catch-up: skip what it sent
-                shared = [e for e in shared if e[0] > self.through]
-            self.queue.add(shared)
+            for run in shared:
+                if run[0][0] <= self.through:  # hand-over from catch-up: skip what it sent
+                    self.queue.add([e for e in run if e[0] > self.through])
+                else:
+                    self.queue.add(run)
         else:
             run = []
             for batch in batches:
@@ -498,16 +551,16 @@ class Hub:
                     self.live.clear()
                     self.tail = chunk.applied
                     continue
-                shared: dict[bool, list[Entry]] = {}
+                shared: dict[bool, list[SharedRun]] = {}
                 for sub in list(self.live):
-                    run = None
+                    runs = None
                     if sub.filter.everything:
-                        run = shared.get(sub.raw)
-                        if run is None:
-                            run = shared[sub.raw] = [
-                                (b.index, b.raw_item() if sub.raw else b.records_item(), len(b.raw)) for b in chunk.batches
-                            ]
-                    if not sub.offer(chunk.batches, chunk.through, run):
+                        runs = shared.get(sub.raw)
+                        if runs is None:
+                            runs = shared[sub.raw] = shared_runs(
+                                [(b.index, b.raw_item() if sub.raw else b.records_item(), len(b.raw)) for b in chunk.batches]
+                            )
+                    if not sub.offer(chunk.batches, chunk.through, runs):
                         self.live.discard(sub)
                         self.stats["overflows"] += 1
                 self.stats["fanned_batches"] += len(chunk.batches)

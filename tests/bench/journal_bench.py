@@ -217,6 +217,8 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
 
     Reads stdin for ``UNTIL <index>`` and exits once every stream got that far.
     """
+    from node.event_client import unfold
+
     sel = selectors.DefaultSelector()
     socks = []
     for i in range(count):
@@ -266,7 +268,7 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
                 frame = message.get("stream")
                 if frame is None:
                     raise SystemExit(f"stream {st['i']} ended: {message.get('error')}")
-                for item in frame["batches"] if "batches" in frame else (frame,):
+                for item in unfold(frame):
                     if "index" in item:
                         st["seen"].append((item["index"], now))
                         st["last"] = item["index"]

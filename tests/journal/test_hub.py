@@ -21,7 +21,7 @@ from fsm import messages as m
 from fsm.journal import Retention
 from fsm.structs import ACLToken
 from node.errors import RPCError
-from node.event_client import unpack
+from node.event_client import unfold, unpack
 from node.stream import Hub, parse_args, parse_topics
 from tests.journal.support import Harness, job, node
 
@@ -53,11 +53,12 @@ async def collect(hub: Hub, after: int, until: int, frames: list[Any] | None = N
     try:
         async with asyncio.timeout(DEADLINE):
             async for frame in gen:
-                if "batches" in frame:
-                    assert len(frame["batches"]) > 1 and all("index" in b for b in frame["batches"])
+                unfolded = unfold(frame)
+                if len(unfolded) > 1 or "batches" in frame or "packed" in frame:
+                    assert len(unfolded) > 1 and all("index" in b for b in unfolded)
                 if frames is not None:
                     frames.append(frame)
-                items.extend(frame.get("batches", [frame]))
+                items.extend(unfolded)
                 if frame.get("progress", -1) >= until:
                     return items
     finally:
@@ -66,11 +67,11 @@ async def collect(hub: Hub, after: int, until: int, frames: list[Any] | None = N
 
 
 def batches_of(items: list[dict[str, Any]]) -> list[tuple[int, list[Any]]]:
-    return [(i["index"], i["events"]) for i in items if "index" in i]
+    return [(i["index"], i["events"] if "events" in i else unpack(i["raw"])) for i in items if "index" in i]
 
 
-@pytest.mark.parametrize("group", [1, 50])
-def test_subscribers_joining_mid_burst_get_every_batch_once_in_order(group: int) -> None:
+@pytest.mark.parametrize("group, encoding", [(1, "records"), (50, "records"), (256, "msgpack")])
+def test_subscribers_joining_mid_burst_get_every_batch_once_in_order(group: int, encoding: str) -> None:
     h = Harness()
 
     async def main() -> None:
@@ -84,7 +85,9 @@ def test_subscribers_joining_mid_burst_get_every_batch_once_in_order(group: int)
             await asyncio.sleep(rng.random() * 0.05)
             start = rng.choice([0, h.fsm.applied_index // 2, max(0, h.fsm.applied_index - 3)])
             frames: list[Any] = []
-            tasks.append((start, asyncio.create_task(collect(hub, start, 1500, frames, heartbeat=0.2, group=group))))
+            tasks.append(
+                (start, asyncio.create_task(collect(hub, start, 1500, frames, heartbeat=0.2, group=group, encoding=encoding)))
+            )
             all_frames.append(frames)
         results = [(start, await task) for start, task in tasks]
         await asyncio.get_running_loop().run_in_executor(None, writer.join)
@@ -97,8 +100,10 @@ def test_subscribers_joining_mid_burst_get_every_batch_once_in_order(group: int)
             assert got == [b for b in journal if b[0] > start], f"subscriber from {start} saw a different journal"
         assert hub.stats["overflows"] == 0
         assert hub.stats["fanned_batches"] > 0, "no subscriber reached the live tail during the burst"
-        grouped = sum(1 for frames in all_frames for f in frames if "batches" in f)
+        grouped = sum(1 for frames in all_frames for f in frames if "batches" in f or "packed" in f)
         assert (grouped > 0) == (group > 1)
+        if encoding == "msgpack" and group > 1:
+            assert any("packed" in f for frames in all_frames for f in frames), "no shared packed run was sent"
 
     try:
         asyncio.run(main())
