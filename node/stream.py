@@ -568,16 +568,20 @@ class Hub:
                 if chunk.through >= chunk.applied and self._target < chunk.applied:
                     self._target = chunk.applied
 
-    def join(self, sub: Subscription) -> bool:
+    def join(self, sub: Subscription, applied: int) -> bool:
         """Move a caught-up subscriber to the live set if nothing lies between it and the tail.
 
-        With nobody live the tail may simply move to the newcomer (backwards
-        too): the pump then reads what lies between it and the newest commit.
+        ``applied`` is the committed index its last read saw. With nobody
+        live the tail may simply move to the newcomer (backwards too): the
+        pump then reads what lies between it and the newest commit. The tail
+        never passes a committed index: a subscriber may be *ahead* of this
+        server (it came from a server further along), and a commit below the
+        tail means the store went backwards (an older snapshot restored).
         """
         if self.live and sub.position < self.tail:
             return False
         if not self.live:
-            self.tail = sub.position
+            self.tail = min(sub.position, applied)
             if self._target > self.tail:
                 self._wake.set()
         sub.through = sub.position
@@ -632,7 +636,7 @@ class Hub:
                     yield grouped(pending)
                     last_sent = time.monotonic()
                 sub.position = max(sub.position, chunk.through)
-                if chunk.through >= chunk.applied and self.join(sub):
+                if chunk.through >= chunk.applied and self.join(sub, chunk.applied):
                     break
                 if time.monotonic() - last_sent >= heartbeat:
                     yield {"progress": sub.position}

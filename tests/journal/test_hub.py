@@ -298,3 +298,36 @@ def test_acl_tokens_only_for_management_and_a_revoked_token_ends_the_stream() ->
         asyncio.run(main())
     finally:
         h.close()
+
+
+def test_a_subscriber_ahead_of_this_server_waits_for_it_instead_of_resetting() -> None:
+    """A subscriber that moved here from a server further along (this one lags) just waits."""
+    h = Harness()
+    for i in range(3):
+        h.apply(node(f"n{i}"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        # Someone else is live already, and someone is not: both cases of join.
+        for others in (0, 1):
+            gens = [hub.subscribe(h.index, parse_topics(None)[0], heartbeat=0.1) for _ in range(others)]
+            for gen in gens:
+                assert await anext(gen) == {"progress": h.index}
+            ahead = h.index + 3
+            items = asyncio.create_task(collect(hub, ahead, ahead + 2, heartbeat=0.1))
+            async with asyncio.timeout(DEADLINE):
+                while len(hub.live) < others + 1:  # it is waiting at the (future) tail
+                    await asyncio.sleep(0.01)
+            writer = threading.Thread(target=lambda: [h.apply(node(f"m{h.index}")) for _ in range(5)])
+            writer.start()
+            await asyncio.get_running_loop().run_in_executor(None, writer.join)
+            got = [i for i, _ in batches_of(await items)]
+            assert got == [ahead + 1, ahead + 2], got
+            for gen in gens:
+                await gen.aclose()
+        assert hub.stats["resets"] == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
