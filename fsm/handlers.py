@@ -21,10 +21,12 @@ from fsm.messages import MessageType
 from fsm.store import META_ACL_BOOTSTRAP
 from fsm.structs import (
     CLIENT_PENDING,
+    CLIENT_TERMINAL,
     EVAL_TERMINAL,
     JOB_DEAD,
     JOB_PENDING,
     NODE_DOWN,
+    SERVER_TERMINAL,
     TOKEN_MANAGEMENT,
     Allocation,
     Evaluation,
@@ -150,12 +152,16 @@ def _move_count(w: StateWriter, old: Allocation, new: Allocation) -> None:
         _count_alloc(w, old, -1)
         _count_alloc(w, new, +1)
         return
-    summary = w.summary_map(new.job_id)
+    _move_status(w, new.job_id, old.task_group, old.client_status, new.task_group, new.client_status)
+
+
+def _move_status(w: StateWriter, job_id: str, old_group: str, old: str, new_group: str, new: str) -> None:
+    summary = w.summary_map(job_id)
     if summary is None:
         return
-    _group_map(summary, old.task_group)[_SUMMARY_FIELD[old.client_status]] -= 1
-    _group_map(summary, new.task_group)[_SUMMARY_FIELD[new.client_status]] += 1
-    w.put_summary_map(new.job_id, summary)
+    _group_map(summary, old_group)[_SUMMARY_FIELD[old]] -= 1
+    _group_map(summary, new_group)[_SUMMARY_FIELD[new]] += 1
+    w.put_summary_map(job_id, summary)
 
 
 def _clone(obj: Any) -> Any:
@@ -421,40 +427,57 @@ def _link_previous(w: StateWriter, alloc: Allocation) -> None:
 
 
 def alloc_client_update(w: StateWriter, msg: m.AllocClientUpdate) -> dict[str, Any]:
+    """Client-reported status of allocs.
+
+    The hottest entry type, so it works on each alloc's stored map: only
+    client-reported fields change, and ``update_alloc_map`` stores the map
+    with the same bytes (and index rows) ``put_alloc`` would.
+    """
     for state in msg.allocs:
         check_client_status(state.id, state.client_status)
     updated, ignored = [], []
     for state in msg.allocs:
-        alloc = w.alloc(state.id)
+        data = w.alloc_map(state.id)
+        status = data["client_status"] if data is not None else ""
         # A terminal client status is final: a late report cannot revive an alloc.
-        if alloc is None or (alloc.client_terminal() and state.client_status != alloc.client_status):
+        if data is None or (status in CLIENT_TERMINAL and state.client_status != status):
             ignored.append(state.id)
             continue
-        old = _clone(alloc)
-        if state.client_status != alloc.client_status:
-            alloc.client_status = state.client_status
-            _move_count(w, old, alloc)
-        alloc.client_description = state.client_description
+        was_terminal = status in CLIENT_TERMINAL or data["desired_status"] in SERVER_TERMINAL
+        if state.client_status != status:
+            group = data["task_group"]
+            _move_status(w, data["job_id"], group, status, group, state.client_status)
+            data["client_status"] = state.client_status
+        data["client_description"] = state.client_description
         if state.task_states is not None:
-            alloc.task_states = state.task_states
+            data["task_states"] = {k: codec.dump(v) for k, v in state.task_states.items()}
         if state.deployment_status is not None:
-            _deployment_health(w, alloc, state.deployment_status.healthy)
-            alloc.deployment_status = state.deployment_status
-        w.put_alloc(alloc, old, "AllocationUpdated")
-        updated.append(alloc.id)
+            before = data["deployment_status"]
+            _deployment_health(
+                w,
+                data["deployment_id"],
+                data["task_group"],
+                before["healthy"] if before is not None else None,
+                state.deployment_status.healthy,
+            )
+            data["deployment_status"] = codec.dump(state.deployment_status)
+        w.update_alloc_map(data, was_terminal, "AllocationUpdated")
+        updated.append(state.id)
     eval_ids = _upsert_evals(w, msg.evals)
     return {"updated": updated, "ignored": ignored, "eval_ids": eval_ids}
 
 
-def _deployment_health(w: StateWriter, alloc: Allocation, healthy: bool | None) -> None:
-    before = alloc.deployment_status.healthy if alloc.deployment_status else None
-    if healthy is None or before is not None or not alloc.deployment_id:
+def _deployment_health(
+    w: StateWriter, deployment_id: str, group: str, before: bool | None, healthy: bool | None
+) -> None:
+    """Count an alloc's first health report into its deployment."""
+    if healthy is None or before is not None or not deployment_id:
         return
-    dep = w.deployment(alloc.deployment_id)
-    if dep is None or alloc.task_group not in dep.task_groups:
+    dep = w.deployment(deployment_id)
+    if dep is None or group not in dep.task_groups:
         return
     old = copy.deepcopy(dep)
-    state = dep.task_groups[alloc.task_group]
+    state = dep.task_groups[group]
     if healthy:
         state.healthy_allocs += 1
     else:

@@ -16,9 +16,11 @@ from fsm import codec
 from fsm.keys import from_u64, key, prefix, u64
 from fsm.store import StateReader, StateStore
 from fsm.structs import (
+    CLIENT_TERMINAL,
     EVAL_TERMINAL,
     JOB_DEAD,
     NODE_DOWN,
+    SERVER_TERMINAL,
     ACLToken,
     Allocation,
     Deployment,
@@ -318,6 +320,41 @@ class StateWriter(StateReader):
                 else:
                     self.ended_jobs.add(alloc.job_id)
         raw = self._put("allocs", alloc_id.encode(), alloc)
+        self._record_packed(TOPIC_ALLOC, event, alloc_id, raw)
+
+    def alloc_map(self, alloc_id: str) -> dict[str, Any] | None:
+        """An alloc as its stored map (for ``update_alloc_map``)."""
+        if not alloc_id:
+            return None
+        raw = self.txn.get(alloc_id.encode(), db=self.dbs["allocs"])
+        return None if raw is None else codec.unpack(raw)
+
+    def update_alloc_map(self, data: dict[str, Any], was_terminal: bool, event: str) -> None:
+        """Store an alloc map whose client-reported fields changed (the hot path).
+
+        Equivalent to ``put_alloc(alloc, old, event)`` when ``alloc`` differs
+        from ``old`` only in client status, description, task states or
+        deployment status: of the index key parts only terminal-ness can
+        have changed. Keys keep their order, so the bytes are the same too.
+        """
+        alloc_id = data["id"]
+        data["modify_index"] = self.index
+        data["modify_time"] = self.now
+        terminal = data["desired_status"] in SERVER_TERMINAL or data["client_status"] in CLIENT_TERMINAL
+        if terminal != was_terminal:
+            node_id, job_id = data["node_id"], data["job_id"]
+            self._unlink("allocs_by_node", key(node_id, "1" if was_terminal else "0", alloc_id))
+            self._link("allocs_by_node", key(node_id, "1" if terminal else "0", alloc_id))
+            live_key = key(job_id, alloc_id)
+            if terminal:
+                self._unlink("allocs_live_by_job", live_key)
+                self.ended_jobs.add(job_id)
+            else:
+                self._link("allocs_live_by_job", live_key)
+                self.dirty_jobs.add(job_id)
+        raw = codec.pack(data)
+        self.txn.put(alloc_id.encode(), raw, db=self.dbs["allocs"])
+        self.touched.add("allocs")
         self._record_packed(TOPIC_ALLOC, event, alloc_id, raw)
 
     def delete_alloc(self, alloc: Allocation) -> None:

@@ -712,6 +712,30 @@ def test_client_update_with_task_states_encodes_and_applies(h: Harness) -> None:
         assert r.alloc("a1").task_states == states
 
 
+def test_client_update_stores_what_a_full_record_write_would(h: Harness) -> None:
+    """The map-based client-update path writes the bytes put_alloc would write."""
+    seed(h)
+    place(h, make_alloc("a1", deployment_id="d1"), deployment=make_deployment("d1"))
+    with h.reader() as r:
+        expected = r.alloc("a1")
+    client(
+        h,
+        "a1",
+        "running",
+        client_description="up",
+        task_states={"t": TaskState(state="running", started_at=7)},
+        deployment_status=DeploymentStatus(healthy=True, timestamp=5),
+    )
+    expected.client_status, expected.client_description = "running", "up"
+    expected.task_states = {"t": TaskState(state="running", started_at=7)}
+    expected.deployment_status = DeploymentStatus(healthy=True, timestamp=5)
+    expected.modify_index, expected.modify_time = h.index, h.time
+    with h.reader() as r:
+        assert r.txn.get(b"a1", db=r.dbs["allocs"]) == codec.encode(expected)
+        _, batch = list(r.journal_batches())[-1]
+        assert batch[-1] == ["Allocation", "AllocationUpdated", "a1", codec.to_wire(expected)]
+
+
 def test_client_deployment_health_counts_once(h: Harness) -> None:
     seed(h)
     dep = make_deployment("d1")
