@@ -81,3 +81,11 @@ class NodeStoppedError(RaftError):
 
 class FatalApplyError(RaftError):
     """The apply target raised: the node must stop rather than diverge."""
+
+
+class JournalUnchangedError(RaftError):
+    """A journal compaction could not write its new file; the journal is as it was."""
+
+
+class JournalSwitchError(RaftError):
+    """The compacted journal is on disk but could not be opened: the node must stop."""

@@ -43,6 +43,11 @@ pysyncobj defects handled here (numbers from shared/reference/pysyncobj.md)
 6. no fsync: ``fsync=True`` syncs the journal (and vote metadata) at the start
    of every tick, before the leader counts its own entries towards a commit,
    and holds follower acks and votes until the sync that covers them.
+7. compaction is not crash-safe (pysyncobj clears the journal and re-adds
+   the kept entries in place; and at restart it drops a journal that starts
+   before the dump): :mod:`raft.journal` rewrites the journal into a temp
+   file renamed into place, after syncing the dump, and at restart keeps the
+   entries after the dump (Raft's InstallSnapshot rule).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ from raft.config import RaftConfig
 from raft.errors import (
     EntryTooLargeError,
     FatalApplyError,
+    JournalUnchangedError,
     LeadershipTransferError,
     MembershipChangeError,
     NodeStoppedError,
@@ -82,6 +88,7 @@ from raft.errors import (
     RequestDeniedError,
     UnknownOutcomeError,
 )
+from raft.journal import AtomicFileJournal
 from raft.transport import CaravanTransport
 from raft.truncation import TruncationStats, rewrite_append_entries
 
@@ -223,7 +230,7 @@ class _Replica(SyncObj):
         self._wake_pipe: PipeNotifier | None = None
         self._halted = False
         self._journal_path = config.journal_file
-        self._journal_fd: int | None = None
+        self._dump_path = config.dump_file
         self._synced_fp: tuple[int, ...] | None = None
         self._synced_meta: tuple[Any, ...] | None = None
         self._synced_last_index = 0
@@ -244,6 +251,10 @@ class _Replica(SyncObj):
         self._coalesce_entries = max(1, config.resolved_profile().coalesce_entries)
         self._in_command_loop = False
         self._unsent = 0
+        if conf.deserializer is not None:
+            # Wrapped here, not in RaftNode: pysyncobj may load the dump in its
+            # first tick, before RaftNode has a reference to this object.
+            conf.deserializer = self._aligning_deserializer(conf.deserializer)
         super().__init__(
             config.self_address,
             config.other_peers,
@@ -253,6 +264,62 @@ class _Replica(SyncObj):
         self._func_id = self._methodToID[self._getFuncName("caravan_apply")]
 
     # -- pysyncobj integration ---------------------------------------------
+
+    def _caravan_before_start(self) -> None:
+        """Called by CaravanTransport's constructor: pysyncobj has opened the
+        journal but started no thread yet. Make its compaction crash-safe."""
+        journal = self._SyncObj__raftLog
+        if AtomicFileJournal.adopt(journal):
+            journal.sync_compaction = self._fsync
+            journal.durable_first = (self._dump_path,)
+            journal.on_switch_failure = lambda exc: self._owner._fatal(
+                "journal compaction", self.raftLastApplied, exc
+            )
+        else:
+            self._log.warning("raft_journal_not_atomic", journal=type(journal).__name__)
+
+    def _aligning_deserializer(self, fn: Callable[[str], Any]) -> Callable[[str], Any]:
+        """At restart, keep the journal entries after the dump (raft/journal.py).
+
+        pysyncobj keeps a journal at restart only if it starts exactly with
+        the dump's last two entries; one that starts earlier (a crash between
+        the dump's rename and the end of the compaction) would be replaced by
+        those two entries, dropping every entry after the dump."""
+
+        def deserializer(file_name: str) -> Any:
+            data = fn(file_name)
+            if getattr(self, "_SyncObj__needLoadDumpFile", False):  # restart, not an install
+                self._align_journal_to_dump(data)
+            return data
+
+        return deserializer
+
+    def _align_journal_to_dump(self, data: Any) -> None:
+        journal = self._SyncObj__raftLog
+        if not isinstance(journal, AtomicFileJournal):
+            return
+        try:
+            last, prev = data[0], data[1]
+            before = journal[0][1]
+            if journal.align_to_dump(last, prev):
+                self._log.warning(
+                    "raft_journal_aligned_to_dump",
+                    dropped_from=before,
+                    dump_index=last[1],
+                    kept_to=journal[-1][1],
+                    note="restarted between a dump and its compaction; entries after the dump kept",
+                )
+            elif len(journal) >= 2 and journal[0][1] > prev[1]:
+                self._log.error(
+                    "raft_journal_starts_after_dump",
+                    journal_first=journal[0][1],
+                    dump_index=last[1],
+                    note="pysyncobj will replace the journal with the dump's entries",
+                )
+        except (JournalUnchangedError, IndexError, TypeError) as exc:
+            # pysyncobj will now replace the journal with the dump's two
+            # entries: the entries after the dump on this node are lost.
+            self._log.critical("raft_journal_align_failed", error=f"{type(exc).__name__}: {exc}")
 
     @property
     def encryptor(self) -> LinkAuthenticator:  # read by the transport for every connection
@@ -455,10 +522,12 @@ class _Replica(SyncObj):
         if fp != self._synced_fp or meta != self._synced_meta:
             t0 = time.perf_counter()
             if fp != self._synced_fp:
-                j.flush()  # msync of the journal mapping
-                if self._journal_fd is None:
-                    self._journal_fd = os.open(self._journal_path, os.O_RDONLY)
-                os.fsync(self._journal_fd)  # file size/metadata after a resize
+                # msync of the mapping + fsync of the file (size after a resize).
+                # The journal's own file: a compaction renames a new one in.
+                sync = getattr(j, "sync", None)
+                if sync is None:
+                    raise RaftError("fsync mode needs pysyncobj's file journal")
+                sync()
             if meta != self._synced_meta:
                 self._fsync_path(self._journal_path + ".meta")
                 self._fsync_path(os.path.dirname(os.path.abspath(self._journal_path)))
@@ -1011,9 +1080,6 @@ class RaftNode:
             batch.finish(error=err)
         if obj._transfer is not None:
             obj._transfer.waiter.finish(error=err)
-        if obj._journal_fd is not None:
-            os.close(obj._journal_fd)
-            obj._journal_fd = None
         self._notifier.stop()
         self._log.info("raft_stopped")
 

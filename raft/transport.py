@@ -6,7 +6,8 @@ race with the first messages. A transport subclass is in place from the very
 first byte: every received message passes through the node's
 ``_filter_incoming`` (truncation fix, leader-side size/type guards) and every
 sent message through ``_filter_outgoing`` (ack rewriting, fsync ordering,
-instrumentation).
+instrumentation). Its constructor is also where the node swaps in the
+crash-safe journal (``_caravan_before_start``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ class CaravanTransport(TCPTransport):
     line, before this transport is built) and pysyncobj's own handlers are
     passed in, so the hot path costs two extra Python calls per message.
     """
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803
+        # SyncObj builds its transport after opening the journal and before
+        # starting its tick thread: the one moment the node can adapt the
+        # journal (raft/journal.py) with nothing running concurrently.
+        prepare = getattr(syncObj, "_caravan_before_start", None)
+        if prepare is not None:
+            prepare()
+        super().__init__(syncObj, selfNode, otherNodes)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj name)
         deliver = self._onMessageReceivedCallback
