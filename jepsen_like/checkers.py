@@ -279,6 +279,7 @@ def check_journal(path: str | Path) -> CheckerResult:
     last: dict[str, int] = {}
     resets: dict[str, list[tuple[int, int]]] = {}
     breaks: dict[str, int] = {}
+    unknown_items: dict[str, int] = {}
     target = 0
     for line in p.read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -296,6 +297,8 @@ def check_journal(path: str | Path) -> CheckerResult:
             last[server] = max(last.get(server, 0), int(r.get("index") or 0))
         elif kind == "break":
             breaks[server] = breaks.get(server, 0) + 1
+        elif kind == "unknown_item":
+            unknown_items[server] = unknown_items.get(server, 0) + 1
         elif kind == "reset":
             before = last.get(server, 0)
             resets.setdefault(server, []).append((before, int(r.get("oldest_index") or before)))
@@ -338,8 +341,16 @@ def check_journal(path: str | Path) -> CheckerResult:
         "differing": differing[:50],
         "disorder": {s: d[:50] for s, d in disorder.items()},
         "lagging": lagging,
+        "unknown_items": unknown_items,
     }
     total = sum(len(b) for b in received.values())
+    if unknown_items:
+        return CheckerResult(
+            "journal", "journal", "unknown",
+            f"the stream sent {sum(unknown_items.values())} items of a shape this harness does not know; "
+            "update jepsen_like's subscriber (workloads._stream_batches)",
+            total, details,
+        )
     if problems:
         return CheckerResult("journal", "journal", "anomaly", "; ".join(problems), total, details)
     if not received:

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgpack
+
 from jepsen_like.recorder import Clock, HistoryRecorder
 from node.errors import (
     BAD_REQUEST,
@@ -521,6 +523,20 @@ class LifecycleWorkload(Workload):
 JOURNAL_FILE = "journal.jsonl"
 
 
+def _stream_batches(item: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The batches in one ``event.stream`` item ([] for a bare progress item; None for an unknown shape)."""
+    if "packed" in item:  # a run of batches packed once by the server for all its subscribers
+        unpacked = msgpack.unpackb(item["packed"], raw=False)
+        return list(unpacked) if isinstance(unpacked, list) else None
+    if "batches" in item:
+        return list(item["batches"])
+    if "index" in item:
+        return [item]
+    if "progress" in item:
+        return []
+    return None
+
+
 class JournalWorkload(Workload):
     """A change-journal subscriber on every server, resuming across every fault.
 
@@ -581,7 +597,11 @@ class JournalWorkload(Workload):
                     idle_timeout=3 * self.heartbeat + 2,
                 ):
                     now = ctx.clock.now()
-                    for batch in item.get("batches") or ([item] if "index" in item else []):
+                    batches = _stream_batches(item)
+                    if batches is None:  # a shape this harness does not know: say so, never skip silently
+                        self._write({"t": now, "server": server, "kind": "unknown_item", "keys": sorted(map(str, item))})
+                        continue
+                    for batch in batches:
                         raw = batch.get("raw") or b""
                         index = int(batch["index"])
                         self._write({

@@ -363,3 +363,22 @@ def test_server_logs_flag_applied_entries_truncated_and_fatal_errors(tmp_path: P
     )
     result = checkers.check_server_logs(tmp_path)
     assert result.status == "anomaly" and "server2 truncated already-applied" in result.summary
+
+
+def test_journal_unknown_stream_items_make_the_verdict_unknown(tmp_path: Path) -> None:
+    extra = [{"server": "s2", "kind": "unknown_item", "keys": ["novel"]}]
+    result = checkers.check_journal(journal_file(tmp_path, {"s1": [(3, "a"), (5, "b")], "s2": [(3, "a")]}, 5, extra))
+    assert result.status == "unknown" and "does not know" in result.summary
+
+
+def test_stream_item_shapes() -> None:
+    import msgpack
+
+    from jepsen_like.workloads import _stream_batches
+
+    one = {"index": 3, "raw": b"x"}
+    assert _stream_batches(one) == [one]
+    assert _stream_batches({"batches": [one, one]}) == [one, one]
+    assert _stream_batches({"packed": msgpack.packb([one, {"index": 4, "raw": b"y"}])}) == [one, {"index": 4, "raw": b"y"}]
+    assert _stream_batches({"progress": 9}) == []
+    assert _stream_batches({"novel": 1}) is None
