@@ -135,7 +135,33 @@ def _strict_converter(hint: Any) -> Converter:
     raise TypeError(f"codec cannot handle type hint {hint!r}")
 
 
-def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...], bool]:
+_ANY_VALUE = (str, int, bool, float, bytes, type(None), list, dict)
+_SCALARS: dict[Any, tuple[type, ...]] = {
+    int: (int,),
+    str: (str,),
+    bool: (bool,),
+    float: (float, int),
+    bytes: (bytes,),
+}
+
+
+def _accepted_as_is(hint: Any) -> tuple[type, ...]:
+    """Classes whose values ``_strict_converter(hint)`` returns unchanged, checked inline."""
+    if hint is Any:
+        return _ANY_VALUE
+    if hint in _SCALARS:
+        return _SCALARS[hint]
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        inner = _SCALARS.get(args[0], ()) if len(args) == 1 else _ANY_VALUE
+        return (*inner, type(None))
+    return ()
+
+
+StrictPlan = tuple[dict[str, Converter], tuple[str, ...], bool, tuple[tuple[str, tuple[type, ...], Converter], ...]]
+
+
+def _strict_plan(cls: type) -> StrictPlan:
     plan = _STRICT.get(cls)
     if plan is None:
         hints = typing.get_type_hints(cls)
@@ -147,7 +173,8 @@ def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...], bool
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
         plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
-        plan = (converters, required, plain)
+        ordered = tuple((f.name, _accepted_as_is(hints[f.name]), converters[f.name]) for f in fields)
+        plan = (converters, required, plain, ordered)
         _STRICT[cls] = plan
     return plan
 
@@ -155,14 +182,19 @@ def _strict_plan(cls: type) -> tuple[dict[str, Converter], tuple[str, ...], bool
 def _strict_build(cls: type[T], data: Any) -> T:
     if not isinstance(data, dict):
         raise _fail(f"expected map, got {type(data).__name__}")
-    converters, required, plain = _strict_plan(cls)
+    converters, required, plain, ordered = _strict_plan(cls)
     if plain and data.keys() == converters.keys():
         # Every field and nothing else (what encode_entry sends): convert in
         # field order and skip __init__'s argument binding, as ``load`` does.
+        # Values of a class the field takes as-is (most scalars) skip the call.
         values = {}
-        for key, convert in converters.items():
+        for key, as_is, convert in ordered:
+            value = data[key]
+            if value.__class__ in as_is:
+                values[key] = value
+                continue
             try:
-                values[key] = convert(data[key])
+                values[key] = convert(value)
             except _PathError as exc:
                 exc.path.append(f".{key}")
                 raise

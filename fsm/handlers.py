@@ -229,11 +229,11 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
         job.stable = old.stable and not changed
     job.job_modify_index = w.index if changed else old.job_modify_index
     job.submit_time = w.now if changed else old.submit_time
-    w.put_job(job)
+    raw = w.put_job(job)
     if changed:
-        w.put_job_version(job)
+        w.put_job_version(job, raw)
     _ensure_summary(w, job)
-    w.record(TOPIC_JOB, "JobRegistered", job.id, job)
+    w.record_packed(TOPIC_JOB, "JobRegistered", job.id, raw)
     result: dict[str, Any] = {
         "job_modify_index": job.job_modify_index,
         "version": job.version,
@@ -261,9 +261,9 @@ def job_deregister(w: StateWriter, msg: m.JobDeregister) -> dict[str, Any]:
         job.version += 1
         job.job_modify_index = job.modify_index = w.index
         job.modify_time = w.now
-        w.put_job(job)
-        w.put_job_version(job)
-        w.record(TOPIC_JOB, "JobDeregistered", job.id, job)
+        raw = w.put_job(job)
+        w.put_job_version(job, raw)
+        w.record_packed(TOPIC_JOB, "JobDeregistered", job.id, raw)
     result: dict[str, Any] = {"job_modify_index": job.job_modify_index}
     if msg.eval is not None:
         if msg.eval.job_id != job.id:

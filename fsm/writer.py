@@ -122,7 +122,7 @@ class StateWriter(StateReader):
         payload = obj if obj is None or isinstance(obj, dict) else codec.to_wire(obj)
         self.records.append(codec.pack([topic, type_, k, payload]))
 
-    def _record_packed(self, topic: str, type_: str, k: str, packed: bytes) -> None:
+    def record_packed(self, topic: str, type_: str, k: str, packed: bytes) -> None:
         """A record whose object is already msgpack bytes (msgpack concatenates)."""
         head = codec.pack((topic, type_, k))  # fixarray(3) header, then the three strings
         self.records.append(b"\x94" + head[1:] + packed)
@@ -152,12 +152,20 @@ class StateWriter(StateReader):
         return None if raw is None else from_u64(raw)
 
     # -- jobs ------------------------------------------------------------
-    def put_job(self, job: Job) -> None:
-        self._put("jobs", job.id.encode(), job)
+    def put_job(self, job: Job) -> bytes:
+        """Store a job; returns its bytes (for its version row and journal record)."""
+        raw = self._put("jobs", job.id.encode(), job)
         self.dirty_jobs.add(job.id)
+        return raw
 
-    def put_job_version(self, job: Job) -> None:
-        self._put("job_versions", key(job.id, job.version), job)
+    def put_job_version(self, job: Job, raw: bytes | None = None) -> None:
+        """Keep ``job`` as a version (``raw``: its bytes, if already packed)."""
+        k = key(job.id, job.version)
+        if raw is None:
+            self._put("job_versions", k, job)
+        else:
+            self.txn.put(k, raw, db=self.dbs["job_versions"])
+            self.touched.add("job_versions")
         keys = [k for k, _ in self._scan("job_versions", prefix(job.id))]
         for old in keys[:-JOB_VERSIONS_KEPT]:
             self._delete("job_versions", old)
@@ -209,7 +217,7 @@ class StateWriter(StateReader):
             raw = codec.pack(data)
             self.txn.put(k, raw, db=self.dbs["jobs"])
             self.touched.add("jobs")
-            self._record_packed(TOPIC_JOB, "JobStatusChanged", job_id, raw)
+            self.record_packed(TOPIC_JOB, "JobStatusChanged", job_id, raw)
         if status == JOB_DEAD:
             if self.mark_of(GC_JOB, job_id) is None:
                 self.mark(GC_JOB, job_id, self.now)
@@ -258,7 +266,7 @@ class StateWriter(StateReader):
             self.dirty_jobs.add(ev.job_id)
         elif old.status not in EVAL_TERMINAL and ev.status in EVAL_TERMINAL:
             self.ended_jobs.add(ev.job_id)
-        self._record_packed(TOPIC_EVAL, "EvaluationUpdated", ev.id, raw)
+        self.record_packed(TOPIC_EVAL, "EvaluationUpdated", ev.id, raw)
 
     def delete_eval(self, ev: Evaluation) -> None:
         self._delete("evals", ev.id.encode())
@@ -320,7 +328,7 @@ class StateWriter(StateReader):
                 else:
                     self.ended_jobs.add(alloc.job_id)
         raw = self._put("allocs", alloc_id.encode(), alloc)
-        self._record_packed(TOPIC_ALLOC, event, alloc_id, raw)
+        self.record_packed(TOPIC_ALLOC, event, alloc_id, raw)
 
     def alloc_map(self, alloc_id: str) -> dict[str, Any] | None:
         """An alloc as its stored map (for ``update_alloc_map``)."""
@@ -355,7 +363,7 @@ class StateWriter(StateReader):
         raw = codec.pack(data)
         self.txn.put(alloc_id.encode(), raw, db=self.dbs["allocs"])
         self.touched.add("allocs")
-        self._record_packed(TOPIC_ALLOC, event, alloc_id, raw)
+        self.record_packed(TOPIC_ALLOC, event, alloc_id, raw)
 
     def delete_alloc(self, alloc: Allocation) -> None:
         self._delete("allocs", alloc.id.encode())
@@ -383,7 +391,7 @@ class StateWriter(StateReader):
         raw = self._put("deployments", dep.id.encode(), dep)
         if old is None or old.active() != dep.active():
             self.dirty_jobs.add(dep.job_id)
-        self._record_packed(TOPIC_DEPLOYMENT, event, dep.id, raw)
+        self.record_packed(TOPIC_DEPLOYMENT, event, dep.id, raw)
 
     def delete_deployment(self, dep: Deployment) -> None:
         self._delete("deployments", dep.id.encode())
@@ -407,7 +415,7 @@ class StateWriter(StateReader):
         else:
             self.unmark(GC_NODE, node.id)
         raw = self._put("nodes", node.id.encode(), node)
-        self._record_packed(TOPIC_NODE, event, node.id, raw)
+        self.record_packed(TOPIC_NODE, event, node.id, raw)
 
     def delete_node(self, node: Node) -> None:
         self._delete("nodes", node.id.encode())
