@@ -263,31 +263,43 @@ def main(argv: list[str] | None = None) -> int:
         f"FSM apply throughput, group commit every {args.group} entries, median of {args.rounds} rounds"
     )
     print(
-        f"load average {load[0]:.1f} on {os.cpu_count()} CPUs "
-        "(entries/s is wall clock; 'per CPU s' counts this process's CPU time only)"
+        f"load average {load[0]:.1f} on {os.cpu_count()} CPUs: '/s' is wall clock, "
+        "'/CPU s' this process's CPU time only (what an idle machine would give)"
     )
-    print(
-        f"{'workload':<19}{'entries':>8}{'bytes/entry':>12}{'FSM entries/s':>15}{'(per CPU s)':>13}{'raw LMDB/s':>13}{'FSM/raw':>9}"
+    header = (
+        f"{'workload':<18}{'entries':>8}{'B/entry':>8}{'FSM /s':>10}{'FSM /CPU s':>12}"
+        f"{'raw LMDB /s':>13}{'raw /CPU s':>12}{'FSM/raw (CPU)':>15}"
     )
+    print(header)
     figures: dict[str, dict[str, float]] = {}
     for name, kinds in results.items():
         fsm_rate, raw_rate = kinds["fsm"], kinds["raw"]
         ratio = fsm_rate.per_s / raw_rate.per_s
+        cpu_ratio = fsm_rate.per_cpu_s / raw_rate.per_cpu_s
         figures[name] = {
             "entries": fsm_rate.entries,
             "bytes_per_entry": round(sizes[name], 1),
             "fsm_per_s": round(fsm_rate.per_s),
             "fsm_per_cpu_s": round(fsm_rate.per_cpu_s),
             "raw_per_s": round(raw_rate.per_s),
+            "raw_per_cpu_s": round(raw_rate.per_cpu_s),
             "ratio": round(ratio, 4),
+            "ratio_cpu": round(cpu_ratio, 4),
         }
         print(
-            f"{name:<19}{fsm_rate.entries:>8}{sizes[name]:>12.0f}{fsm_rate.per_s:>15,.0f}"
-            f"{fsm_rate.per_cpu_s:>13,.0f}{raw_rate.per_s:>13,.0f}{ratio:>9.3f}"
+            f"{name:<18}{fsm_rate.entries:>8}{sizes[name]:>8.0f}{fsm_rate.per_s:>10,.0f}"
+            f"{fsm_rate.per_cpu_s:>12,.0f}{raw_rate.per_s:>13,.0f}{raw_rate.per_cpu_s:>12,.0f}"
+            f"{cpu_ratio:>15.4f}"
         )
-    alloc_rate = results["AllocClientUpdate"]["fsm"].per_s
-    verdict = "meets" if alloc_rate >= TARGET_ALLOC_UPDATES else "MISSES"
-    print(f"alloc updates: {alloc_rate:,.0f}/s {verdict} the target of {TARGET_ALLOC_UPDATES:,}/s")
+    alloc = results["AllocClientUpdate"]["fsm"]
+    share = alloc.cpu / alloc.wall
+    wall_ok = alloc.per_s >= TARGET_ALLOC_UPDATES
+    cpu_ok = alloc.per_cpu_s >= TARGET_ALLOC_UPDATES
+    print(
+        f"alloc updates: {alloc.per_s:,.0f}/s wall, {alloc.per_cpu_s:,.0f}/CPU s; target "
+        f"{TARGET_ALLOC_UPDATES:,}/s {'met' if wall_ok else 'missed'} on the wall clock, "
+        f"{'met' if cpu_ok else 'MISSED'} per CPU second (this process ran {share:.0%} of the time)"
+    )
     if args.json:
         print(json.dumps({"load_avg_1m": round(load[0], 2), **figures}, sort_keys=True))
     return 0
