@@ -23,7 +23,6 @@ from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
 from fsm.store import INDEXES, STRUCT_OF, TABLES, StateReader
 from fsm.structs import (
-    CLIENT_TERMINAL,
     DEPLOYMENT_ACTIVE,
     EVAL_TERMINAL,
     JOB_DEAD,
@@ -445,14 +444,6 @@ def check_invariants(
     for _, raw in r.iter_raw("journal"):
         for s in secrets:
             assert s not in raw, "a token secret hash reached the journal"
-
-
-def table_keys(r: StateReader) -> dict[str, set[bytes]]:
-    return {t: {k for k, _ in r.iter_raw(t)} for t in TABLES}
-
-
-def alloc_terminal_status(status: str) -> bool:
-    return status in CLIENT_TERMINAL
 
 
 def sample_bodies() -> list[Any]:
