@@ -78,10 +78,20 @@ class _QueueWriter:
 
 @stream_method("operator.snapshot.save")
 async def snapshot_save(server: Server, ctx: RequestContext, args: dict[str, Any]) -> AsyncIterator[Any]:
-    """Stream a consistent snapshot: {"chunk": bytes}... then {"done": info}."""
+    """Stream a consistent snapshot: {"chunk": bytes}... then {"done": info}.
+
+    The leader writes it after a barrier; a follower relays the leader's
+    stream, so any server (and the HTTP API on any server) can serve a save.
+    """
     if not server.raft.is_leader:
         leader = server.leader_rpc()
-        raise RPCError(NOT_LEADER, f"snapshot save is served by the leader; send it to {leader}", leader=leader)
+        if leader is None or args.get("forwarded"):
+            raise RPCError(NOT_LEADER, f"snapshot save is served by the leader; send it to {leader}", leader=leader)
+        async for item in server.forwarder.stream(
+            "operator.snapshot.save", {**args, "forwarded": True}, token=ctx.token, address=leader
+        ):
+            yield item
+        return
     await server.linearize(ctx)
     await server.authorize(ctx, Need.MANAGEMENT)
     term = server.raft.status().get("term")
