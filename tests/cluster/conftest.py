@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from node import cluster as cl
-from node.errors import RPCError
 from node.rpc_client import RPCClient
+from tests import conditions
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (RPCError, OSError) as exc:
-            last_exc = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last error: {last_exc})")
+    """Poll ``predicate`` until truthy; fail the test at the deadline."""
+    return conditions.wait_until(predicate, timeout, what)
 
 
 class ClusterHandle:

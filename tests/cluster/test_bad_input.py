@@ -116,7 +116,7 @@ def test_raft_port_not_on_all_interfaces(cluster: ClusterHandle) -> None:
     port = int(node.raft_addr.rsplit(":", 1)[1])
     with open("/proc/net/tcp") as f:
         listeners = [line.split() for line in f.readlines()[1:]]
-    bound = [l[1] for l in listeners if l[3] == "0A" and int(l[1].split(":")[1], 16) == port]
+    bound = [row[1] for row in listeners if row[3] == "0A" and int(row[1].split(":")[1], 16) == port]
     assert bound and all(not b.startswith("00000000:") for b in bound)
 
 

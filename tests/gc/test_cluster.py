@@ -36,6 +36,7 @@ import pytest
 from node import cluster as cl
 from node.errors import NOT_FOUND, PERMISSION_DENIED, RPCError
 from node.rpc_client import RPCClient
+from tests import conditions
 
 pytestmark = pytest.mark.cluster
 
@@ -80,17 +81,7 @@ enabled = false
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
     """Poll ``predicate`` until truthy; fail at the deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (RPCError, OSError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last error: {last})")
+    return conditions.wait_until(predicate, timeout, what)
 
 
 class Env:

@@ -15,21 +15,14 @@ import requests
 from node import cluster as cl
 from node.errors import RPCError
 from node.rpc_client import RPCClient
+from tests import conditions
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; fail at the deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (RPCError, OSError, requests.RequestException, AssertionError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last error: {last})")
+    return conditions.wait_until(
+        predicate, timeout, what, transient=(RPCError, OSError, requests.RequestException, AssertionError)
+    )
 
 
 @dataclass

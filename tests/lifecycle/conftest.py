@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Any
 import pytest
 
 from node import cluster as cl
-from node.errors import RPCError
 from node.rpc_client import RPCClient
+from tests import conditions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,17 +32,7 @@ eval_nack_delay_later = "1s"
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition", interval: float = 0.1) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (RPCError, OSError) as exc:
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last error: {last!r})")
+    return conditions.wait_until(predicate, timeout, what, interval)
 
 
 @dataclass
