@@ -14,6 +14,7 @@ Example (``/etc/caravan/s1.toml``)::
     log_file  = "/var/log/caravan/s1.log" # default: <data_dir>/server.log
     raft_password_file = "/etc/caravan/raft.key"  # or raft_password = "..."
     raft_profile   = "low-latency"        # default: the raft adapter's default
+    raft_compaction_entries = 50000       # compact the raft log (write a snapshot) after this many entries; default: the profile's
     max_entry_size = "48KiB"              # one raft entry; default: the raft adapter's
     rpc_max_frame  = "4MiB"               # largest RPC request or response
     fsync = true
@@ -246,6 +247,7 @@ class ServerConfig:
     log_file: Path
     log_level: str = "info"
     raft_profile: str | None = None
+    raft_compaction_entries: int | None = None
     max_entry_size: int | None = None
     rpc_max_frame: int = DEFAULT_MAX_FRAME
     fsync: bool = True
@@ -305,6 +307,8 @@ class ServerConfig:
             settings["profile"] = self.raft_profile
         if self.max_entry_size is not None:
             settings["max_entry_bytes"] = self.max_entry_size
+        if self.raft_compaction_entries is not None:
+            settings["compaction_entries"] = self.raft_compaction_entries
         return RaftConfig(**(settings | overrides))
 
     @classmethod
@@ -345,6 +349,7 @@ _TOP_KEYS = (
     "raft_password",
     "raft_password_file",
     "raft_profile",
+    "raft_compaction_entries",
     "max_entry_size",
     "rpc_max_frame",
     "fsync",
@@ -588,6 +593,9 @@ class _Parser:
             else data_dir / "server.log",
             log_level=log_level.lower(),
             raft_profile=raft_profile,
+            raft_compaction_entries=self.positive_int(data["raft_compaction_entries"], "raft_compaction_entries")
+            if "raft_compaction_entries" in data
+            else None,
             max_entry_size=max_entry_size,
             rpc_max_frame=rpc_max_frame,
             fsync=fsync,

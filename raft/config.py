@@ -174,6 +174,8 @@ class RaftConfig:
     election_timeout_max: float | None = None
     heartbeat_period: float | None = None
     leader_fallback_timeout: float | None = None
+    #: Override of the profile's compaction trigger (log entries since the last dump).
+    compaction_entries: int | None = None
     #: pysyncobj's dynamic membership; off by default (static peer list).
     dynamic_membership: bool = False
     serializer: Serializer | None = field(default=None, repr=False)
@@ -238,6 +240,8 @@ class RaftConfig:
             overrides["append_entries_period"] = self.heartbeat_period
         if self.leader_fallback_timeout is not None:
             overrides["leader_fallback_timeout"] = self.leader_fallback_timeout
+        if self.compaction_entries is not None:
+            overrides["log_compaction_min_entries"] = self.compaction_entries
         return replace(prof, **overrides) if overrides else prof
 
     def validate(self) -> None:

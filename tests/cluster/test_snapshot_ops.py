@@ -111,3 +111,32 @@ def test_snapshot_save_needs_a_management_token(cluster: ClusterHandle) -> None:
     assert err.value.code == "permission_denied"
     items = list(cluster.client(leader.rpc_addr, token=boot["SecretID"]).stream("operator.snapshot.save", {}))
     assert items[-1]["done"]["Index"] > 0 and any("chunk" in i for i in items)
+
+
+def test_follower_behind_the_compacted_log_installs_a_snapshot(cluster_factory) -> None:  # noqa: ANN001
+    from snapshot import inspect as inspect_file
+
+    c: ClusterHandle = cluster_factory(extra_config="raft_compaction_entries = 200\n" + NO_SCHEDULER)
+    follower = c.followers()[0]
+    behind = c.client().call("job.register", {"job": job_spec("before-kill")})["Index"]
+    c.kill(follower)
+    last = 0
+    client = c.client()
+    for i in range(700):  # several compactions past the follower's log
+        last = client.call("job.register", {"job": job_spec(f"while-down-{i}")})["Index"]
+    leader = c.leader()
+    leader_dump = Path(leader.data_dir) / "raft" / "raft.dump"
+
+    def leader_compacted_past_follower() -> bool:
+        return leader_dump.exists() and inspect_file(str(leader_dump)).raft_index > behind + 1
+
+    from tests.conditions import wait_until
+
+    wait_until(leader_compacted_past_follower, 60, "the leader to compact past the follower's log")
+    c.restart(follower)
+    digests = c.digests(expect_index=last, timeout=90)
+    assert len({d for d, _ in digests.values()}) == 1
+    follower_dump = Path(follower.data_dir) / "raft" / "raft.dump"
+    assert follower_dump.exists() and inspect_file(str(follower_dump)).raft_index > behind
+    jobs = {j["ID"] for j in c.client(follower.rpc_addr).call("job.list", {"stale": True})["data"]}
+    assert {"before-kill", "while-down-0", "while-down-699"} <= jobs
