@@ -640,6 +640,29 @@ def barrier(w: StateWriter, msg: m.Barrier) -> dict[str, Any]:
     return {}
 
 
+def reconcile_summaries(w: StateWriter, msg: m.ReconcileSummaries) -> dict[str, Any]:
+    """Recount each job's summary counters from its allocs; queued counts are kept."""
+    changed = []
+    for job in w.jobs():
+        old = w.job_summary(job.id)
+        fresh = JobSummary(job_id=job.id, namespace=job.namespace)
+        for group in job.task_groups:
+            fresh.summary[group.name] = TaskGroupSummary()
+        for alloc in w.allocs_by_job(job.id):
+            group = fresh.summary.setdefault(alloc.task_group, TaskGroupSummary())
+            name = _SUMMARY_FIELD[alloc.client_status]
+            setattr(group, name, getattr(group, name) + 1)
+        if old is not None:
+            for name, group in old.summary.items():
+                fresh.summary.setdefault(name, TaskGroupSummary()).queued = group.queued
+            fresh.create_index = old.create_index
+            if codec.to_wire(old.summary) == codec.to_wire(fresh.summary):
+                continue
+        _put_summary(w, fresh)
+        changed.append(job.id)
+    return {"reconciled": changed}
+
+
 HANDLERS: dict[MessageType, Handler] = {
     MessageType.JOB_REGISTER: job_register,
     MessageType.JOB_DEREGISTER: job_deregister,
@@ -660,5 +683,6 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.ACL_TOKEN_UPSERT: acl_token_upsert,
     MessageType.ACL_TOKEN_DELETE: acl_token_delete,
     MessageType.BARRIER: barrier,
+    MessageType.RECONCILE_SUMMARIES: reconcile_summaries,
 }
 assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

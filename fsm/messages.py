@@ -53,6 +53,7 @@ class MessageType(IntEnum):
     ACL_TOKEN_UPSERT = 17
     ACL_TOKEN_DELETE = 18
     BARRIER = 19
+    RECONCILE_SUMMARIES = 20
 
 
 @dataclass
@@ -201,6 +202,11 @@ class Barrier:
     pass
 
 
+@dataclass
+class ReconcileSummaries:
+    """Recount every job summary from its allocs (Nomad's PUT /v1/system/reconcile/summaries)."""
+
+
 PAYLOADS: dict[MessageType, type] = {
     MessageType.JOB_REGISTER: JobRegister,
     MessageType.JOB_DEREGISTER: JobDeregister,
@@ -221,6 +227,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.ACL_TOKEN_UPSERT: ACLTokenUpsert,
     MessageType.ACL_TOKEN_DELETE: ACLTokenDelete,
     MessageType.BARRIER: Barrier,
+    MessageType.RECONCILE_SUMMARIES: ReconcileSummaries,
 }
 MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
 

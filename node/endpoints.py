@@ -119,6 +119,13 @@ async def raft_transfer(server: Server, ctx: RequestContext, args: dict[str, Any
     return await server.transfer_leadership(ctx, target)
 
 
+@method("system.reconcile_summaries")
+async def reconcile_summaries(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Recount every job summary from its allocs (management token)."""
+    result = await server.write(ctx, Need.MANAGEMENT, m.ReconcileSummaries())
+    return {"Index": result["index"], "Reconciled": result["value"]["reconciled"]}
+
+
 @method("debug.digest")
 async def debug_digest(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     await server.authorize(ctx, Need.READ)
