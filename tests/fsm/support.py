@@ -500,6 +500,7 @@ def sample_bodies() -> list[Any]:
         m.ACLTokenDelete(accessor_ids=["t2"], reaps=[m.Reap("t1", 22)]),
         m.ACLTokenBootstrap(token=make_token("root2", type="management")),  # conflict
         m.JobRegister(job=make_job("bad", count=-1)),  # bad_request
+        m.ReconcileSummaries(),
         m.JobDeregister(job_id="web", purge=True),
         m.Barrier(),
     ]
