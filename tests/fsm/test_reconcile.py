@@ -21,11 +21,18 @@ def _fsm(path: Path) -> FSM:
 
 def test_reconcile_repairs_a_drifted_summary_and_changes_nothing_when_right(tmp_path: Path) -> None:
     fsm = _fsm(tmp_path / "a")
-    job = Job(id="j", type="batch", task_groups=[TaskGroup(name="g", count=2, tasks=[Task(name="t")])])
+    job = Job(
+        id="j", type="batch", task_groups=[TaskGroup(name="g", count=2, tasks=[Task(name="t")])]
+    )
     entries = [
         m.JobRegister(job=job, eval=Evaluation(id="e", job_id="j")),
         m.NodeRegister(node=Node(id="n", status="ready")),
-        m.PlanApply(allocs_to_place=[Allocation(id=f"a{i}", eval_id="e", job_id="j", node_id="n", task_group="g") for i in range(2)]),
+        m.PlanApply(
+            allocs_to_place=[
+                Allocation(id=f"a{i}", eval_id="e", job_id="j", node_id="n", task_group="g")
+                for i in range(2)
+            ]
+        ),
         m.AllocClientUpdate(allocs=[m.AllocClientState(id="a0", client_status="complete")]),
     ]
     for i, body in enumerate(entries, start=1):
