@@ -70,7 +70,7 @@ DRY_RUN_IDS = 1000
 # Objects one reap entry may remove, its cascade included. Every replica
 # applies the entry in one go on its raft thread, where it delays every
 # write queued behind it; this keeps that delay to a few milliseconds.
-OBJECTS_PER_ENTRY = 256
+OBJECTS_PER_ENTRY = 32
 # GC marks one plan reads before its reaps are proposed (see fsm.gc.Window).
 MARKS_PER_PLAN = 256
 # After each reap the collector pauses PACE times as long as the reap took to
