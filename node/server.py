@@ -377,8 +377,7 @@ class Server:
     # -- reads ----------------------------------------------------------------------------
     async def linearize(self, ctx: RequestContext) -> None:
         """Make a following local read linearizable: be the leader and pass a barrier."""
-        if not self.raft.is_leader:
-            raise _Forward(self.leader_rpc())
+        self.ensure_leader()
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self.executor, self.raft.barrier, WRITE_TIMEOUT)
@@ -405,10 +404,9 @@ class Server:
         if not args.get("stale"):
             await self.linearize(ctx)
         await self.authorize(ctx, need)
-        min_index = args.get("min_index") or 0
-        wait = min(float(args.get("wait") or 0), READ_WAIT_MAX)
-        if min_index and wait > 0:
-            await self._wait_tables(tables, int(min_index), wait)
+        wait = _blocking_wait(args)
+        if wait > 0:
+            await self._wait_tables(tables, int(args["min_index"]), wait)
 
         def run(reader: StateReader) -> dict[str, Any]:
             index = max([reader.table_index(t) for t in tables] + [1])
@@ -436,8 +434,7 @@ class Server:
             return reader.digest(), reader.applied_index
 
     async def transfer_leadership(self, ctx: RequestContext, target: str | None) -> dict[str, Any]:
-        if not self.raft.is_leader:
-            raise _Forward(self.leader_rpc())
+        self.ensure_leader()
         raft_target = None
         if target:
             for member in self.members:
