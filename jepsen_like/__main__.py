@@ -69,6 +69,8 @@ run_options = [
     click.option("--quiet", default="2:5", show_default=True, help="seconds between faults, MIN:MAX"),
     click.option("--hold", default="2:6", show_default=True, help="seconds a fault lasts, MIN:MAX"),
     click.option("--checker-timeout", type=float, default=120.0, show_default=True),
+    click.option("--compaction-entries", type=int, default=None,
+                 help="servers' raft_compaction_entries (default: 300 with snapshot-lag, else the profile's)"),
     click.option("--server-env", multiple=True, metavar="NAME=VALUE",
                  help="environment for the server processes (test-only switches)"),
 ]
@@ -96,6 +98,7 @@ def _options(out: str, seed: int, kw: dict) -> RunOptions:  # type: ignore[type-
         quiet=_range(kw["quiet"], "--quiet"),
         hold=_range(kw["hold"], "--hold"),
         checker_timeout=kw["checker_timeout"],
+        compaction_entries=kw["compaction_entries"],
         server_env=_env(kw["server_env"]),
     )
 

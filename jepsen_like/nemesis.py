@@ -15,10 +15,12 @@ Faults (``--nemesis`` names):
 * ``partition`` -- cut raft links through the harness's proxies: isolate one
   server (the leader half of the time), or, with five servers, split them
   into a random majority and minority; then heal.
-* ``snapshot-lag`` -- isolate a follower while the others write past the
-  log-compaction threshold, so it must catch up by snapshot install. Needs
-  compaction to be wired into the servers; skipped with the reason until
-  then (see ``SnapshotLag.unavailable``).
+* ``snapshot-lag`` -- isolate a follower until the others have compacted
+  their raft log past it (writing filler if the workload is too slow), so
+  it must catch up by snapshot install; the window's detail says whether it
+  did. Needs servers started with a small ``raft_compaction_entries`` (the
+  runner does that when this nemesis is enabled); skipped with the reason
+  otherwise (see ``SnapshotLag.unavailable``).
 
 Every fault is recorded as a window (start, end, targets) in faults.jsonl;
 the nemesis always undoes its own fault, waits (bounded) for a leader before
@@ -36,6 +38,8 @@ from typing import Any
 
 from jepsen_like.recorder import FaultLog
 from jepsen_like.testbed import Testbed, TestbedError
+from node.errors import RPCError
+from node.rpc_client import RPCClient
 
 
 @dataclass
@@ -56,6 +60,10 @@ class Fault:
     def unavailable(self, testbed: Testbed) -> str | None:
         """A reason this fault cannot run on this cluster, or None."""
         return None
+
+    def stats(self) -> dict[str, Any]:
+        """Counters worth keeping in run.json (empty for most faults)."""
+        return {}
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
         raise NotImplementedError
@@ -146,21 +154,143 @@ class Partition(Fault):
         return undo, targets, what
 
 
+FILLER_NODE = "jepsen-snapshot-lag-filler"
+
+
+@dataclass
+class LagProgress:
+    """What one snapshot-lag fault saw: the follower's position and the others' log start."""
+
+    target: str
+    behind_at: int  # the isolated follower's last raft index once cut off
+    installs_before: int
+    first_index: int = 0  # the others' lowest first raft index when they had compacted past it
+    filler: int = 0  # writes the fault made itself to get there
+
+
 class SnapshotLag(Fault):
+    """Cut a follower off until the others have compacted their raft log past it, then heal.
+
+    The follower's next entry is then gone from every other log, so the only
+    way back is a snapshot install (pysyncobj sends the leader's dump). The
+    fault isolates the follower through the proxies (the others keep
+    serving the workload), holds it like a partition, and on undo: waits
+    (bounded) until every live server but the follower reports a
+    ``FirstLogIndex`` above the follower's last index -- writing filler
+    itself (re-registering one down node, which no checker reads) if the
+    workload was too slow --, heals, waits (bounded) until the follower has
+    applied the leader's commit index at heal time, and records whether
+    ``SnapshotInstalls`` rose on it.
+    """
+
     name = "snapshot-lag"
+    compact_wait = 20.0  # longest wait, after the hold, for the others to compact past the follower
+    catch_up_wait = 30.0  # longest wait for the follower after healing
+    filler_batch = 25  # filler writes between two looks at the others' logs
+
+    def __init__(self) -> None:
+        self.faults = 0
+        self.installs = 0  # faults this run that ended in a snapshot install
+
+    def stats(self) -> dict[str, Any]:
+        return {"faults": self.faults, "caught_up_by_snapshot_install": self.installs}
 
     def unavailable(self, testbed: Testbed) -> str | None:
-        status = testbed.status(testbed.names[0], timeout=2.0) or {}
-        if not status.get("SnapshotIndex") and "LogCompaction" not in status:
+        if testbed.proxies is None or len(testbed.names) < 3:
+            return "snapshot-lag isolates a follower through the harness's proxies: needs at least three servers behind them"
+        if testbed.compaction_entries is None:
             return (
-                "log compaction / snapshot install is not wired into the servers yet (no serializer is "
-                "installed and no compaction threshold can be configured), so a lagging follower never "
-                "needs a snapshot"
+                "the servers run with the profile's compaction threshold (tens of thousands of entries), which a "
+                "short run never reaches; start them with a small raft_compaction_entries (Testbed.create(compaction_entries=...))"
             )
-        return "snapshot-lag is not implemented in this harness version yet"
+        status = next((st for st in map(testbed.status, testbed.names) if st), None) or {}
+        if "FirstLogIndex" not in status or "SnapshotInstalls" not in status:
+            return "the servers' status reports no FirstLogIndex / SnapshotInstalls, so a snapshot install cannot be observed"
+        return None
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:  # pragma: no cover
-        raise TestbedError("snapshot-lag is unavailable")
+    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+        leader = testbed.leader()
+        if leader is None:
+            raise TestbedError("no leader to lag a follower behind")
+        followers = sorted(n for n in testbed.names if n != leader and testbed.status(n))
+        if not followers:
+            raise TestbedError("no live follower to lag")
+        target = rng.choice(followers)
+        rest = [n for n in testbed.names if n != target]
+        testbed.partition([[target], rest])
+        self.faults += 1
+        status = testbed.status(target, timeout=2.0) or {}
+        progress = LagProgress(target, int(status.get("LastLogIndex") or 0), int(status.get("SnapshotInstalls") or 0))
+
+        def undo() -> str:
+            return self._finish(testbed, progress, rest)
+
+        return undo, [target], f"isolate {target} (follower; at raft index {progress.behind_at}) until the others compact past it"
+
+    def _finish(self, testbed: Testbed, progress: LagProgress, rest: list[str]) -> str:
+        compacted = self._wait_compacted(testbed, progress, rest)
+        leader = testbed.leader()
+        goal = int((testbed.status(leader) or {}).get("CommitIndex") or 0) if leader else 0
+        testbed.heal_network()
+        filler = f" ({progress.filler} filler writes)" if progress.filler else ""
+        if not compacted:
+            head = f"healed; the others did not compact past index {progress.behind_at} within {self.compact_wait:g}s{filler}"
+        else:
+            head = f"healed; the others' logs start at {progress.first_index} > {progress.behind_at}{filler}"
+        return f"{head}; {self._wait_caught_up(testbed, progress, goal)}"
+
+    def _wait_compacted(self, testbed: Testbed, progress: LagProgress, rest: list[str]) -> bool:
+        """Until every answering server but the target (the leader among them) starts its log past the target."""
+        deadline = time.monotonic() + self.compact_wait
+        while True:
+            seen = {name: testbed.status(name) for name in rest}
+            live = {name: st for name, st in seen.items() if st}
+            led = any(st.get("Role") == "leader" for st in live.values())
+            firsts = [int(st.get("FirstLogIndex") or 0) for st in live.values()]
+            if led and firsts and min(firsts) > progress.behind_at + 1:
+                progress.first_index = min(firsts)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            target = testbed.status(progress.target) or {}  # cut off, but its RPC port still answers
+            progress.behind_at = max(progress.behind_at, int(target.get("LastLogIndex") or 0))
+            wrote = _filler(testbed, rest, self.filler_batch)
+            progress.filler += wrote
+            if not wrote:
+                time.sleep(0.2)  # no leader for the moment: look again shortly
+
+    def _wait_caught_up(self, testbed: Testbed, progress: LagProgress, goal: int) -> str:
+        started = time.monotonic()
+        status: dict[str, Any] = {}
+        while time.monotonic() - started < self.catch_up_wait:
+            status = testbed.status(progress.target) or {}
+            if goal and int(status.get("AppliedIndex") or 0) >= goal:
+                break
+            time.sleep(0.1)  # polling a condition with a deadline
+        else:
+            return f"{progress.target} did NOT catch up to index {goal} within {self.catch_up_wait:g}s (at {status.get('AppliedIndex')})"
+        took = time.monotonic() - started
+        installs = int(status.get("SnapshotInstalls") or 0) - progress.installs_before
+        if installs > 0:
+            self.installs += 1
+            how = f"by snapshot install (SnapshotInstalls +{installs}, restored index {status.get('LastSnapshotInstallIndex')})"
+        else:
+            how = "by log entries (no snapshot install)"
+        return f"{progress.target} caught up to index {goal} in {took:.1f}s {how}"
+
+
+def _filler(testbed: Testbed, servers: list[str], count: int) -> int:
+    """Up to ``count`` writes no checker reads (one down node, re-registered); returns how many succeeded."""
+    done = 0
+    node = {"ID": FILLER_NODE, "Name": FILLER_NODE, "Status": "down"}
+    try:
+        with RPCClient([testbed.node(n).rpc_addr for n in servers], timeout=2.0) as client:
+            for _ in range(count):
+                client.call("node.register", {"node": node}, timeout=2.0)
+                done += 1
+    except (RPCError, OSError):
+        pass  # an election or a dead server: the caller looks again and retries until its deadline
+    return done
 
 
 FAULTS: dict[str, Callable[[], Fault]] = {

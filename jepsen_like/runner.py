@@ -55,6 +55,10 @@ RUN_FILE = "run.json"
 CONVERGENCE_FILE = "convergence.json"
 RESULTS_FILE = "results.json"
 
+#: raft_compaction_entries when snapshot-lag runs: the workloads write ~100-300 entries/s, so the
+#: others compact past an isolated follower within a 2-6 s hold (filler covers slower runs)
+SNAPSHOT_LAG_COMPACTION = 300
+
 EXIT_OK = 0
 EXIT_ANOMALY = 1
 EXIT_UNKNOWN = 2
@@ -82,6 +86,9 @@ class RunOptions:
     overlap: bool = False
     checker_timeout: float = 120.0
     convergence_wait: float = 60.0
+    #: the servers' raft_compaction_entries; None: SNAPSHOT_LAG_COMPACTION when snapshot-lag is enabled,
+    #: else the profile's default
+    compaction_entries: int | None = None
     #: extra environment for the server processes (test-only switches)
     server_env: dict[str, str] = field(default_factory=dict)
     keep_cluster_data: bool = True
@@ -108,6 +115,8 @@ class RunOptions:
             raise RunError("--op-timeout must be positive")
         if self.think < 0:
             raise RunError("--think must be zero or positive")
+        if self.compaction_entries is not None and self.compaction_entries < 1:
+            raise RunError("--compaction-entries must be positive")
         if self.register_lanes < 1 or self.set_lanes < 1:
             raise RunError("--register-clients and --set-clients must be at least 1")
         out = Path(self.out)
@@ -140,6 +149,13 @@ def _build_workloads(options: RunOptions) -> list[Workload]:
             workload.lanes = options.set_lanes
         built.append(workload)
     return built
+
+
+def compaction_entries(options: RunOptions) -> int | None:
+    """The servers' compaction threshold: as given, or small enough for snapshot-lag when it runs."""
+    if options.compaction_entries is not None:
+        return options.compaction_entries
+    return SNAPSHOT_LAG_COMPACTION if "snapshot-lag" in options.nemeses else None
 
 
 def code_version() -> str:
@@ -190,7 +206,7 @@ def run(options: RunOptions, log: Any = print) -> int:
 
     with _server_env(options.server_env):
         extra = "\n".join(w.server_config for w in workloads if w.server_config)
-        testbed = Testbed.create(out / "cluster", options.nodes, extra_config=extra)
+        testbed = Testbed.create(out / "cluster", options.nodes, extra_config=extra, compaction_entries=compaction_entries(options))
         try:
             return _run_on(testbed, options, workloads, out, clock, nemesis_rng, rng, meta, total_lanes, final_lane, log)
         finally:
@@ -322,6 +338,8 @@ def _run_on(
     meta["harness_errors"] = crashes + nemesis.errors
     meta["notes"] = ctx.notes
     meta["proxies"] = testbed.proxies.stats() if testbed.proxies else {}
+    meta["compaction_entries"] = testbed.compaction_entries
+    meta["nemesis_stats"] = {f.name: f.stats() for f in faults if f.stats()}
     meta["active_workloads"] = [w.name for w in active]
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2))
     return check_dir(out, log=log, checker_timeout=options.checker_timeout)

@@ -69,12 +69,32 @@ class Testbed:
     proxies: LinkProxies | None
     paused: set[str] = field(default_factory=set)
     client_sim: subprocess.Popen[bytes] | None = None
+    #: the servers' ``raft_compaction_entries`` when the testbed set one (None: the profile's default)
+    compaction_entries: int | None = None
 
     @classmethod
-    def create(cls, directory: str | Path, count: int, *, extra_config: str = "", proxies: bool = True) -> Testbed:
-        """Lay out ``count`` servers under ``directory`` (configs, proxies); start nothing yet."""
+    def create(
+        cls,
+        directory: str | Path,
+        count: int,
+        *,
+        extra_config: str = "",
+        proxies: bool = True,
+        compaction_entries: int | None = None,
+    ) -> Testbed:
+        """Lay out ``count`` servers under ``directory`` (configs, proxies); start nothing yet.
+
+        ``compaction_entries`` sets the servers' ``raft_compaction_entries``: small values make the
+        raft log compact every few seconds under load, so a follower cut off for a few seconds must
+        be caught up by snapshot install (the ``snapshot-lag`` nemesis).
+        """
         if count not in (1, 3, 5):
             raise TestbedError("--nodes must be 1, 3 or 5")
+        if compaction_entries is not None:
+            if compaction_entries < 1:
+                raise TestbedError("compaction entries must be positive")
+            # A top-level key: it must precede the extra config's [tables].
+            extra_config = f"raft_compaction_entries = {compaction_entries}\n{extra_config}"
         root = Path(directory).resolve()
         root.mkdir(parents=True, exist_ok=True)
         password_file = root / "raft-password"
@@ -108,7 +128,7 @@ class Testbed:
             Path(node.config_file).write_text(cl.render_config(node, views[node.id], str(password_file), extra_config))
         cluster = cl.Cluster(dir=str(root), nodes=nodes)
         cluster.save()
-        return cls(directory=root, cluster=cluster, proxies=net)
+        return cls(directory=root, cluster=cluster, proxies=net, compaction_entries=compaction_entries)
 
     # -- names ----------------------------------------------------------------------
     @property

@@ -90,6 +90,8 @@ class Server:
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
         self._settle_lock = threading.Lock()
         self._settle_scheduled = False
+        self.snapshot_installs = 0  # raft dumps restored into the store (see _counting_installs)
+        self.last_snapshot_install = 0
 
     # -- wiring -------------------------------------------------------------------
     def _handler(self, name: str, fn: Callable[..., Any]) -> Callable[[RequestContext, dict[str, Any]], Any]:
@@ -154,10 +156,25 @@ class Server:
         config = self.config.raft_config(
             data_dir=str(raft_dir),
             serializer=self.snapshotter.serializer,
-            deserializer=self.snapshotter.deserializer,
+            deserializer=self._counting_installs(self.snapshotter.deserializer),
             serialize_checker=self.snapshotter.serialize_checker,
         )
         return RaftNode(config, self.fsm, on_leadership=self._on_leadership)
+
+    def _counting_installs(self, load: Callable[[str], tuple]) -> Callable[[str], tuple]:
+        """Count raft dumps that replaced the store (a follower's snapshot install, or a restart onto a
+        newer dump): ``status`` reports them, so operators and the fault harness can tell a catch-up by
+        snapshot from one by log entries."""
+
+        def deserializer(file_name: str) -> tuple:
+            before = self.fsm.applied_index
+            data = load(file_name)
+            if self.fsm.applied_index > before:
+                self.snapshot_installs += 1
+                self.last_snapshot_install = self.fsm.applied_index
+            return data
+
+        return deserializer
 
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT."""
@@ -290,6 +307,12 @@ class Server:
             "LeaderRaft": leader_raft or "",
             "CommitIndex": raft.get("commit_index", 0),
             "AppliedIndex": self.fsm.applied_index,
+            # Log compaction: the raft log holds FirstLogIndex..LastLogIndex; a peer that needs an
+            # entry below FirstLogIndex is sent a snapshot. SnapshotInstalls counts dumps restored here.
+            "FirstLogIndex": raft.get("first_log_index", 0),
+            "LastLogIndex": raft.get("last_log_index", 0),
+            "SnapshotInstalls": self.snapshot_installs,
+            "LastSnapshotInstallIndex": self.last_snapshot_install,
             "servers": servers,
         }
 
