@@ -275,7 +275,7 @@ class SnapshotLag(Fault):
             self.installs += 1
             how = f"by snapshot install (SnapshotInstalls +{installs}, restored index {status.get('LastSnapshotInstallIndex')})"
         else:
-            how = "by log entries (no snapshot install)"
+            how = "without a snapshot restored (SnapshotInstalls unchanged: by log entries)"
         return f"{progress.target} caught up to index {goal} in {took:.1f}s {how}"
 
 

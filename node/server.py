@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import functools
 import hashlib
+import os
 import signal
 import sys
 import threading
@@ -52,6 +53,12 @@ READ_WAIT_MAX = 300.0
 FORWARD_ATTEMPT = 1.0  # seconds one forwarding attempt may take before leadership is looked up again
 RETRY_FORWARD = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE, TIMEOUT, UNKNOWN_OUTCOME})
 FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
+#: TEST ONLY -- a deliberate bug for jepsen_like's snapshot-lag must-fail run
+#: (tests/jepsen/test_snapshot_lag.py): with ``=1`` in a server's environment,
+#: it keeps its store when raft hands it a dump (a follower's snapshot install)
+#: and only tells raft the dump's position, so the entries the dump covered
+#: are never applied there and its digest diverges. Never set it elsewhere.
+UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"
 
 
 @dataclass
@@ -165,6 +172,10 @@ class Server:
         """Count raft dumps that replaced the store (a follower's snapshot install, or a restart onto a
         newer dump): ``status`` reports them, so operators and the fault harness can tell a catch-up by
         snapshot from one by log entries."""
+
+        if os.environ.get(UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV) == "1":
+            self.log.warning("snapshot restore disabled", note="TEST ONLY: this replica will diverge")
+            load = _raft_data_only
 
         def deserializer(file_name: str) -> tuple:
             before = self.fsm.applied_index
@@ -484,6 +495,16 @@ def _blocking_wait(args: dict[str, Any]) -> float:
     if not args.get("min_index") or isinstance(wait, bool) or not isinstance(wait, int | float) or wait <= 0:
         return 0.0
     return min(float(wait), READ_WAIT_MAX)
+
+
+def _raft_data_only(file_name: str) -> tuple:
+    """The raft position of a dump, without restoring its state (the UNSAFE switch above)."""
+    from snapshot.reader import inspect
+
+    meta = inspect(file_name).meta
+    if meta is None or meta.raft is None:
+        raise ValueError(f"{file_name}: not a raft dump")
+    return meta.raft.to_pysyncobj()
 
 
 class _Forward(Exception):
