@@ -14,8 +14,10 @@ Modules:
 * ``testbed`` -- the cluster of one run (configs, processes, a simulated
   client) and why per-link raft proxies need the address layout they have;
 * ``proxy`` -- those per-link TCP proxies (network partitions);
-* ``nemesis`` -- kill, kill-all, pause, partition (snapshot-lag when the
-  servers can compact), on one seeded schedule, optionally overlapping;
+* ``nemesis`` -- kill, kill-all, pause, partition, snapshot-lag (a follower
+  cut off until the others compacted past it, caught up by snapshot install;
+  the runner then starts the servers with ``raft_compaction_entries = 300``),
+  on one seeded schedule, optionally overlapping;
 * ``workloads`` -- register (read/write/cas on a job's meta), set (unique
   registrations), lifecycle (jobs run, finish, are collected), journal
   (event.stream subscribers on every server); invoke/ok/fail/info rules;
