@@ -331,3 +331,71 @@ def test_a_subscriber_ahead_of_this_server_waits_for_it_instead_of_resetting() -
         asyncio.run(main())
     finally:
         h.close()
+
+
+def test_commits_wake_the_loop_only_while_someone_is_live() -> None:
+    """With nobody at the tail a commit costs the loop nothing; a newcomer still gets every batch."""
+    h = Harness()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        hub = Hub(h.fsm, loop)
+        calls = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kw: Any) -> Any:
+            nonlocal calls
+            if threading.current_thread() is writer:  # the committing thread, as raft's tick thread
+                calls += 1
+            return real(*args, **kw)
+
+        writer = Writer(h, 300)
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        writer.start()
+        await loop.run_in_executor(None, writer.join)
+        assert writer.error is None
+        assert calls == 0, f"{calls} wake-ups for 300 commits with no subscriber"
+        # A subscriber joining now (nothing woke the hub) still sees the whole tail, then live batches.
+        start = h.index - 5
+        items = asyncio.create_task(collect(hub, start, h.index + 20, heartbeat=0.1))
+        async with asyncio.timeout(DEADLINE):
+            while not hub.live:
+                await asyncio.sleep(0.01)
+        more = Writer(h, 20, seed=2)
+        more.start()
+        await loop.run_in_executor(None, more.join)
+        got = [i for i, _ in batches_of(await items)]
+        assert got == list(range(start + 1, h.index + 1))
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+def test_a_commit_below_the_tail_resets_live_subscribers() -> None:
+    """The store went backwards (an older snapshot swapped in): live subscribers must reset, explicitly."""
+    h = Harness()
+    for i in range(10):
+        h.apply(node(f"n{i}"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        gen = hub.subscribe(h.index, parse_topics(None)[0], heartbeat=0.1)
+        assert await anext(gen) == {"progress": h.index}
+        # The FSM's commit listener, as the tick thread calls it after a restore to index 4
+        # followed at once by newer commits (the loop sees them in one wake-up).
+        for index in (4, 5, h.index + 1):
+            await asyncio.to_thread(hub._committed_from_thread, index)
+        with pytest.raises(RPCError) as info:
+            async with asyncio.timeout(DEADLINE):
+                async for _ in gen:
+                    pass
+        assert info.value.code == "reset_required"
+        assert info.value.details["oldest_index"] == 5
+        assert hub.stats["resets"] == 1
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
