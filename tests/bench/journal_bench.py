@@ -1,7 +1,7 @@
 """Journal benchmark: catching up on a million records, and 100 subscribers under writes.
 
     python -m tests.bench.journal_bench [--records 1000000] [--per-batch 10]
-                                        [--subscribers 100] [--writes 3000] [--window 64] [--rounds 2]
+                                        [--subscribers 100] [--stalled 10] [--writes 2000] [--window 64] [--rounds 4]
 
 Part 1 — catch-up. Builds a real FSM store whose journal holds ``--records``
 change records (plan applies of ``--per-batch`` allocations each, group
@@ -17,15 +17,20 @@ commits), then measures in the same run:
   - ``encoding=records`` (the server decodes and re-encodes every record).
 
 Part 2 — fan-out. A real 3-server cluster takes pipelined writes
-(``node.register``, one record per batch) from this process; in alternate
-rounds a separate process holds ``--subscribers`` streams spread over the
-three servers. Reported: write throughput without and with the subscribers
-(mean of the rounds), and delivery lag (subscriber receive time minus the
-leader's time stamp on the record, p50/p99/max over every subscriber and
-batch). The subscriber process reads frames with minimal work, so what is
-measured is the servers' cost; its own CPU time is reported too. Everything
-shares one machine: compare ratios within a run, not absolute numbers
-across runs.
+(``node.register``, one record per batch) from this process, in phases of
+three kinds: no subscribers; ``--subscribers`` live streams (msgpack
+encoding, groups of up to 256 batches) held by a separate process and spread
+over the three servers; ``--stalled`` streams that never read. Each round
+runs the phases in a rotated order (``phase_order``) so no kind always comes
+first or last. Reported per kind: the median write rate and the servers' CPU
+per write (utime + stime from /proc), delivery lag (receive time minus the
+leader's time stamp on the record) over every 10th subscriber, and the
+subscriber process's own CPU time. That process checks that every stream got
+exactly the journal's batches in order (count and index sum), and otherwise
+does only what any consumer must (read and decode frames); it runs on the
+servers' two CPUs, so the throughput figure includes its cost, while the
+servers' CPU per write does not. Compare ratios within a run, not absolute
+numbers across runs.
 """
 
 from __future__ import annotations
@@ -212,10 +217,17 @@ def catch_up(path: str, expected: int) -> dict[str, dict[str, float]]:
 HEADER = 4
 
 
+LAG_SAMPLE = 10  # every 10th stream records a receive time per batch (for lag percentiles)
+
+
 def subscribe(addresses: list[str], count: int, start: int, result_file: str) -> None:
-    """``--subscribe``: hold ``count`` raw streams; record (index, receive ns) per batch.
+    """``--subscribe``: hold ``count`` raw streams; per stream, what it received (index count/sum/order).
 
     Reads stdin for ``UNTIL <index>`` and exits once every stream got that far.
+    Every stream decodes every frame (as any consumer must to learn the
+    indexes), but only every ``LAG_SAMPLE``-th keeps a receive time per
+    batch: the bookkeeping of 100 streams x every batch in Python would
+    otherwise be this process's main cost, on the servers' two CPUs.
     """
     from node.event_client import unfold
 
@@ -229,7 +241,8 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
         body = msgpack.packb(request, use_bin_type=True)
         sock.sendall(len(body).to_bytes(4, "big") + body)
         sock.setblocking(False)
-        state = {"buf": bytearray(), "seen": [], "last": start, "live": False, "i": i}
+        state = {"buf": bytearray(), "seen": [] if i % LAG_SAMPLE == 0 else None, "last": start, "live": False,
+                 "i": i, "count": 0, "sum": 0, "ordered": True}
         sel.register(sock, selectors.EVENT_READ, state)
         socks.append(sock)
     sel.register(sys.stdin, selectors.EVENT_READ, None)
@@ -259,6 +272,7 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
             buf = st["buf"]
             buf += chunk
             pos = 0
+            seen = st["seen"]
             while len(buf) - pos >= HEADER:
                 length = int.from_bytes(buf[pos : pos + HEADER], "big")
                 if len(buf) - pos - HEADER < length:
@@ -269,9 +283,15 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
                 if frame is None:
                     raise SystemExit(f"stream {st['i']} ended: {message.get('error')}")
                 for item in unfold(frame):
-                    if "index" in item:
-                        st["seen"].append((item["index"], now))
-                        st["last"] = item["index"]
+                    index = item.get("index")
+                    if index is not None:
+                        if index <= st["last"] and st["count"]:
+                            st["ordered"] = False
+                        st["last"] = index
+                        st["count"] += 1
+                        st["sum"] += index
+                        if seen is not None:
+                            seen.append((index, now))
                     else:
                         st["live"] = True
                         st["last"] = max(st["last"], item["progress"])
@@ -279,7 +299,8 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
     for sock in socks:
         sock.close()
     cpu = os.times()
-    Path(result_file).write_text(json.dumps({"seen": [s["seen"] for s in states], "cpu": cpu.user + cpu.system}))
+    streams = [{k: s[k] for k in ("count", "sum", "ordered", "last", "seen")} for s in states]
+    Path(result_file).write_text(json.dumps({"streams": streams, "cpu": cpu.user + cpu.system}))
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -331,8 +352,21 @@ def stalled_streams(addresses: list[str], count: int, start: int) -> list[socket
     return socks
 
 
+PHASES = ("none", "subscribers", "none", "stalled")
+
+
+def phase_order(round_no: int, stalled: int) -> list[str]:
+    """Round ``r`` runs PHASES rotated by ``r``: over four rounds every kind of phase takes every
+    position, so a cluster that slows down (or a neighbour that speeds up) during the run does not
+    favour one kind."""
+    kinds = [k for k in PHASES if stalled or k != "stalled"]
+    shift = round_no % len(kinds)
+    return kinds[shift:] + kinds[:shift]
+
+
 def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int) -> dict[str, Any]:
-    """Interleaved phases (none / subscribers / none / stalled) x ``rounds``; medians per kind.
+    """Phases with no subscribers / ``subscribers`` live ones / ``stalled`` ones that never read,
+    interleaved (``phase_order``) over ``rounds``; medians per kind.
 
     On a shared machine neighbouring work moves every figure a lot; phases
     of each kind are spread over the whole run and compared by median, and
@@ -354,17 +388,16 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
         lags: list[float] = []
         sub_cpu: list[float] = []
 
-        def phase(kind: str, tag: str) -> int:
+        def measure(kind: str, tag: str) -> int:
             before = cpu_seconds(pids)
             r, last = asyncio.run(pipelined_writes(leader, writes, window, tag))
             cpu_ms[kind].append(1000 * (cpu_seconds(pids) - before) / writes)
             rate[kind].append(r)
             return last
 
-        for r in range(rounds):
-            phase("none", f"a{r}")
+        def with_subscribers(tag: str) -> None:
             start = RPCClient([leader]).call("status")["AppliedIndex"]
-            result_file = os.path.join(directory, f"subs-{r}.json")
+            result_file = os.path.join(directory, f"subs-{tag}.json")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.bench.journal_bench", "--subscribe", ",".join(c.rpc_addresses),
                  str(subscribers), str(start), result_file],
@@ -372,7 +405,7 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
             )
             assert proc.stdout is not None and proc.stdin is not None
             assert proc.stdout.readline().strip() == "READY"
-            last = phase("subscribers", f"s{r}")
+            last = measure("subscribers", tag)
             proc.stdin.write(f"UNTIL {last}\n")
             proc.stdin.flush()
             assert proc.wait(300) == 0, "subscriber process failed"
@@ -380,20 +413,32 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
             sub_cpu.append(data["cpu"])
             journal = read_journal(Path(leader_node.data_dir) / "state")
             stamp = {i: b[0][3]["modify_time"] for i, b in journal.items() if b and b[0][3] and start < i <= last}
-            for seen in data["seen"]:
-                indexes = [i for i, _ in seen]
-                assert indexes == sorted(set(indexes)), "a subscriber saw batches out of order"
-                assert set(stamp) <= set(indexes), "a subscriber missed batches"
-                lags += [(t - stamp[i]) / 1e6 for i, t in seen if i in stamp]
-            phase("none", f"b{r}")
-            if stalled:
-                start = RPCClient([leader]).call("status")["AppliedIndex"]
-                socks = stalled_streams(c.rpc_addresses, stalled, start)
-                try:
-                    phase("stalled", f"t{r}")
-                finally:
-                    for sock in socks:
-                        sock.close()
+            for n, stream in enumerate(data["streams"]):
+                expected = [i for i in journal if start < i <= stream["last"]]
+                assert stream["ordered"], f"stream {n} saw batches out of order"
+                assert (stream["count"], stream["sum"]) == (len(expected), sum(expected)), \
+                    f"stream {n} did not get exactly the journal's batches"
+                if stream["seen"] is not None:
+                    lags.extend((t - stamp[i]) / 1e6 for i, t in stream["seen"] if i in stamp)
+
+        def with_stalled(tag: str) -> None:
+            start = RPCClient([leader]).call("status")["AppliedIndex"]
+            socks = stalled_streams(c.rpc_addresses, stalled, start)
+            try:
+                measure("stalled", tag)
+            finally:
+                for sock in socks:
+                    sock.close()
+
+        for r in range(rounds):
+            for p, kind in enumerate(phase_order(r, stalled)):
+                tag = f"{kind[:2]}{r}.{p}"
+                if kind == "none":
+                    measure("none", tag)
+                elif kind == "subscribers":
+                    with_subscribers(tag)
+                else:
+                    with_stalled(tag)
         med = {k: statistics.median(v) for k, v in rate.items() if v}
         med_cpu = {k: statistics.median(v) for k, v in cpu_ms.items() if v}
         return {
@@ -407,10 +452,11 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
             "throughput_cost_pct": 100 * (1 - med["subscribers"] / med["none"]),
             "cpu_cost_pct": 100 * (med_cpu["subscribers"] / med_cpu["none"] - 1),
             "stalled_throughput_cost_pct": 100 * (1 - med["stalled"] / med["none"]) if stalled else None,
+            "stalled_cpu_cost_pct": 100 * (med_cpu["stalled"] / med_cpu["none"] - 1) if stalled else None,
             "lag_ms_p50": percentile(lags, 0.50),
             "lag_ms_p99": percentile(lags, 0.99),
             "lag_ms_max": max(lags),
-            "deliveries": len(lags),
+            "lag_samples": len(lags),
             "subscriber_process_cpu_s": sub_cpu,
             "load_average": os.getloadavg(),
         }
@@ -476,9 +522,10 @@ def main() -> None:
         print(f"  throughput cost of {f['subscribers']} subscribers  {f['throughput_cost_pct']:.1f}%  "
               f"(servers' CPU per write {f['cpu_cost_pct']:+.1f}%)")
         if f["stalled_throughput_cost_pct"] is not None:
-            print(f"  throughput cost of stalled subscribers  {f['stalled_throughput_cost_pct']:.1f}%")
+            print(f"  throughput cost of stalled subscribers  {f['stalled_throughput_cost_pct']:.1f}%  "
+                  f"(servers' CPU per write {f['stalled_cpu_cost_pct']:+.1f}%)")
         print(f"  delivery lag p50/p99/max  {f['lag_ms_p50']:.1f} / {f['lag_ms_p99']:.1f} / {f['lag_ms_max']:.1f} ms "
-              f"over {f['deliveries']:,} deliveries (leader's stamp -> subscriber)")
+              f"over {f['lag_samples']:,} deliveries to every {LAG_SAMPLE}th subscriber (leader's stamp -> subscriber)")
         print(f"  subscriber process CPU {', '.join(f'{x:.1f}s' for x in f['subscriber_process_cpu_s'])}; "
               f"load average {', '.join(f'{x:.1f}' for x in f['load_average'])} on {os.cpu_count()} CPUs")
     print(json.dumps(report))
