@@ -57,7 +57,7 @@ run_options = [
     click.option("--nodes", type=int, default=3, show_default=True, help="servers (3 or 5)"),
     click.option("--time", "duration", type=float, default=60.0, show_default=True, help="seconds of faults and load"),
     click.option("--nemesis", default="kill,pause,partition", show_default=True,
-                 help="comma list: kill, kill-all, pause, partition, snapshot-lag, none"),
+                 help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, none"),
     click.option("--workload", default="register,set", show_default=True,
                  help="comma list: register, set, lifecycle, journal"),
     click.option("--register-clients", type=int, default=4, show_default=True),

@@ -21,6 +21,9 @@ Faults (``--nemesis`` names):
   did. Needs servers started with a small ``raft_compaction_entries`` (the
   runner does that when this nemesis is enabled); skipped with the reason
   otherwise (see ``SnapshotLag.unavailable``).
+* ``clock`` -- jump the leader's wall clock by a seeded offset (±0.5 s to
+  ±1 day), then restore it; needs the servers' test-only wall-clock switch,
+  which the runner turns on when this nemesis is enabled (``ClockJump``).
 
 Every fault is recorded as a window (start, end, targets) in faults.jsonl;
 the nemesis always undoes its own fault, waits (bounded) for a leader before
@@ -293,12 +296,56 @@ def _filler(testbed: Testbed, servers: list[str], count: int) -> int:
     return done
 
 
+class ClockJump(Fault):
+    """Jump the leader's wall clock forward or back by a seeded amount, then set it right.
+
+    Jepsen's clock nemesis, made deterministic with the servers' test-only
+    ``CARAVAN_UNSAFE_WALL_CLOCK_FILE`` switch: the harness writes an offset,
+    the server acknowledges it, and from then on every wall-time read in that
+    process (raft entry time stamps, which the FSM turns into modify times and
+    GC ages; token expiry; eval wait times) is off by it. Raft itself is not:
+    pysyncobj's election and heartbeat timers, asyncio and the heartbeat TTLs
+    run on monotonic clocks. The FSM reads no clock, so the only way a skewed
+    leader reaches the state is through the times it stamps on entries.
+    """
+
+    name = "clock"
+    #: seconds; the seed picks one and a sign. Small skews, a minute, an hour (past GC thresholds), a day.
+    JUMPS = (0.5, 5.0, 60.0, 3600.0, 86400.0)
+
+    def unavailable(self, testbed: Testbed) -> str | None:
+        if testbed.clock_file is None:
+            return "the servers run without the test-only wall-clock switch (CARAVAN_UNSAFE_WALL_CLOCK_FILE)"
+        for name in testbed.names:
+            if testbed.alive(name) and not testbed.set_clock_offset(name, 0, timeout=3.0):
+                return f"{name} did not acknowledge a wall-clock offset; is the switch supported by this server version?"
+        return None
+
+    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+        seconds = rng.choice(self.JUMPS) * rng.choice((1, -1))
+        target = testbed.leader()
+        if target is None:
+            raise TestbedError("no leader whose clock to jump")
+        offset = int(seconds * 1e9)
+        if not testbed.set_clock_offset(target, offset):
+            testbed.set_clock_offset(target, 0, timeout=0.5)
+            raise TestbedError(f"{target} did not acknowledge the clock offset {seconds:+g}s")
+
+        def undo() -> str:
+            if testbed.set_clock_offset(target, 0):
+                return f"restored {target}'s clock"
+            return f"{target}'s clock offset reset (not acknowledged: down or paused; it takes it when it runs)"
+
+        return undo, [target], f"jump {target}'s wall clock {seconds:+g}s (leader)"
+
+
 FAULTS: dict[str, Callable[[], Fault]] = {
     "kill": Kill,
     "kill-all": KillAll,
     "pause": Pause,
     "partition": Partition,
     "snapshot-lag": SnapshotLag,
+    "clock": ClockJump,
 }
 
 

@@ -58,6 +58,9 @@ RESULTS_FILE = "results.json"
 #: raft_compaction_entries when snapshot-lag runs: the workloads write ~100-300 entries/s, so the
 #: others compact past an isolated follower within a 2-6 s hold (filler covers slower runs)
 SNAPSHOT_LAG_COMPACTION = 300
+#: the clock nemesis: the servers' test-only wall-clock switch and the offset file it names
+UNSAFE_WALL_CLOCK_ENV = "CARAVAN_UNSAFE_WALL_CLOCK_FILE"
+CLOCK_FILE = "clock-offset"
 
 EXIT_OK = 0
 EXIT_ANOMALY = 1
@@ -204,9 +207,14 @@ def run(options: RunOptions, log: Any = print) -> int:
     meta["total_lanes"] = total_lanes
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2))
 
-    with _server_env(options.server_env):
+    clock_file = CLOCK_FILE if "clock" in options.nemeses else None
+    env = options.server_env | ({UNSAFE_WALL_CLOCK_ENV: CLOCK_FILE} if clock_file else {})
+    with _server_env(env):
         extra = "\n".join(w.server_config for w in workloads if w.server_config)
-        testbed = Testbed.create(out / "cluster", options.nodes, extra_config=extra, compaction_entries=compaction_entries(options))
+        testbed = Testbed.create(
+            out / "cluster", options.nodes, extra_config=extra,
+            compaction_entries=compaction_entries(options), clock_file=clock_file,
+        )
         try:
             return _run_on(testbed, options, workloads, out, clock, nemesis_rng, rng, meta, total_lanes, final_lane, log)
         finally:

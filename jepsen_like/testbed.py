@@ -53,6 +53,13 @@ class TestbedError(RuntimeError):
     """The cluster under test could not be set up or controlled."""
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 IDENTITY_NET = "127.0.1."
 PROXY_HOST = "127.0.0.1"
 RPC_HOST = "127.0.0.1"
@@ -71,6 +78,9 @@ class Testbed:
     client_sim: subprocess.Popen[bytes] | None = None
     #: the servers' ``raft_compaction_entries`` when the testbed set one (None: the profile's default)
     compaction_entries: int | None = None
+    #: the file (in each server's data_dir) its wall-clock offset is read from, when the servers run
+    #: with the test-only CARAVAN_UNSAFE_WALL_CLOCK_FILE switch (the clock nemesis); else None
+    clock_file: str | None = None
 
     @classmethod
     def create(
@@ -81,12 +91,15 @@ class Testbed:
         extra_config: str = "",
         proxies: bool = True,
         compaction_entries: int | None = None,
+        clock_file: str | None = None,
     ) -> Testbed:
         """Lay out ``count`` servers under ``directory`` (configs, proxies); start nothing yet.
 
         ``compaction_entries`` sets the servers' ``raft_compaction_entries``: small values make the
         raft log compact every few seconds under load, so a follower cut off for a few seconds must
-        be caught up by snapshot install (the ``snapshot-lag`` nemesis).
+        be caught up by snapshot install (the ``snapshot-lag`` nemesis). ``clock_file``: the servers
+        are started with ``CARAVAN_UNSAFE_WALL_CLOCK_FILE`` set to it (the caller sets the
+        environment; the runner does), so ``set_clock_offset`` can move their wall clocks.
         """
         if count not in (1, 3, 5):
             raise TestbedError("--nodes must be 1, 3 or 5")
@@ -128,7 +141,9 @@ class Testbed:
             Path(node.config_file).write_text(cl.render_config(node, views[node.id], str(password_file), extra_config))
         cluster = cl.Cluster(dir=str(root), nodes=nodes)
         cluster.save()
-        return cls(directory=root, cluster=cluster, proxies=net, compaction_entries=compaction_entries)
+        return cls(
+            directory=root, cluster=cluster, proxies=net, compaction_entries=compaction_entries, clock_file=clock_file
+        )
 
     # -- names ----------------------------------------------------------------------
     @property
@@ -219,6 +234,28 @@ class Testbed:
         for name in self.names:
             if not self.alive(name):
                 self.start(name)
+
+    # -- wall clocks (test-only server switch) ----------------------------------------------
+    def set_clock_offset(self, name: str, offset_ns: int, timeout: float = 5.0) -> bool:
+        """Shift ``name``'s wall clock to real time + ``offset_ns``; True once the server acknowledged it.
+
+        The offset file outlives the process, so a restarted server comes back at the same offset.
+        A dead or paused server cannot acknowledge (False); it takes the offset when it runs again.
+        """
+        if self.clock_file is None:
+            raise TestbedError("the servers run without the wall-clock switch (CARAVAN_UNSAFE_WALL_CLOCK_FILE)")
+        path = Path(self.node(name).data_dir) / self.clock_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{offset_ns}\n")
+        tmp.replace(path)
+        ack = path.with_name(path.name + ".ack")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.alive(name) and name not in self.paused and _read_int(ack) == offset_ns:
+                return True
+            time.sleep(0.02)  # polling the server's acknowledgement with a deadline
+        return False
 
     # -- observation ------------------------------------------------------------------------
     def status(self, name: str, timeout: float = 1.0) -> dict[str, Any] | None:

@@ -59,6 +59,13 @@ FORWARDED = "forwarded"  # a request's marker that a follower already forwarded 
 #: and only tells raft the dump's position, so the entries the dump covered
 #: are never applied there and its digest diverges. Never set it elsewhere.
 UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"
+#: TEST ONLY -- jepsen_like's clock nemesis: with ``=NAME`` in a server's
+#: environment, its wall clock (``time.time`` / ``time.time_ns``, which every
+#: wall-time read in the server goes through) runs ahead or behind by the
+#: nanoseconds written in ``<data_dir>/NAME``; the server writes the offset it
+#: applied to ``<data_dir>/NAME.ack``. Monotonic clocks (pysyncobj's timers,
+#: asyncio, heartbeat TTLs) are untouched. Never set it outside the harness.
+UNSAFE_WALL_CLOCK_FILE_ENV = "CARAVAN_UNSAFE_WALL_CLOCK_FILE"
 
 
 @dataclass
@@ -515,12 +522,61 @@ class _Forward(Exception):
         self.leader = leader
 
 
+def _install_unsafe_wall_clock(config: ServerConfig) -> None:
+    """The UNSAFE_WALL_CLOCK_FILE_ENV switch: shift this process's wall clock by the file's offset.
+
+    A daemon thread re-reads the file every 20 ms and acknowledges each new
+    offset, so the harness knows when a jump took effect.
+    """
+    name = os.environ.get(UNSAFE_WALL_CLOCK_FILE_ENV)
+    if not name:
+        return
+    path = Path(config.data_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ack = path.with_name(path.name + ".ack")
+    real_ns = time.time_ns
+    offset = [0]
+
+    def read() -> str:
+        try:
+            return path.read_text().strip() or "0"
+        except OSError:
+            return "0"
+
+    def take(text: str) -> None:
+        try:
+            offset[0] = int(text)
+        except ValueError:
+            pass  # keep the last good offset; the ack tells the harness which one holds
+        tmp = ack.with_name(ack.name + ".tmp")
+        tmp.write_text(f"{offset[0]}\n")
+        tmp.replace(ack)
+
+    def follow(seen: str) -> None:
+        while True:
+            time.sleep(0.02)
+            text = read()
+            if text != seen:
+                take(text)
+                seen = text
+
+    first = read()
+    take(first)  # a restarted server starts at the offset the harness last set
+    time.time_ns = lambda: real_ns() + offset[0]
+    time.time = lambda: (real_ns() + offset[0]) / 1e9
+    threading.Thread(target=follow, args=(first,), name="caravan-unsafe-wall-clock", daemon=True).start()
+    structlog.get_logger("caravan.server").warning(
+        "wall clock offset switch on", note="TEST ONLY: this server's wall clock follows " + str(path)
+    )
+
+
 def run_server(config: ServerConfig) -> int:
     """Entry point of ``caravan agent``: run until a signal; return the exit code."""
     # The RPC loop and pysyncobj's tick thread hand work to each other on every
     # write; with the default 5 ms GIL switch interval each hand-off can stall
     # that long (measured: 850 -> 1250 pipelined writes/s at 0.5 ms).
     sys.setswitchinterval(0.0005)
+    _install_unsafe_wall_clock(config)  # before Server() imports the modules that read the clock
     server = Server(config)
     try:
         asyncio.run(server.serve())

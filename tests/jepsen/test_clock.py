@@ -1,0 +1,92 @@
+"""The clock nemesis: a deterministic jump of the leader's wall clock (test-only server switch).
+
+The switch (``CARAVAN_UNSAFE_WALL_CLOCK_FILE``) shifts ``time.time`` /
+``time.time_ns`` in one server process; the leader stamps every raft entry
+with that clock, and the FSM turns entry times into modify/submit times,
+never going backwards (``now = max(last_time, entry time)``). These tests
+show the jump reaches the state through the leader's stamps, that a restored
+clock cannot pull the FSM's time back, and that a short run under the clock
+nemesis stays VALID (raft's timers are monotonic, so elections do not care).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jepsen_like.runner import (
+    CLOCK_FILE,
+    EXIT_OK,
+    RESULTS_FILE,
+    UNSAFE_WALL_CLOCK_ENV,
+    RunOptions,
+    run,
+)
+from jepsen_like.testbed import Testbed
+from jepsen_like.workloads import _job
+
+pytestmark = pytest.mark.cluster
+
+DAY = 86400
+
+
+@pytest.fixture
+def clock_testbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Testbed]:
+    monkeypatch.setenv(UNSAFE_WALL_CLOCK_ENV, CLOCK_FILE)  # the servers inherit the harness's environment
+    testbed = Testbed.create(tmp_path / "cluster", 3, clock_file=CLOCK_FILE)
+    try:
+        testbed.start_all(timeout=60.0)
+        yield testbed
+    finally:
+        testbed.teardown()
+
+
+def submit_time(testbed: Testbed, leader: str, job_id: str) -> float:
+    """Register ``job_id`` through ``leader``; its SubmitTime (seconds), which the FSM takes from the entry's stamp."""
+    with testbed.client(leader, timeout=10.0) as client:
+        client.call("job.register", {"job": _job(job_id, {"k": job_id})})
+        job = client.call("job.get", {"job_id": job_id})
+    return int(job["data"]["SubmitTime"]) / 1e9
+
+
+def test_leader_clock_jump_reaches_the_state_and_cannot_be_undone(clock_testbed: Testbed) -> None:
+    leader = clock_testbed.wait_for_leader(30.0)
+    before = submit_time(clock_testbed, leader, "before")
+    assert abs(before - time.time()) < 60
+
+    assert clock_testbed.set_clock_offset(leader, DAY * 10**9)
+    ahead = submit_time(clock_testbed, leader, "ahead")
+    assert abs(ahead - (time.time() + DAY)) < 60, "the leader stamps entries with its jumped clock"
+
+    assert clock_testbed.set_clock_offset(leader, 0)
+    after = submit_time(clock_testbed, leader, "after")
+    assert after >= ahead, "the FSM's time never goes back, so the jump outlives the restored clock"
+    assert clock_testbed.leader() == leader, "raft's timers are monotonic: a wall-clock jump starts no election"
+
+
+def test_backward_jump_does_not_move_state_times_back(clock_testbed: Testbed) -> None:
+    leader = clock_testbed.wait_for_leader(30.0)
+    first = submit_time(clock_testbed, leader, "first")
+    assert clock_testbed.set_clock_offset(leader, -DAY * 10**9)
+    behind = submit_time(clock_testbed, leader, "behind")
+    assert first <= behind < time.time() + 60
+
+
+def test_short_run_under_clock_jumps_is_valid(tmp_path: Path) -> None:
+    out = tmp_path / "clock"
+    options = RunOptions(
+        out=str(out), seed=41, nemeses=["clock", "partition"], workloads=["register", "set", "journal"],
+        time=20.0, quiet=(1.0, 2.0), hold=(1.5, 3.0), checker_timeout=60.0, convergence_wait=30.0,
+        keep_cluster_data=False,
+    )
+    code = run(options, log=lambda *_: None)
+    results = json.loads((out / RESULTS_FILE).read_text())
+    faults = [json.loads(line) for line in (out / "faults.jsonl").read_text().splitlines()]
+    why = f"report in {out}: " + "; ".join(f"{r['checker']} {r['status']}: {r['summary']}" for r in results)
+    assert code == EXIT_OK, why
+    clock = [f for f in faults if f["kind"] == "clock"]
+    assert clock and all("wall clock" in f["detail"] and "restored" in f["detail"] for f in clock), faults
