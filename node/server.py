@@ -45,6 +45,7 @@ from node.errors import (
 )
 from node.rpc_client import AsyncRPCClient
 from node.rpc_server import RequestContext, RPCServer
+from node.wakeup import CoalescedWake
 from raft import errors as raft_errors
 from raft.node import RaftNode
 
@@ -102,8 +103,7 @@ class Server:
         self._service_stops: list[features.ServiceStop] = []
         self._stopping = threading.Event()
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
-        self._settle_lock = threading.Lock()
-        self._settle_scheduled = False
+        self._tick_events: CoalescedWake | None = None  # commits and settled writes -> the loop
         self.snapshot_installs = 0  # raft dumps restored into the store (see _counting_installs)
         self.last_snapshot_install = 0
 
@@ -199,6 +199,7 @@ class Server:
         self.loop = asyncio.get_running_loop()
         self.loop.set_default_executor(self.executor)
         self._applied_event = asyncio.Event()
+        self._tick_events = CoalescedWake(self.loop, self._take_tick_events)
         self.fsm.on_commit(self._on_commit)
         self.raft = self._start_raft()
         address = await self.rpc.start()
@@ -228,12 +229,18 @@ class Server:
 
     # -- events from the tick thread ----------------------------------------------
     def _on_commit(self, applied_index: int) -> None:
-        loop = self.loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._committed)
-            except RuntimeError:
-                pass
+        if self._tick_events is not None:
+            self._tick_events.notify()
+
+    def _take_tick_events(self) -> None:
+        """On the loop: settle the writes the tick thread finished, and wake blocking queries.
+
+        One wake-up of the loop per burst of ticks for both: a
+        ``call_soon_threadsafe`` per commit (and another per batch of
+        results) was ~6% of a follower's CPU under pipelined writes.
+        """
+        self._drain_settled()
+        self._committed()
 
     def _committed(self) -> None:
         """Wake every blocking query that waits for a commit.
@@ -282,18 +289,10 @@ class Server:
         hand-off each; a tick that commits hundreds of entries needs one.
         """
         self._settled.append((future, value))
-        with self._settle_lock:
-            if self._settle_scheduled:
-                return
-            self._settle_scheduled = True
-        try:
-            future.get_loop().call_soon_threadsafe(self._drain_settled)
-        except RuntimeError:  # loop closed: nobody is waiting any more
-            pass
+        if self._tick_events is not None:
+            self._tick_events.notify()
 
     def _drain_settled(self) -> None:
-        with self._settle_lock:
-            self._settle_scheduled = False
         while self._settled:
             future, value = self._settled.popleft()
             if not future.done():
