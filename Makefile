@@ -28,8 +28,8 @@ test: $(STAMP)
 # replicas; exits non-zero if any run found an anomaly. Reports under
 # JEPSEN_OUT (each run: summary.txt, timeline.html, plot.png, histories).
 JEPSEN_OUT ?= .caravan/jepsen
-JEPSEN_SEEDS ?= 1:8
-JEPSEN_NEMESIS ?= kill,kill-all,pause,partition
+JEPSEN_SEEDS ?= 1:12
+JEPSEN_NEMESIS ?= kill,kill-all,pause,partition,snapshot-lag,clock
 JEPSEN_TIME ?= 60
 JEPSEN_WORKLOAD ?= register,set,journal
 jepsen: $(STAMP)
