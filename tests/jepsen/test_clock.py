@@ -11,7 +11,6 @@ nemesis stays VALID (raft's timers are monotonic, so elections do not care).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +20,11 @@ import pytest
 from jepsen_like.runner import (
     CLOCK_FILE,
     EXIT_OK,
-    RESULTS_FILE,
     UNSAFE_WALL_CLOCK_ENV,
-    RunOptions,
-    run,
 )
 from jepsen_like.testbed import Testbed
 from jepsen_like.workloads import _job
+from tests.jepsen.support import short_run
 
 pytestmark = pytest.mark.cluster
 
@@ -77,16 +74,7 @@ def test_backward_jump_does_not_move_state_times_back(clock_testbed: Testbed) ->
 
 
 def test_short_run_under_clock_jumps_is_valid(tmp_path: Path) -> None:
-    out = tmp_path / "clock"
-    options = RunOptions(
-        out=str(out), seed=41, nemeses=["clock", "partition"], workloads=["register", "set", "journal"],
-        time=20.0, quiet=(1.0, 2.0), hold=(1.5, 3.0), checker_timeout=60.0, convergence_wait=30.0,
-        keep_cluster_data=False,
-    )
-    code = run(options, log=lambda *_: None)
-    results = json.loads((out / RESULTS_FILE).read_text())
-    faults = [json.loads(line) for line in (out / "faults.jsonl").read_text().splitlines()]
-    why = f"report in {out}: " + "; ".join(f"{r['checker']} {r['status']}: {r['summary']}" for r in results)
-    assert code == EXIT_OK, why
-    clock = [f for f in faults if f["kind"] == "clock"]
-    assert clock and all("wall clock" in f["detail"] and "restored" in f["detail"] for f in clock), faults
+    r = short_run(tmp_path / "clock", 41, ["clock", "partition"], time=20.0, convergence_wait=30.0)
+    assert r.code == EXIT_OK, r.explain()
+    clock = [f for f in r.faults if f["kind"] == "clock"]
+    assert clock and all("wall clock" in f["detail"] and "restored" in f["detail"] for f in clock), r.faults

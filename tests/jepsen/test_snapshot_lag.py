@@ -10,52 +10,24 @@ the diverged replica.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from jepsen_like.__main__ import main
 from jepsen_like.nemesis import SnapshotLag
-from jepsen_like.runner import EXIT_ANOMALY, EXIT_OK, RESULTS_FILE, RUN_FILE, RunOptions, run
+from jepsen_like.runner import EXIT_ANOMALY, EXIT_OK
 from jepsen_like.testbed import Testbed
 from jepsen_like.workloads import LIFECYCLE_GC_CONFIG
 from node.config import load_config
+from tests.jepsen.support import ShortRun, short_run
 
 UNSAFE_SKIP_RESTORE = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"
 BY_INSTALL = "by snapshot install"
 
 
-def lag_run(out: Path, seed: int, **overrides: object) -> tuple[int, list[dict], list[dict], dict]:
-    settings: dict[str, object] = {
-        "quiet": (1.0, 2.0),
-        "hold": (2.0, 3.0),
-        "workloads": ["register", "set", "journal"],
-        "time": 20.0,
-    } | overrides
-    options = RunOptions(
-        out=str(out),
-        seed=seed,
-        nemeses=["snapshot-lag"],
-        checker_timeout=60.0,
-        convergence_wait=30.0,
-        keep_cluster_data=False,
-        **settings,  # type: ignore[arg-type]
-    )
-    code = run(options, log=lambda *_: None)
-    results = json.loads((out / RESULTS_FILE).read_text())
-    faults = [json.loads(line) for line in (out / "faults.jsonl").read_text().splitlines()]
-    meta = json.loads((out / RUN_FILE).read_text())
-    return code, results, faults, meta
-
-
-def explain(results: list[dict], faults: list[dict], out: Path) -> str:
-    checks = "; ".join(f"{r['checker']} {r['status']}: {r['summary']}" for r in results)
-    return f"report in {out}: {checks}; faults: " + " | ".join(f["detail"] for f in faults)
-
-
-def by_checker(results: list[dict], checker: str) -> dict:
-    return next(r for r in results if r["checker"] == checker)
+def lag_run(out: Path, seed: int, **overrides: object) -> ShortRun:
+    return short_run(out, seed, ["snapshot-lag"], hold=(2.0, 3.0), time=20.0, convergence_wait=30.0, **overrides)
 
 
 # -- without a cluster ---------------------------------------------------------------------
@@ -98,25 +70,25 @@ def test_cli_rejects_a_non_positive_compaction_threshold(tmp_path: Path, capsys:
 @pytest.mark.cluster
 def test_lagging_follower_catches_up_by_snapshot_install(tmp_path: Path) -> None:
     out = tmp_path / "lag"
-    code, results, faults, meta = lag_run(out, 31)
-    why = explain(results, faults, out)
-    assert code == EXIT_OK, why
-    assert faults and all(f["kind"] == "snapshot-lag" and f["end"] is not None for f in faults), why
-    assert any(BY_INSTALL in f["detail"] for f in faults), why
-    assert meta["compaction_entries"] == 300
-    assert meta["nemesis_stats"]["snapshot-lag"]["caught_up_by_snapshot_install"] >= 1, why
+    r = lag_run(out, 31)
+    why = r.explain()
+    assert r.code == EXIT_OK, why
+    assert r.faults and all(f["kind"] == "snapshot-lag" and f["end"] is not None for f in r.faults), why
+    assert any(BY_INSTALL in f["detail"] for f in r.faults), why
+    assert r.meta["compaction_entries"] == 300
+    assert r.meta["nemesis_stats"]["snapshot-lag"]["caught_up_by_snapshot_install"] >= 1, why
     for checker in ("linearizability", "set", "journal", "convergence"):
-        assert by_checker(results, checker)["status"] == "ok", why
-    assert by_checker(results, "linearizability")["operations"] > 100, why
+        assert r.checker(checker)["status"] == "ok", why
+    assert r.checker("linearizability")["operations"] > 100, why
 
 
 @pytest.mark.cluster
 def test_skipped_snapshot_restore_is_reported(tmp_path: Path) -> None:
     """A follower that ignores the dump it is sent diverges; the run must say so."""
     out = tmp_path / "buggy"
-    code, results, faults, _ = lag_run(out, 31, server_env={UNSAFE_SKIP_RESTORE: "1"})
-    why = explain(results, faults, out)
-    assert code == EXIT_ANOMALY, why
-    assert not any(BY_INSTALL in f["detail"] for f in faults), why  # nothing was restored
-    assert by_checker(results, "convergence")["status"] == "anomaly", why
-    assert "DIVERGED" in by_checker(results, "convergence")["summary"], why
+    r = lag_run(out, 31, server_env={UNSAFE_SKIP_RESTORE: "1"})
+    why = r.explain()
+    assert r.code == EXIT_ANOMALY, why
+    assert not any(BY_INSTALL in f["detail"] for f in r.faults), why  # nothing was restored
+    assert r.checker("convergence")["status"] == "anomaly", why
+    assert "DIVERGED" in r.checker("convergence")["summary"], why
