@@ -663,6 +663,11 @@ def reconcile_summaries(w: StateWriter, msg: m.ReconcileSummaries) -> dict[str, 
     return {"reconciled": changed}
 
 
+def nested_batch(w: StateWriter, msg: m.Batch) -> dict[str, Any]:
+    """Only reached for a batch inside a batch: the FSM unpacks top-level batches itself."""
+    raise ApplyRejected("bad_request", "a batch cannot contain another batch")
+
+
 HANDLERS: dict[MessageType, Handler] = {
     MessageType.JOB_REGISTER: job_register,
     MessageType.JOB_DEREGISTER: job_deregister,
@@ -684,5 +689,6 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.ACL_TOKEN_DELETE: acl_token_delete,
     MessageType.BARRIER: barrier,
     MessageType.RECONCILE_SUMMARIES: reconcile_summaries,
+    MessageType.BATCH: nested_batch,
 }
 assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

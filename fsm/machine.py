@@ -31,7 +31,7 @@ from fsm import codec, journal
 from fsm.errors import ApplyRejected, CodecError, FatalApplyError
 from fsm.handlers import HANDLERS
 from fsm.keys import SEP, u64
-from fsm.messages import IGNORE_FLAG, MessageType, decode_entry
+from fsm.messages import IGNORE_FLAG, Entry, MessageType, decode_entry
 from fsm.store import (
     DEFAULT_MAP_SIZE,
     META_APPLIED,
@@ -66,9 +66,29 @@ class ApplyResult:
     error: str = ""
     duplicate: bool = False  # a retried request id: this is the first attempt's result
     skipped: bool = False  # already applied before a restart, or an ignorable unknown type
+    batch: list[ApplyResult] | None = None  # a Batch entry: each item's own result, in order
 
     def to_wire(self) -> dict[str, Any]:
         return {"index": self.index, "ok": self.ok, "value": self.value, "code": self.code, "error": self.error}
+
+
+@dataclass
+class _BatchItem:
+    """An item of the batch being applied, as it went (for replaying the batch after a rollback)."""
+
+    entry: bytes
+    result: ApplyResult
+    now: int | None  # the clock it was applied with (None: it did not decode)
+    undone: bool = False  # rejected after writing: its writes were rolled back
+
+
+@dataclass
+class _Batch:
+    index: int
+    time: int
+    items: list[_BatchItem] = field(default_factory=list)
+    records: list[bytes] = field(default_factory=list)  # journal records of its applied items
+    rolled_back: bool = False
 
 
 def _exit_on_fatal(exc: BaseException) -> NoReturn:
@@ -99,6 +119,7 @@ class FSM:
         # it: a rejected entry that already wrote is undone by replaying them.
         self._pending: list[tuple[int, bytes]] = []
         self._group_start = (0, 0)
+        self._batch: _Batch | None = None  # the Batch entry being applied
         self._listeners: list[Callable[[int], None]] = []
         with self.store.read() as r:
             self._applied = r.applied_index
@@ -226,9 +247,13 @@ class FSM:
             with self.store.read() as r:
                 self._applied, self._last_time = r.applied_index, r.last_time
 
-    def _consume(self, index: int, entry: bytes, result: ApplyResult) -> ApplyResult:
+    def _consume(self, index: int, entry: bytes, result: ApplyResult, now: int | None = None) -> ApplyResult:
         self._applied = index
-        self._pending.append((index, entry))
+        batch = self._batch
+        if batch is None:
+            self._pending.append((index, entry))
+        else:
+            batch.items.append(_BatchItem(entry, result, now))
         return result
 
     def _rollback(self) -> lmdb.Transaction:
@@ -237,10 +262,14 @@ class FSM:
         Entries are not applied in nested transactions (LMDB copies every page
         an entry touches into a child); rejections after a write are rare, so
         undoing the whole group and replaying it (deterministically: the same
-        results) is cheaper overall. The caller commits right after, so a
-        group is replayed at most once per such rejection.
+        results) is cheaper overall. The caller commits right after (after the
+        batch, for an item of one), so a group is replayed at most once per
+        such rejection. Inside a batch, the items before the rejected one are
+        replayed too; an earlier item that was itself undone is not applied
+        again, only its answer remembered, as the first time.
         """
         pending = self._pending
+        batch, self._batch = self._batch, None
         assert self._txn is not None
         self._txn.abort()
         self._txn = None
@@ -250,7 +279,26 @@ class FSM:
         txn = self._begin()
         for index, entry in pending:
             self._apply(index, entry)
+        if batch is not None:
+            self._last_time = max(self._last_time, batch.time)
+            items, batch.items, batch.records = batch.items, [], []
+            self._batch = batch
+            for item in items:
+                if item.undone:
+                    self._redo_undone(batch.index, item)
+                else:
+                    self._apply(batch.index, item.entry)
         return txn
+
+    def _redo_undone(self, index: int, item: _BatchItem) -> None:
+        """Replay a batch item that was rejected after writing: its answer and clock, not its writes."""
+        assert item.now is not None and self._txn is not None
+        self._last_time = max(self._last_time, item.now)
+        rid = decode_entry(item.entry).rid
+        if rid:
+            self._remember(self._txn, rid, item.now, item.result)
+        self._consume(index, item.entry, item.result, item.now)
+        self._batch.items[-1].undone = True  # type: ignore[union-attr]
 
     def _apply(self, index: int, entry: bytes) -> ApplyResult:
         txn = self._begin()
@@ -269,18 +317,23 @@ class FSM:
             decoded = decode_entry(entry)
         except CodecError as exc:
             return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error=str(exc)))
+        if decoded.type is MessageType.BATCH and self._batch is None:
+            return self._apply_batch(index, entry, decoded)
         self._last_time = max(self._last_time, decoded.time)
         now = self._last_time
         if decoded.rid and index > self._unsafe_reapply_upto:
             prior = txn.get(decoded.rid.encode(), db=self.store.dbs["requests"])
             if prior is not None:
                 data = codec.unpack(prior)
-                return self._consume(index, entry, ApplyResult(duplicate=True, **data))
+                return self._consume(index, entry, ApplyResult(duplicate=True, **data), now)
         writer = StateWriter(self.store, txn, index, now)
         try:
             value = HANDLERS[decoded.type](writer, decoded.body)
             writer.finish()
-            journal.append(txn, self.store.dbs, index, writer.records, self.retention)
+            if self._batch is None:
+                journal.append(txn, self.store.dbs, index, writer.records, self.retention)
+            else:  # one journal batch per raft index: the batch writes its items' records at its end
+                self._batch.records.extend(writer.records)
             result = ApplyResult(index, True, value=value)
             for table in writer.touched:
                 self._touched[table] = index
@@ -299,8 +352,39 @@ class FSM:
             self._last_time = max(self._last_time, decoded.time)
         if decoded.rid:
             self._remember(txn, decoded.rid, now, result)
-        self._consume(index, entry, result)
+        self._consume(index, entry, result, now)
         if rolled_back:
+            if self._batch is None:
+                self.commit()
+            else:
+                self._batch.items[-1].undone = True
+                self._batch.rolled_back = True
+        return result
+
+    def _apply_batch(self, index: int, entry: bytes, decoded: Entry) -> ApplyResult:
+        """Apply a leader's batch of client writes at one index, each item on its own.
+
+        Items keep their own request ids (dedupe), times, results and
+        rejections. Their journal records form the index's one journal batch.
+        A crash can only lose the whole batch (it is one raft entry; the group
+        is not committed inside it), which raft then re-applies.
+        """
+        self._last_time = max(self._last_time, decoded.time)
+        batch = self._batch = _Batch(index, decoded.time)
+        results = []
+        try:
+            for item in decoded.body.entries:
+                results.append(self._apply(index, item))
+        finally:
+            self._batch = None
+        txn = self._txn
+        assert txn is not None
+        if batch.records:
+            journal.append(txn, self.store.dbs, index, batch.records, self.retention)
+            self._touched["journal"] = index
+        result = ApplyResult(index, True, value={"results": [r.to_wire() for r in results]}, batch=results)
+        self._consume(index, entry, result)
+        if batch.rolled_back:
             self.commit()
         return result
 

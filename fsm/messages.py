@@ -54,6 +54,7 @@ class MessageType(IntEnum):
     ACL_TOKEN_DELETE = 18
     BARRIER = 19
     RECONCILE_SUMMARIES = 20
+    BATCH = 21
 
 
 @dataclass
@@ -207,6 +208,20 @@ class ReconcileSummaries:
     """Recount every job summary from its allocs (Nomad's PUT /v1/system/reconcile/summaries)."""
 
 
+@dataclass
+class Batch:
+    """Several client writes the leader coalesced into one raft entry (as Nomad batches alloc updates).
+
+    Each item is a complete entry of another type (``type byte | envelope``)
+    with its own time and request id. The FSM applies them in order at the
+    batch's index, each deduplicated, answered and rejected on its own; a
+    rejected item changes nothing and leaves the others applied. A batch
+    inside a batch is rejected (as an item).
+    """
+
+    entries: list[bytes] = field(default_factory=list)
+
+
 PAYLOADS: dict[MessageType, type] = {
     MessageType.JOB_REGISTER: JobRegister,
     MessageType.JOB_DEREGISTER: JobDeregister,
@@ -228,6 +243,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.ACL_TOKEN_DELETE: ACLTokenDelete,
     MessageType.BARRIER: Barrier,
     MessageType.RECONCILE_SUMMARIES: ReconcileSummaries,
+    MessageType.BATCH: Batch,
 }
 MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
 
@@ -247,6 +263,12 @@ def encode_entry(body: Any, *, time: int, rid: str) -> bytes:
     msg_type = MESSAGE_OF[type(body)]
     envelope = {"v": codec.SCHEMA_VERSION, "time": time, "rid": rid, "body": codec.to_wire(body)}
     return bytes([msg_type]) + codec.pack(envelope)
+
+
+def encode_batch(entries: list[bytes], *, time: int) -> bytes:
+    """One ``Batch`` entry around already encoded entries (no request id of its own)."""
+    envelope = {"v": codec.SCHEMA_VERSION, "time": time, "rid": "", "body": {"entries": entries}}
+    return bytes([MessageType.BATCH]) + codec.pack(envelope)
 
 
 def peek_type(entry: bytes) -> int:

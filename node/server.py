@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from fsm.machine import FSM, ApplyResult
-from fsm.messages import encode_entry
+from fsm.messages import encode_batch, encode_entry
 from fsm.store import StateReader
 from node import acl, features
 from node.acl import Need
@@ -54,6 +54,23 @@ READ_WAIT_MAX = 300.0
 FORWARD_ATTEMPT = 1.0  # seconds one forwarding attempt may take before leadership is looked up again
 RETRY_FORWARD = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE, TIMEOUT, UNKNOWN_OUTCOME})
 FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
+# Leader-side coalescing: while this many raft entries of writes are in flight,
+# new writes wait and go out together as one Batch entry (fsm/messages.py).
+MAX_WRITE_ENTRIES_IN_FLIGHT = 2
+# Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
+BATCH_OVERHEAD = 256
+ITEM_OVERHEAD = 16
+
+
+@dataclass
+class _Queued:
+    """A write waiting for the next raft entry: its encoded entry, its stored size bound, its answer."""
+
+    entry: bytes
+    cost: int
+    future: asyncio.Future[tuple[ApplyResult, int]]
+
+
 #: TEST ONLY -- a deliberate bug for jepsen_like's snapshot-lag must-fail run
 #: (tests/jepsen/test_snapshot_lag.py): with ``=1`` in a server's environment,
 #: it keeps its store when raft hands it a dump (a follower's snapshot install)
@@ -104,6 +121,10 @@ class Server:
         self._stopping = threading.Event()
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
         self._tick_events: CoalescedWake | None = None  # commits and settled writes -> the loop
+        self._write_queue: collections.deque[_Queued] = collections.deque()
+        self._queued_cost = 0
+        self._entries_in_flight: set[object] = set()
+        self._flush_scheduled = False
         self.snapshot_installs = 0  # raft dumps restored into the store (see _counting_installs)
         self.last_snapshot_install = 0
 
@@ -364,10 +385,121 @@ class Server:
         if not self.raft.is_leader:
             raise RPCError.not_leader(self.leader_rpc())
         entry = encode_entry(body, time=time.time_ns(), rid=rid or uuid.uuid4().hex)
-        result, index = await self._submit(entry)
+        result, index = await self._submit_coalesced(entry)
         if not result.ok:
             raise RPCError(result.code or BAD_REQUEST, result.error)
         return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
+
+    # -- leader-side coalescing ---------------------------------------------------
+    async def _submit_coalesced(self, entry: bytes) -> tuple[ApplyResult, int]:
+        """Put ``entry`` on the log, alone or in one Batch entry with other writes.
+
+        A write goes out at once when fewer than MAX_WRITE_ENTRIES_IN_FLIGHT of
+        our entries are uncommitted (after the writes already runnable on the
+        loop joined it), else it waits for one to commit, and the writes that
+        waited go out together. Each keeps its own request id, result and
+        error; a batch never exceeds the entry size limit (an entry too large
+        alone is submitted alone and refused as before).
+        """
+        # What the entry costs in the raft log at most: pickle stores bytes as
+        # UTF-8 of latin-1, so each byte >= 0x80 takes two.
+        cost = len(entry.decode("latin-1").encode()) + ITEM_OVERHEAD
+        future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
+        self._write_queue.append(_Queued(entry, cost, future))
+        self._queued_cost += cost
+        if not self._flush_scheduled and (
+            len(self._entries_in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT
+            or self._queued_cost + BATCH_OVERHEAD >= self.raft.max_entry_bytes
+        ):
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_writes)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), WRITE_TIMEOUT)
+        except TimeoutError:
+            raise RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id") from None
+
+    def _flush_writes(self) -> None:
+        """Loop: submit what is queued, as one entry per size-limited run."""
+        self._flush_scheduled = False
+        limit = self.raft.max_entry_bytes - BATCH_OVERHEAD
+        while self._write_queue and (
+            len(self._entries_in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self._queued_cost >= limit
+        ):
+            items = [self._write_queue.popleft()]
+            size = items[0].cost
+            while self._write_queue and size + self._write_queue[0].cost <= limit:
+                item = self._write_queue.popleft()
+                items.append(item)
+                size += item.cost
+            self._queued_cost -= size
+            self._submit_items(items)
+
+    def _submit_items(self, items: list[_Queued]) -> None:
+        loop = asyncio.get_running_loop()
+        if len(items) == 1:
+            entry = items[0].entry
+        else:
+            entry = encode_batch([item.entry for item in items], time=time.time_ns())
+        token = object()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def done(result: Any, index: Any, error: Any) -> None:
+            self._settle_from_tick(future, ((result, index), error))
+
+        try:
+            self.raft.submit(entry, done)
+        except raft_errors.NotLeaderError as exc:
+            self._fail_items(items, RPCError.not_leader(self.rpc_of_raft.get(exc.leader_address or "")))
+            return
+        except raft_errors.EntryTooLargeError as exc:
+            self._fail_items(items, RPCError(BAD_REQUEST, str(exc)))
+            return
+        except raft_errors.RaftError as exc:
+            self._fail_items(items, RPCError(UNAVAILABLE, str(exc)))
+            return
+        self._entries_in_flight.add(token)
+        # Never let a lost callback stall the queue: the entry stops counting
+        # as in flight when its writers give up anyway.
+        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_settled, token)
+        future.add_done_callback(lambda f: self._entry_done(f, items, token, expiry))
+
+    def _entry_settled(self, token: object) -> None:
+        if token in self._entries_in_flight:
+            self._entries_in_flight.discard(token)
+            if self._write_queue and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_writes)
+
+    def _entry_done(self, future: asyncio.Future[Any], items: list[_Queued], token: object, expiry: asyncio.TimerHandle) -> None:
+        expiry.cancel()
+        self._entry_settled(token)
+        (result, index), error = future.result()
+        if error is not None:
+            if isinstance(error, raft_errors.OverloadedError):
+                exc = RPCError(UNAVAILABLE, str(error))
+            elif isinstance(error, raft_errors.NotLeaderError):
+                exc = RPCError(UNKNOWN_OUTCOME, "leadership changed while the write was in flight; retry with the same request id")
+            else:
+                exc = RPCError(UNKNOWN_OUTCOME, f"write outcome unknown ({error}); retry with the same request id")
+            self._fail_items(items, exc)
+            return
+        if len(items) == 1:
+            if not items[0].future.done():
+                items[0].future.set_result((result, index))
+            return
+        if result.batch is None or len(result.batch) != len(items):  # cannot happen: the FSM answers every item
+            self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the batch's results were lost; retry with the same request id"))
+            return
+        for item, sub in zip(items, result.batch, strict=True):
+            if not item.future.done():
+                item.future.set_result((sub, index))
+
+    @staticmethod
+    def _fail_items(items: list[_Queued], exc: RPCError) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(exc)
+                item.future.exception()  # retrieved here: a writer that gave up must not log it
 
     async def write(self, ctx: RequestContext, need: Need, body: Any) -> dict[str, Any]:
         """Put ``body`` on the log through the leader; returns {index, value, duplicate}.
@@ -386,33 +518,6 @@ class Server:
         """Send the request on to the leader unless this server is it."""
         if not self.raft.is_leader:
             raise _Forward(self.leader_rpc())
-
-    async def _submit(self, entry: bytes) -> tuple[ApplyResult, int]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[Any, Any]] = loop.create_future()
-
-        def done(result: Any, index: Any, error: Any) -> None:
-            self._settle_from_tick(future, ((result, index), error))
-
-        try:
-            self.raft.submit(entry, done)
-        except raft_errors.NotLeaderError as exc:
-            raise RPCError.not_leader(self.rpc_of_raft.get(exc.leader_address or "")) from None
-        except raft_errors.EntryTooLargeError as exc:
-            raise RPCError(BAD_REQUEST, str(exc)) from None
-        except raft_errors.RaftError as exc:
-            raise RPCError(UNAVAILABLE, str(exc)) from None
-        try:
-            result, error = await asyncio.wait_for(asyncio.shield(future), WRITE_TIMEOUT)
-        except TimeoutError:
-            raise RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id") from None
-        if error is not None:
-            if isinstance(error, raft_errors.OverloadedError):
-                raise RPCError(UNAVAILABLE, str(error))
-            if isinstance(error, raft_errors.NotLeaderError):
-                raise RPCError(UNKNOWN_OUTCOME, "leadership changed while the write was in flight; retry with the same request id")
-            raise RPCError(UNKNOWN_OUTCOME, f"write outcome unknown ({error}); retry with the same request id")
-        return result
 
     # -- reads ----------------------------------------------------------------------------
     async def linearize(self, ctx: RequestContext) -> None:

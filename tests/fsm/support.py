@@ -449,6 +449,7 @@ def check_invariants(
 def sample_bodies() -> list[Any]:
     """A log touching every message type, mostly valid, with some rejections."""
     from fsm import messages as m
+    from fsm.messages import encode_entry
     from fsm.structs import DeploymentStatus, DesiredTransition, TaskState
 
     job = make_job("web", count=2)
@@ -503,6 +504,12 @@ def sample_bodies() -> list[Any]:
         m.ReconcileSummaries(),
         m.JobDeregister(job_id="web", purge=True),
         m.Barrier(),
+        m.Batch(
+            entries=[
+                encode_entry(m.NodeRegister(node=make_node("n3")), time=T0, rid="batched-1"),
+                encode_entry(m.JobDeregister(job_id="nope"), time=T0, rid="batched-2"),  # not_found
+            ]
+        ),
     ]
 
 

@@ -38,7 +38,7 @@ from fsm import codec
 from fsm import messages as m
 from fsm.journal import Retention
 from fsm.keys import MAX_ID_BYTES, valid_id
-from fsm.messages import IGNORE_FLAG, MessageType, encode_entry
+from fsm.messages import IGNORE_FLAG, MessageType, encode_batch, encode_entry
 from fsm.store import TABLES
 from fsm.structs import (
     MINUTE,
@@ -199,6 +199,10 @@ class FSMMachine(RuleBasedStateMachine):
         self.extra = 0
         self.chunk = 1
         self.retention: Retention | None = None
+        # Batching: while batch_size >= 2, submitted entries are collected and
+        # applied as one Batch entry (type 21) once batch_size are queued.
+        self.batch_size = 0
+        self.queued: list[tuple[bytes, int | None, str, Any]] = []
 
     # -- set-up ------------------------------------------------------------------
     @initialize(
@@ -249,7 +253,87 @@ class FSMMachine(RuleBasedStateMachine):
     def submit(self, body: Any, skew: int = 30, rid_choice: int = 2) -> None:
         time = self.next_time(skew)
         rid = self.next_rid(rid_choice)
-        self.step(encode_entry(body, time=time, rid=rid), time, rid, body)
+        entry = encode_entry(body, time=time, rid=rid)
+        if self.batch_size >= 2:
+            self.queued.append((entry, time, rid, body))
+            if len(self.queued) >= self.batch_size:
+                self.flush_batch()
+            return
+        self.step(entry, time, rid, body)
+
+    # -- batches ---------------------------------------------------------------------
+    @rule(size=st.sampled_from([0, 0, 2, 3, 5]))
+    def batching(self, size: int) -> None:
+        """Switch batching on (size >= 2) or off; what is queued goes out first."""
+        self.flush_batch()
+        self.batch_size = size
+
+    @rule(kind=st.sampled_from(["garbage", "nested", "unknown_flagged"]))
+    def bad_item(self, kind: int) -> None:
+        """An item that fails to decode, a batch inside a batch, or an ignorable unknown type."""
+        if self.batch_size < 2:
+            return
+        if kind == "garbage":
+            entry = bytes([MessageType.JOB_REGISTER]) + b"\xc1"
+        elif kind == "nested":
+            entry = encode_batch([encode_entry(m.Barrier(), time=self.clock, rid="")], time=self.clock)
+        else:
+            entry = bytes([IGNORE_FLAG | 99]) + b"later"
+        self.queued.append((entry, None, "", None))
+
+    def flush_batch(self) -> None:
+        if not self.queued:
+            return
+        queued, self.queued = self.queued, []
+        a = self.a
+        assert a is not None
+        times = [t for _, t, _, _ in queued if t is not None]
+        batch_time = max(times) if times else self.clock
+        before = self.state
+        last_before = a.fsm.last_time
+        result = a.raw(encode_batch([e for e, _, _, _ in queued], time=batch_time))
+        after = self.state = dump(a.fsm)
+        assert result.ok and result.batch is not None and len(result.batch) == len(queued)
+        assert a.fsm.applied_index == a.index
+        assert a.fsm.last_time == max(last_before, batch_time)
+        applied = False
+        for (_, _time, rid, body), sub in zip(queued, result.batch, strict=True):
+            label = type(body).__name__ if body is not None else "raw"
+            event(f"batched {label}: {'skipped' if sub.skipped else 'duplicate' if sub.duplicate else sub.code or 'ok'}")
+            note(f"#{a.index} batched {label} -> ok={sub.ok} code={sub.code} {sub.error} {sub.value}")
+            assert sub.code != "internal", f"handler bug: {sub.error}"
+            assert sub.index == a.index or sub.duplicate
+            if body is None:
+                assert not sub.ok or sub.skipped
+                continue
+            if sub.duplicate:
+                assert sub.to_wire() == self.first_result[rid], "a retry must return the first result"
+            elif rid:
+                self.first_result[rid] = sub.to_wire()
+            if sub.ok and not sub.duplicate:
+                applied = True
+                if isinstance(body, m.JobDeregister) and body.purge:
+                    self.purged.add(body.job_id)
+        changed = state_diff(without_bookkeeping(before), without_bookkeeping(after))
+        if not applied:
+            assert not changed, f"a batch of rejected/duplicate items changed {changed}"
+        else:
+            with a.fsm.read() as r:
+                for table in TABLES:
+                    newest = max((codec.unpack(v)["modify_index"] for v in after[table].values()), default=0)
+                    # deleted: gone since the last step, or created and deleted inside this batch
+                    if set(before[table]) - set(after[table]) or r.table_index(table) > newest:
+                        self.deleted_from.add(table)
+        new_batches = set(after["journal"]) - set(before["journal"])
+        assert new_batches <= {a.index.to_bytes(8, "big")}, "journal batch at the wrong index"
+        self.results.append((result.to_wire(), result.skipped, result.duplicate))
+        with a.fsm.read() as r:
+            check_invariants(
+                r,
+                purged=self.purged,
+                deleted_from=self.deleted_from,
+                journal_secrets=[secret_hash(s) for s in ("s1", "s2", "s3", "s4", "s5", "boot")],
+            )
 
     def step(self, entry: bytes, time: int | None, rid: str = "", body: Any = None) -> None:
         a = self.a
@@ -704,6 +788,7 @@ class FSMMachine(RuleBasedStateMachine):
     @rule(skew=st.integers(-5, 60))
     def reconcile_summaries(self, skew: int) -> None:
         """Summaries always equal a recount here, so a reconcile must change no counter."""
+        self.flush_batch()  # queued items may rightly change counters
         before = {k: codec.unpack(v)["summary"] for k, v in self.state["job_summary"].items()}
         self.submit(m.ReconcileSummaries(), skew)
         after = {k: codec.unpack(v)["summary"] for k, v in self.state["job_summary"].items()}
@@ -769,6 +854,7 @@ class FSMMachine(RuleBasedStateMachine):
         a = self.a
         if a is None:
             return
+        self.flush_batch()
         others: list[Harness] = []
         try:
             entries = list(a.entries)
