@@ -171,11 +171,29 @@ class _Method:
 class _Connection:
     """One client connection: its writer and the tasks of its requests."""
 
-    def __init__(self, writer: asyncio.StreamWriter, peer: str, max_frame: int) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, peer: str, max_frame: int, max_inflight: int = 256) -> None:
         self.writer = writer
         self.peer = peer
         self.max_frame = max_frame
+        self.max_inflight = max_inflight
         self.tasks: set[asyncio.Task[None]] = set()
+        self._room: asyncio.Future[None] | None = None  # set while reading waits for a free slot
+
+    async def wait_for_room(self) -> None:
+        """Stop reading while ``max_inflight`` requests run (TCP then pushes back on the client).
+
+        A counter and one future rather than an ``asyncio.Semaphore``, whose
+        acquire/release scan their waiters on every request.
+        """
+        while len(self.tasks) >= self.max_inflight:
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+
+    def request_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
 
     async def send(self, message: dict[str, Any]) -> None:
         frame = pack_frame(message, self.max_frame, "response")
@@ -329,8 +347,7 @@ class RPCServer:
     ) -> None:
         peername = writer.get_extra_info("peername")
         peer = format_address(peername[0], peername[1]) if peername else "unknown"
-        conn = _Connection(writer, peer, self.max_frame)
-        slots = asyncio.Semaphore(self.max_inflight_per_connection)
+        conn = _Connection(writer, peer, self.max_frame, self.max_inflight_per_connection)
         try:
             while True:
                 try:
@@ -344,10 +361,10 @@ class RPCServer:
                     return
                 if body is None:
                     return
-                await slots.acquire()
+                await conn.wait_for_room()
                 task = asyncio.create_task(self._handle(conn, body))
                 conn.tasks.add(task)
-                task.add_done_callback(functools.partial(_request_done, conn.tasks, slots))
+                task.add_done_callback(conn.request_done)
         finally:
             for task in list(conn.tasks):
                 task.cancel()
@@ -450,13 +467,6 @@ class RPCServer:
             fallback = RPCError(err.code if err.code != FRAME_TOO_LARGE else INTERNAL, err.message)
             with contextlib.suppress(ConnectionError, TypeError, ValueError, RPCError):
                 await conn.send(_error(ctx.request_id, fallback))
-
-
-def _request_done(
-    tasks: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]
-) -> None:
-    tasks.discard(task)
-    slots.release()
 
 
 class RPCServerThread:

@@ -413,10 +413,11 @@ class Server:
         ):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_writes)
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), WRITE_TIMEOUT)
-        except TimeoutError:
-            raise RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id") from None
+        # No wait_for/shield per write (two extra futures and a timer each):
+        # the entry's own timer answers every write in it at WRITE_TIMEOUT, and
+        # a write still queued then goes out with the next entry. A cancelled
+        # waiter (its connection closed) leaves the write queued or in flight.
+        return await future
 
     def _flush_writes(self) -> None:
         """Loop: submit what is queued, as one entry per size-limited run."""
@@ -458,10 +459,15 @@ class Server:
             self._fail_items(items, RPCError(UNAVAILABLE, str(exc)))
             return
         self._entries_in_flight.add(token)
-        # Never let a lost callback stall the queue: the entry stops counting
-        # as in flight when its writers give up anyway.
-        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_settled, token)
+        # Never let a lost callback stall the queue or its writers: at the
+        # deadline the entry stops counting as in flight and its writers
+        # learn that the outcome is unknown.
+        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_expired, items, token)
         future.add_done_callback(lambda f: self._entry_done(f, items, token, expiry))
+
+    def _entry_expired(self, items: list[_Queued], token: object) -> None:
+        self._entry_settled(token)
+        self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id"))
 
     def _entry_settled(self, token: object) -> None:
         if token in self._entries_in_flight:
