@@ -265,7 +265,7 @@ class Lifecycle:
 
     async def _tail(self) -> None:
         while True:
-            event = self.server._applied_event
+            event = self.server.commit_event()
             await self.follow()
             if event is None:
                 await asyncio.sleep(0.05)

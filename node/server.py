@@ -115,6 +115,7 @@ class Server:
         self.forwarder = AsyncRPCClient(timeout=WRITE_TIMEOUT)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="caravan-read")
         self._applied_event: asyncio.Event | None = None
+        self._commit_wanted = False  # someone took the commit event since the last commit woke it
         self._heartbeats: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[Any]] = []
         self._service_stops: list[features.ServiceStop] = []
@@ -250,7 +251,10 @@ class Server:
 
     # -- events from the tick thread ----------------------------------------------
     def _on_commit(self, applied_index: int) -> None:
-        if self._tick_events is not None:
+        # Only a waiter needs the loop woken: on a follower serving no
+        # blocking query, a wake-up per commit was ~7% of its samples (the
+        # tick thread's pipe write and the GIL hand-off to the loop).
+        if self._commit_wanted and self._tick_events is not None:
             self._tick_events.notify()
 
     def _take_tick_events(self) -> None:
@@ -270,9 +274,20 @@ class Server:
         of waiters clearing a shared event: a waiter that cleared it after its
         read would lose a commit that landed during the read.
         """
+        self._commit_wanted = False
         event, self._applied_event = self._applied_event, asyncio.Event()
         if event is not None:
             event.set()
+
+    def commit_event(self) -> asyncio.Event | None:
+        """The event the next commit sets (None before the server runs).
+
+        Take it *before* reading state, then wait on it: a commit that lands
+        after the read still sets it, and one that landed before is in the
+        read. Taking it is what asks the tick thread to wake the loop.
+        """
+        self._commit_wanted = True
+        return self._applied_event
 
     def _on_leadership(self, is_leader: bool) -> None:
         self.log.info("leadership changed", leader=is_leader)
@@ -569,7 +584,7 @@ class Server:
         """Blocking query: return once any of ``tables`` moves past ``min_index``, or at the deadline."""
         deadline = time.monotonic() + wait
         while True:
-            event = self._applied_event  # taken before the read: a commit after it sets this one
+            event = self.commit_event()  # taken before the read: a commit after it sets this one
             assert event is not None
             index = await self.local(lambda r: max(r.table_index(t) for t in tables))
             remaining = deadline - time.monotonic()
