@@ -79,6 +79,58 @@ def pack_frame(message: Any, max_frame: int, what: str = "message") -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+class SharedItem(dict[str, Any]):
+    """A stream item that many subscribers get: encoded once, spliced into each one's frame.
+
+    Still a plain mapping for in-process consumers (the HTTP event stream,
+    tests). Never mutate one after it is made: its encoding is cached.
+    """
+
+    _packed: bytes | None = None
+
+    def packed(self) -> bytes:
+        if self._packed is None:
+            self._packed = msgpack.packb(self, use_bin_type=True)
+        return self._packed
+
+
+def _array_header(n: int) -> bytes:
+    if n <= 15:
+        return bytes((0x90 | n,))
+    if n <= 0xFFFF:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+_BATCHES_MAP = b"\x81" + msgpack.packb("batches")
+_STREAM_HEAD = b"\x82" + msgpack.packb("id")
+_STREAM_KEY = msgpack.packb("stream")
+
+
+def encode_item(item: Any) -> bytes:
+    """msgpack of a stream item, reusing the cached encodings of shared items.
+
+    A ``{"batches": [...]}`` group of shared items (a subscriber's own run of
+    them) is spliced from their encodings: fanning a batch out to many
+    subscribers costs a copy of its bytes each, not an encoding each.
+    """
+    if isinstance(item, SharedItem):
+        return item.packed()
+    if type(item) is dict and len(item) == 1:
+        group = item.get("batches")
+        if isinstance(group, list) and group and all(isinstance(i, SharedItem) for i in group):
+            return b"".join([_BATCHES_MAP, _array_header(len(group)), *(i.packed() for i in group)])
+    return msgpack.packb(item, use_bin_type=True)
+
+
+def pack_stream_frame(request_id: str, item: Any, max_frame: int) -> bytes:
+    """The frame ``{"id": request_id, "stream": item}`` (see ``encode_item``), length-prefixed."""
+    body = b"".join((_STREAM_HEAD, msgpack.packb(request_id, use_bin_type=True), _STREAM_KEY, encode_item(item)))
+    if len(body) > max_frame:
+        raise frame_too_large(len(body), max_frame, "stream item")
+    return HEADER.pack(len(body)) + body
+
+
 def unpack_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=False)

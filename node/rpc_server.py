@@ -49,6 +49,7 @@ from node.framing import (
     ConnectionLost,
     format_address,
     pack_frame,
+    pack_stream_frame,
     parse_address,
     read_frame,
     unpack_body,
@@ -196,7 +197,12 @@ class _Connection:
             room.set_result(None)
 
     async def send(self, message: dict[str, Any]) -> None:
-        frame = pack_frame(message, self.max_frame, "response")
+        await self._write(pack_frame(message, self.max_frame, "response"))
+
+    async def send_stream(self, request_id: str, item: Any) -> None:
+        await self._write(pack_stream_frame(request_id, item, self.max_frame))
+
+    async def _write(self, frame: bytes) -> None:
         if self.writer.is_closing():
             raise ConnectionLost("connection closed before the answer was sent")
         self.writer.write(frame)
@@ -453,7 +459,7 @@ class RPCServer:
         )
         async with closing:
             async for item in items:
-                await conn.send({"id": ctx.request_id, "stream": item})
+                await conn.send_stream(ctx.request_id, item)
         await conn.send({"id": ctx.request_id, "ok": True, "result": None})
 
     async def _send_error(self, conn: _Connection, ctx: RequestContext, err: RPCError) -> None:

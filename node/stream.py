@@ -77,8 +77,8 @@ subscriber first catches up by reading LMDB itself, paced by its own
 connection, and joins the live set when it reaches the hub's tail; batches
 are deduplicated by index at the hand-over, so it is gapless. Under a steady
 stream of commits, fan-out rounds are spaced by 3 ms per live subscriber
-(``FANOUT_INTERVAL_PER_SUBSCRIBER``): many subscribers add a little latency
-rather than take CPU from apply.
+(``FANOUT_INTERVAL_PER_SUBSCRIBER``), 25 to 100 ms apart: many subscribers
+add a little latency rather than take CPU from apply.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_JOB, TOP
 from node.acl import Need
 from node.endpoints import stream_method
 from node.errors import BAD_REQUEST, PERMISSION_DENIED, UNAVAILABLE, RPCError
+from node.framing import SharedItem
 from node.rpc_server import RequestContext
 from node.wakeup import CoalescedWake
 
@@ -127,9 +128,16 @@ CHUNK_RECORDS = 20_000  # ... or this many records, whichever comes first
 # thread contends for the GIL), whatever it carries, so the spacing bounds
 # the fan-out's share of the server however many subscribers there are;
 # their lag grows instead (10 subscribers -> rounds at most every 30 ms,
-# 34 or more -> every 100 ms). A commit after a quiet spell goes out at once.
+# 34 or more -> every 100 ms). A round also has a fixed cost whatever the
+# number of subscribers -- waking the loop, a read off it, GIL hand-offs
+# with the tick thread applying entries (measured: 10 subscribers on three
+# servers, rounds every 9 ms, cost +25-30% of the servers' CPU per write) --
+# so rounds are at least FANOUT_INTERVAL_MIN apart. A commit after a quiet
+# spell goes out at once.
 FANOUT_INTERVAL_PER_SUBSCRIBER = 0.003
+FANOUT_INTERVAL_MIN = 0.025
 FANOUT_INTERVAL_MAX = 0.1
+INLINE_READ_BATCHES = 64  # a fan-out round reads this few batches on the loop (see Hub.read)
 MAX_GROUP = 1024  # batches in one item
 GROUP_BYTES = 1 << 20  # ... and about this many bytes (the default frame limit is 4 MiB)
 OVERFLOW_GRACE = 30.0  # a cut-off subscriber that reads nothing is dropped after this
@@ -203,7 +211,8 @@ class Batch:
     """One journal batch: its stored bytes, decoded only if some subscriber needs records.
 
     The unfiltered items are built once and shared by every subscriber that
-    gets them (items are never mutated after they are made).
+    gets them (items are never mutated after they are made), and encoded
+    once for all of their frames (``SharedItem``).
     """
 
     __slots__ = ("index", "raw", "_records", "_raw_item", "_records_item")
@@ -223,12 +232,12 @@ class Batch:
 
     def raw_item(self) -> Item:
         if self._raw_item is None:
-            self._raw_item = {"index": self.index, "raw": self.raw}
+            self._raw_item = SharedItem(index=self.index, raw=self.raw)
         return self._raw_item
 
     def records_item(self) -> Item:
         if self._records_item is None:
-            self._records_item = {"index": self.index, "events": self.records}
+            self._records_item = SharedItem(index=self.index, events=self.records)
         return self._records_item
 
     def decode(self) -> Batch:
@@ -304,7 +313,7 @@ class SharedRun(list[Entry]):
 
     def packed(self) -> Item:
         if self._packed is None:
-            self._packed = {"packed": codec.pack([entry[1] for entry in self])}
+            self._packed = SharedItem(packed=codec.pack([entry[1] for entry in self]))
         return self._packed
 
 
@@ -529,12 +538,20 @@ class Hub:
                 await self._pump_task
 
     # -- reads ------------------------------------------------------------------------------
-    async def read(self, after: int, decode: bool = True) -> Chunk:
+    async def read(self, after: int, decode: bool = True, inline: bool = False) -> Chunk:
+        """Batches after ``after``, read off the loop -- or on it (``inline``) for a few at the tail.
+
+        A read in the executor costs two thread hand-offs through the GIL,
+        contended by the tick thread applying entries; the few batches a
+        fan-out round reads cost less than that to read right here.
+        """
         def run() -> Chunk:
             with self.fsm.read() as reader:
                 return read_chunk(reader, after, decode)
 
         self.stats["reads"] += 1
+        if inline:
+            return run()
         return await self.loop.run_in_executor(None, run)
 
     # -- fan-out ----------------------------------------------------------------------------
@@ -549,14 +566,15 @@ class Hub:
                     break
                 # Commits that come closer together than the interval are fanned
                 # out together (see FANOUT_INTERVAL_PER_SUBSCRIBER).
-                interval = min(FANOUT_INTERVAL_MAX, FANOUT_INTERVAL_PER_SUBSCRIBER * len(self.live))
+                interval = min(FANOUT_INTERVAL_MAX, max(FANOUT_INTERVAL_MIN, FANOUT_INTERVAL_PER_SUBSCRIBER * len(self.live)))
                 delay = last_round + interval - self.loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 last_round = self.loop.time()
                 start = self.tail
                 try:
-                    chunk = await self.read(start, any(sub.needs_records for sub in self.live))
+                    chunk = await self.read(start, any(sub.needs_records for sub in self.live),
+                                            inline=self._target - start <= INLINE_READ_BATCHES)
                 except Exception as exc:  # noqa: BLE001 - store being swapped (snapshot restore): retry
                     log.warning("journal read failed; retrying", error=repr(exc), after=start)
                     await asyncio.sleep(0.05)
