@@ -326,8 +326,13 @@ class FSMMachine(RuleBasedStateMachine):
                         self.deleted_from.add(table)
         new_batches = set(after["journal"]) - set(before["journal"])
         assert new_batches <= {a.index.to_bytes(8, "big")}, "journal batch at the wrong index"
+        self.record_and_check(result)
+
+    def record_and_check(self, result: Any) -> None:
+        """Keep the step's answer (for the replay comparison) and check every invariant on the new state."""
+        assert self.a is not None
         self.results.append((result.to_wire(), result.skipped, result.duplicate))
-        with a.fsm.read() as r:
+        with self.a.fsm.read() as r:
             check_invariants(
                 r,
                 purged=self.purged,
@@ -379,14 +384,7 @@ class FSMMachine(RuleBasedStateMachine):
                     self.deleted_from.add(table)
             if isinstance(body, m.JobDeregister) and body.purge:
                 self.purged.add(body.job_id)
-        self.results.append((result.to_wire(), result.skipped, result.duplicate))
-        with a.fsm.read() as r:
-            check_invariants(
-                r,
-                purged=self.purged,
-                deleted_from=self.deleted_from,
-                journal_secrets=[secret_hash(s) for s in ("s1", "s2", "s3", "s4", "s5", "boot")],
-            )
+        self.record_and_check(result)
 
     def modify_index(self, table: str, obj_id: str, right: bool) -> int:
         """The modify index the collector saw: the current one, or a stale one."""
