@@ -489,8 +489,9 @@ class Hub:
         self.stats = {"reads": 0, "fanned_batches": 0, "overflows": 0, "resets": 0}
         # Written by the tick thread, taken in by the loop (_absorb):
         self._commit_lock = threading.Lock()
-        self._latest = 0  # newest committed index
-        self._lowest: int | None = None  # lowest committed index since the last _absorb
+        with fsm.read() as reader:
+            self._latest = reader.applied_index  # newest committed index
+        self._backward: int | None = None  # lowest commit below its predecessor since the last _absorb
         self._waker = CoalescedWake(loop, self._absorb)
         fsm.on_commit(self._committed_from_thread)
 
@@ -504,17 +505,21 @@ class Hub:
         cost a follower several percent of its CPU.
         """
         with self._commit_lock:
+            # Commits only ever rise, unless the store went backwards (an older
+            # snapshot restored). Compare with the previous commit, not with the
+            # tail: the pump reads the store directly and may be past commits
+            # the loop has not taken in yet.
+            if index < self._latest and (self._backward is None or index < self._backward):
+                self._backward = index
             self._latest = index
-            if self._lowest is None or index < self._lowest:
-                self._lowest = index
         if self.live:
             self._waker.notify()
 
     def _absorb(self) -> None:
         """On the loop: take in the commits noted since the last call."""
         with self._commit_lock:
-            latest, lowest = self._latest, self._lowest
-            self._lowest = None
+            latest, lowest = self._latest, self._backward
+            self._backward = None
         if lowest is not None and lowest < self.tail:
             # The store went backwards (an older snapshot was restored): the
             # live subscribers hold batches that no longer exist.

@@ -399,3 +399,33 @@ def test_a_commit_below_the_tail_resets_live_subscribers() -> None:
         asyncio.run(main())
     finally:
         h.close()
+
+
+def test_commits_the_pump_read_past_before_the_loop_took_them_in_are_no_reset() -> None:
+    """The pump reads the store directly, so its tail may pass commits whose wake-up is still queued.
+
+    Regression (seen in CI): those commits were taken for "the store went
+    backwards" and every live subscriber got a false reset_required.
+    """
+    h = Harness()
+    for i in range(5):
+        h.apply(node(f"n{i}"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        gen = hub.subscribe(h.index, parse_topics(None)[0], heartbeat=0.1)
+        assert await anext(gen) == {"progress": h.index}
+        for i in range(5):  # committed with the loop busy: the wake-up waits in the queue
+            h.apply(node(f"m{i}"))
+        hub.tail = h.index  # ... while a fan-out round already read (and sent) them
+        await asyncio.sleep(0)  # the queued wake-up runs
+        async with asyncio.timeout(DEADLINE):
+            item = await anext(gen)  # a heartbeat bookmark, not reset_required
+        assert "progress" in item, item
+        assert hub.stats["resets"] == 0
+        await gen.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
