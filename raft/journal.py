@@ -93,7 +93,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """fsync a file or directory by path; a path that does not exist (yet) is skipped."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -239,7 +240,7 @@ class AtomicFileJournal(FileJournal):
                     os.fsync(f.fileno())
             if self.sync_compaction:
                 for dep in self.durable_first:
-                    _fsync_file(dep)
+                    fsync_path(dep)
             _crash_point("written")
             os.replace(tmp, path)
         except OSError as exc:

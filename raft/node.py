@@ -88,7 +88,7 @@ from raft.errors import (
     RequestDeniedError,
     UnknownOutcomeError,
 )
-from raft.journal import AtomicFileJournal
+from raft.journal import AtomicFileJournal, fsync_path
 from raft.transport import CaravanTransport
 from raft.truncation import TruncationStats, rewrite_append_entries
 
@@ -529,8 +529,8 @@ class _Replica(SyncObj):
                     raise RaftError("fsync mode needs pysyncobj's file journal")
                 sync()
             if meta != self._synced_meta:
-                self._fsync_path(self._journal_path + ".meta")
-                self._fsync_path(os.path.dirname(os.path.abspath(self._journal_path)))
+                fsync_path(self._journal_path + ".meta")
+                fsync_path(os.path.dirname(os.path.abspath(self._journal_path)))
             dt = time.perf_counter() - t0
             self._fstats["syncs"] += 1
             self._fstats["sync_seconds"] += dt
@@ -545,17 +545,6 @@ class _Replica(SyncObj):
                     if message["next_node_idx"] - 1 > self._synced_last_index:
                         self._fstats["unsynced_acks"] += 1
                 transport.raw_send(node, message)
-
-    @staticmethod
-    def _fsync_path(path: str) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # -- end of tick: group commit, callbacks, tasks ---------------------------
 
