@@ -245,9 +245,8 @@ class HTTPAPI:
                 token = auth[7:].strip() or None
         request_id = f"{self._id_prefix}{next(self._ids):x}"
         peer = request.remote or "unknown"
-        log = self.log.bind(request_id=request_id, method=method, peer=peer)
         return RequestContext(
-            request_id, method, token, peer, asyncio.get_running_loop(), log, request.transport
+            request_id, method, token, peer, asyncio.get_running_loop(), self.log, request.transport
         )  # type: ignore[arg-type]
 
     def handler(self, method: str, *, streaming: bool = False) -> Callable[..., Any]:

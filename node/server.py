@@ -126,6 +126,9 @@ class Server:
         self._queued_cost = 0
         self._entries_in_flight: set[object] = set()
         self._flush_scheduled = False
+        self._commits = 0  # store commits so far (tick thread)
+        self._acls_on = False  # ACLs bootstrapped (never undone: the log only moves forward)
+        self._acls_off_at = -1  # value of _commits at which the store had no bootstrap
         self.snapshot_installs = 0  # raft dumps restored into the store (see _counting_installs)
         self.last_snapshot_install = 0
 
@@ -251,6 +254,7 @@ class Server:
 
     # -- events from the tick thread ----------------------------------------------
     def _on_commit(self, applied_index: int) -> None:
+        self._commits += 1  # read by _acls_enabled (an int bump is atomic under the GIL)
         # Only a waiter needs the loop woken: on a follower serving no
         # blocking query, a wake-up per commit was ~7% of its samples (the
         # tick thread's pipe write and the GIL hand-off to the loop).
@@ -385,10 +389,31 @@ class Server:
 
     async def authorize(self, ctx: RequestContext, need: Need) -> None:
         """Check the caller's token. Inline on the loop: two point reads in LMDB cost microseconds."""
-        if need is Need.NONE:
+        if need is Need.NONE or not self._acls_enabled():
             return
         with self.fsm.read() as reader:
             acl.authorize(reader, ctx.token, need, time.time_ns())
+
+    def _acls_enabled(self) -> bool:
+        """Whether ACLs are bootstrapped, reading the store at most once per commit until they are.
+
+        Before bootstrap every request would otherwise open an LMDB read
+        transaction just to learn that; the answer can only change when a
+        commit lands. The commit count is taken before the read, so a
+        bootstrap committed during the read is seen by the next request.
+        """
+        if self._acls_on:
+            return True
+        commits = self._commits
+        if self._acls_off_at == commits:
+            return False
+        with self.fsm.read() as reader:
+            on = bool(reader.acl_bootstrap_index())
+        if on:
+            self._acls_on = True
+        else:
+            self._acls_off_at = commits
+        return on
 
     # -- writes -------------------------------------------------------------------------
     async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
