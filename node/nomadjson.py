@@ -8,6 +8,7 @@ irregular spellings, so a new struct field needs no code here.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fsm import codec
@@ -50,6 +51,7 @@ _DATA_MAPS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)  # our field names, and the odd unknown key in a warning
 def pascal(name: str) -> str:
     special = _SPECIAL.get(name)
     if special is not None:
@@ -57,7 +59,13 @@ def pascal(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
+@functools.lru_cache(maxsize=4096)  # field names repeat; keys are user input, so it is bounded
 def snake(name: str) -> str:
+    """Nomad's PascalCase field name in our snake_case (memoised: every request converts the same few)."""
+    return _snake(name)
+
+
+def _snake(name: str) -> str:
     special = _REVERSE.get(name)
     if special is not None:
         return special
