@@ -26,7 +26,6 @@ class JobSpecError(ValueError):
     """An invalid jobspec; the message names the field and what to change."""
 
 
-@functools.cache
 def _nested_class(hint: Any) -> type | None:
     for arg in (hint, *typing.get_args(hint)):
         if dataclasses.is_dataclass(arg):
@@ -38,15 +37,27 @@ def _nested_class(hint: Any) -> type | None:
 
 
 @functools.cache
-def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
-    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+def _fields_of(cls: type) -> tuple[frozenset[str], dict[str, tuple[type, bool]]]:
+    """(field names, {field: (nested dataclass, held in a dict?)}) of ``cls``, worked out once.
+
+    Per class, not per type hint: hashing a hint such as
+    ``list[TaskGroup] | None`` for a cache lookup on every field of every
+    jobspec was most of what pruning cost.
+    """
+    hints = typing.get_type_hints(cls)
+    nested = {}
+    for f in dataclasses.fields(cls):
+        sub = _nested_class(hints[f.name])
+        if sub is not None:
+            nested[f.name] = (sub, typing.get_origin(hints[f.name]) is dict)
+    return frozenset(f.name for f in dataclasses.fields(cls)), nested
 
 
 def _prune(cls: type, data: Any, path: str, warnings: list[str]) -> Any:
     """Drop fields ``cls`` does not model, recursively, noting each in ``warnings``."""
     if not isinstance(data, dict):
         return data
-    hints, names = _fields_of(cls)
+    names, nested = _fields_of(cls)
     out = {}
     for key, value in data.items():
         if key not in names:
@@ -54,11 +65,12 @@ def _prune(cls: type, data: Any, path: str, warnings: list[str]) -> Any:
             continue
         if value is None:
             continue
-        sub = _nested_class(hints[key])
-        if sub is not None:
+        holder = nested.get(key)
+        if holder is not None:
+            sub, in_dict = holder
             if isinstance(value, list):
                 value = [_prune(sub, v, f"{path}.{pascal(key)}[{i}]", warnings) for i, v in enumerate(value)]
-            elif isinstance(value, dict) and typing.get_origin(hints[key]) is dict:
+            elif isinstance(value, dict) and in_dict:
                 value = {k: _prune(sub, v, f"{path}.{pascal(key)}.{k}", warnings) for k, v in value.items()}
             else:
                 value = _prune(sub, value, f"{path}.{pascal(key)}", warnings)

@@ -285,6 +285,7 @@ class Metrics:
         self._server: weakref.ReferenceType[Server] | None = None
         self._lock = threading.Lock()
         self._instrumented: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._rpc_series: dict[tuple[str, str], tuple[Any, Any]] = {}
         r.register(_ServerState(self))
 
     # -- binding ------------------------------------------------------------------
@@ -333,8 +334,17 @@ class Metrics:
 
     # -- hooks ----------------------------------------------------------------------
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_requests.labels(method, code).inc()
-        self.rpc_seconds.labels(method, code).observe(seconds)
+        # One dict lookup per request instead of two labels() calls (each
+        # builds and checks a label tuple under a lock): this runs for
+        # every RPC on the leader's loop. Methods and codes are finite sets.
+        series = self._rpc_series.get((method, code))
+        if series is None:
+            series = self._rpc_series[(method, code)] = (
+                self.rpc_requests.labels(method, code),
+                self.rpc_seconds.labels(method, code),
+            )
+        series[0].inc()
+        series[1].observe(seconds)
 
     def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
         code = str(status)
