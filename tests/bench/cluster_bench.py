@@ -1,6 +1,6 @@
 """Cluster benchmark: the full write path through a real 3-server Caravan cluster.
 
-    python -m tests.bench.cluster_bench [--serial 500] [--pipelined 5000] [--window 256] [--failovers 5] [--fsync]
+    python -m tests.bench.cluster_bench [--serial 500] [--pipelined 20000] [--window 256] [--failovers 5] [--fsync]
 
 Measured in one run, on the same machine:
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -32,6 +33,29 @@ from tests.bench import raft_bench
 
 def job_spec(job_id: str) -> dict[str, Any]:
     return {"ID": job_id, "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (Linux /proc; 0 where unavailable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds of each server and of this (client) process."""
+    now = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    t = os.times()
+    now["client"] = t.user + t.system
+    return now
+
+
+def cpu_per_write(before: dict[str, float], after: dict[str, float], writes: int) -> str:
+    """Microseconds of CPU per write in each process: where the cost of a write goes."""
+    return ", ".join(f"{name} {1e6 * (after[name] - before[name]) / writes:.0f}" for name in before)
 
 
 def percentile(xs: list[float], p: float) -> float:
@@ -105,7 +129,7 @@ def failover(c: cl.Cluster, rounds: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serial", type=int, default=500)
-    ap.add_argument("--pipelined", type=int, default=5000)
+    ap.add_argument("--pipelined", type=int, default=20000, help="writes per pipelined phase (after a warm-up)")
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--failovers", type=int, default=5)
     ap.add_argument("--fsync", action="store_true", help="run the servers with fsync = true (the config default)")
@@ -122,16 +146,27 @@ def main() -> None:
     c.save()
     try:
         leader = cl.wait_for_leader(c.rpc_addresses, 30)["Leader"]
+        pids = {("leader" if n.rpc_addr == leader else f"follower {n.id}"): n.pid for n in c.nodes}
         lat = serial_writes(leader, a.serial)
-        reg = asyncio.run(pipelined(leader, a.pipelined, a.window, lambda i: ("job.register", {"job": job_spec(f"p-{i}")})))
-        allocs = prepare_allocs(leader, min(a.pipelined, 2000))
+        n = a.pipelined
+        register = lambda i: ("job.register", {"job": job_spec(f"p-{i}")})  # noqa: E731
+        asyncio.run(pipelined(leader, min(n, 2000), a.window, lambda i: register(n + i)))  # warm-up
+        before = cpu_now(pids)
+        reg = asyncio.run(pipelined(leader, n, a.window, register))
+        reg_cpu = cpu_per_write(before, cpu_now(pids), n)
+        allocs = prepare_allocs(leader, 2000)
         upd = None
         if allocs:
+            # Each alloc flips between running and complete; every update changes state.
             statuses = ["running", "complete"]
-            upd = asyncio.run(pipelined(
-                leader, len(allocs) * 2, a.window,
-                lambda i: ("alloc.update", {"allocs": [{"ID": allocs[i % len(allocs)], "ClientStatus": statuses[i // len(allocs)]}]}),
-            ))
+
+            def update(i: int) -> tuple[str, dict[str, Any]]:
+                return ("alloc.update", {"allocs": [{"ID": allocs[i % len(allocs)], "ClientStatus": statuses[(i // len(allocs)) % 2]}]})
+
+            asyncio.run(pipelined(leader, len(allocs), a.window, update))  # warm-up
+            before = cpu_now(pids)
+            upd = asyncio.run(pipelined(leader, n, a.window, lambda i: update(len(allocs) + i)))
+            upd_cpu = cpu_per_write(before, cpu_now(pids), n)
         fo = failover(c, a.failovers)
     finally:
         cl.down(c)
@@ -142,9 +177,9 @@ def main() -> None:
     print(f"{'measure':<38} {'value':>12} {'vs raw':>8}")
     print(f"{'serial job register p50 (ms)':<38} {percentile(lat, 0.5) * 1000:>12.2f} {percentile(lat, 0.5) * 1000 / raw_p50:>8.2f}")
     print(f"{'serial job register p99 (ms)':<38} {percentile(lat, 0.99) * 1000:>12.2f}")
-    print(f"{'pipelined job registers (/s)':<38} {reg:>12.0f} {reg / raw_tp:>8.2f}")
+    print(f"{'pipelined job registers (/s)':<38} {reg:>12.0f} {reg / raw_tp:>8.2f}   (CPU us/write: {reg_cpu})")
     if upd is not None:
-        print(f"{'pipelined alloc client updates (/s)':<38} {upd:>12.0f} {upd / raw_tp:>8.2f}")
+        print(f"{'pipelined alloc client updates (/s)':<38} {upd:>12.0f} {upd / raw_tp:>8.2f}   (CPU us/write: {upd_cpu})")
     else:
         print(f"{'pipelined alloc client updates (/s)':<38} {'n/a (no plan.submit RPC)':>12}")
     print(f"{'failover, kill -9 to first write (s)':<38} {statistics.median(fo):>12.2f}   (runs: {', '.join(f'{x:.2f}' for x in fo)})")
