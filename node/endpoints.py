@@ -34,6 +34,7 @@ from fsm.structs import (
 )
 from node.acl import POLICIES, Need, hash_secret, new_secret
 from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
+from node.ids import new_uuid
 from node.jobspec import JobSpecError, parse_job
 from node.nomadjson import from_nomad, to_nomad
 from node.rpc_server import RequestContext
@@ -90,7 +91,7 @@ def _found(obj: Any, what: str) -> Any:
 
 def _new_eval(job: Job, triggered_by: str) -> Evaluation:
     return Evaluation(
-        id=str(uuid.uuid4()),
+        id=new_uuid(),
         job_id=job.id,
         namespace=job.namespace,
         priority=job.priority,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
@@ -26,6 +25,7 @@ from fsm.structs import EVAL_PENDING, NODE_DOWN, NODE_READY, Evaluation, Job
 from node.acl import Need
 from node.endpoints import method
 from node.errors import BAD_REQUEST, RPCError
+from node.ids import new_uuid
 from node.rpc_server import RequestContext
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ MAX_HEARTBEAT_IDS = 10_000
 
 def job_eval(job: Job, triggered_by: str, node_id: str = "") -> Evaluation:
     return Evaluation(
-        id=str(uuid.uuid4()),
+        id=new_uuid(),
         job_id=job.id,
         namespace=job.namespace,
         priority=job.priority,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +74,7 @@ from node.heartbeat import (
     node_drain_evals,
     node_up_evals,
 )
+from node.ids import new_uuid
 from node.plan_apply import PlanApplier
 from node.rpc_server import RequestContext
 from node.workers import Worker, WorkerStats
@@ -186,7 +186,7 @@ class EvalWriter:
             wait_until = time.time_ns() + int(self.followup_delay * SECOND)
             for ev in todo:
                 follow = Evaluation(
-                    id=str(uuid.uuid4()),
+                    id=new_uuid(),
                     job_id=ev.job_id,
                     namespace=ev.namespace,
                     priority=ev.priority,

@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from node.errors import (
     UNKNOWN_OUTCOME,
     RPCError,
 )
+from node.ids import new_uuid
 from node.rpc_client import AsyncRPCClient
 from node.rpc_server import RequestContext, RPCServer
 from node.wakeup import CoalescedWake
@@ -424,7 +424,7 @@ class Server:
         """
         if not self.raft.is_leader:
             raise RPCError.not_leader(self.leader_rpc())
-        entry = encode_entry(body, time=time.time_ns(), rid=rid or uuid.uuid4().hex)
+        entry = encode_entry(body, time=time.time_ns(), rid=rid or new_uuid())
         result, index = await self._submit_coalesced(entry)
         if not result.ok:
             raise RPCError(result.code or BAD_REQUEST, result.error)
