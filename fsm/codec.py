@@ -217,8 +217,135 @@ def _strict_build(cls: type[T], data: Any) -> T:
     return cls(**kwargs)
 
 
+# -- generated exact-shape builders ---------------------------------------------
+# What the leader's ``encode_entry`` sends is always the exact shape: every
+# field, each value of the one class msgpack produces for it. For each
+# dataclass a builder specialised to that shape is generated once (straight-
+# line Python, no per-field converter calls). It accepts only values the
+# general path above accepts, and builds the same object from them; on
+# anything else it raises ``_Slow`` and ``from_wire`` runs the general path,
+# which builds the object or reports the error with its path, as before.
+
+
+class _Slow(Exception):
+    """The value is not in the exact shape a generated builder handles."""
+
+
+_FAST: dict[type, Callable[[Any], Any]] = {}
+_EXACT_CLASS = {int: "int", str: "str", bool: "bool", bytes: "bytes"}
+
+
+def _fast_builder(cls: type) -> Callable[[Any], Any]:
+    fn = _FAST.get(cls)
+    if fn is None:
+        # A placeholder first, so a (future) self-referencing class resolves lazily.
+        _FAST[cls] = lambda value: _FAST[cls](value)
+        fn = _FAST[cls] = _generate_builder(cls)
+    return fn
+
+
+class _Emitter:
+    """Lines of one generated builder and the names its code refers to."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, Any] = {"_Slow": _Slow, "_PathError": _PathError}
+        self._n = 0
+
+    def name(self, prefix: str, value: Any = None) -> str:
+        self._n += 1
+        name = f"{prefix}{self._n}"
+        if value is not None:
+            self.names[name] = value
+        return name
+
+    def emit(self, indent: int, line: str) -> None:
+        self.lines.append("    " * indent + line)
+
+    def check(self, hint: Any, var: str, indent: int) -> None:
+        """Emit code that checks ``var`` against ``hint`` and rebinds it to the converted value."""
+        origin = typing.get_origin(hint)
+        if hint is Any:
+            pass
+        elif hint in _EXACT_CLASS:
+            self.emit(indent, f"if {var}.__class__ is not {_EXACT_CLASS[hint]}: raise _Slow")
+        elif hint is float:
+            self.emit(indent, f"if {var}.__class__ is not float and {var}.__class__ is not int: raise _Slow")
+        elif origin in (types.UnionType, typing.Union):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            if len(args) == 1:  # X | None; several types are taken as is, as ``_strict_converter`` does
+                self.emit(indent, f"if {var} is not None:")
+                mark = len(self.lines)
+                self.check(args[0], var, indent + 1)
+                if len(self.lines) == mark:
+                    self.lines.pop()  # nothing to check inside
+        elif dataclasses.is_dataclass(hint):
+            self.emit(indent, f"{var} = {self.name('build', _fast_builder(hint))}({var})")
+        elif origin is list:
+            self._check_list(typing.get_args(hint)[0], var, indent)
+        elif origin is dict:
+            self._check_dict(typing.get_args(hint)[1], var, indent)
+        else:  # the general converter, whose error means "take the general path"
+            convert = self.name("convert", _strict_converter(hint))
+            self.emit(indent, "try:")
+            self.emit(indent + 1, f"{var} = {convert}({var})")
+            self.emit(indent, "except _PathError:")
+            self.emit(indent + 1, "raise _Slow from None")
+
+    def _check_list(self, item_hint: Any, var: str, indent: int) -> None:
+        self.emit(indent, f"if {var}.__class__ is not list: raise _Slow")
+        if dataclasses.is_dataclass(item_hint):
+            build = self.name("build", _fast_builder(item_hint))
+            self.emit(indent, f"{var} = [{build}(v) for v in {var}]")
+            return
+        item, out = self.name("v"), self.name("out")
+        self.emit(indent, f"{out} = []")  # a new list, as the general path makes
+        self.emit(indent, f"for {item} in {var}:")
+        self.check(item_hint, item, indent + 1)
+        self.emit(indent + 1, f"{out}.append({item})")
+        self.emit(indent, f"{var} = {out}")
+
+    def _check_dict(self, value_hint: Any, var: str, indent: int) -> None:
+        self.emit(indent, f"if {var}.__class__ is not dict: raise _Slow")
+        key, item, out = self.name("k"), self.name("v"), self.name("out")
+        self.emit(indent, f"{out} = {{}}")  # a new map, as the general path makes
+        self.emit(indent, f"for {key}, {item} in {var}.items():")
+        self.emit(indent + 1, f"if {key}.__class__ is not str: raise _Slow")
+        self.check(value_hint, item, indent + 1)
+        self.emit(indent + 1, f"{out}[{key}] = {item}")
+        self.emit(indent, f"{var} = {out}")
+
+
+def _generate_builder(cls: type) -> Callable[[Any], Any]:
+    """Source of ``build(data)`` for ``cls``'s exact shape, compiled."""
+    hints = typing.get_type_hints(cls)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
+    e = _Emitter()
+    e.names.update(_cls=cls, _new=object.__new__, _keys=frozenset(fields))
+    e.emit(0, "def build(data):")
+    if not plain:  # __init__ must run: only the general path builds it
+        e.emit(1, "raise _Slow")
+    e.emit(1, "if data.__class__ is not dict or data.keys() != _keys: raise _Slow")
+    local = {}
+    for i, name in enumerate(fields):
+        local[name] = var = f"f{i}"
+        e.emit(1, f"{var} = data[{name!r}]")
+        e.check(hints[name], var, 1)
+    e.emit(1, "obj = _new(_cls)")
+    e.emit(1, "obj.__dict__ = {" + ", ".join(f"{n!r}: {v}" for n, v in local.items()) + "}")
+    e.emit(1, "return obj")
+    source = "\n".join(e.lines)
+    exec(compile(source, f"<codec builder {cls.__qualname__}>", "exec"), e.names)
+    return e.names["build"]
+
+
 def from_wire(cls: type[T], data: Any, path: str | None = None) -> T:
     """Build ``cls`` from a decoded msgpack map, checking every field."""
+    try:
+        return _fast_builder(cls)(data)
+    except _Slow:
+        pass  # not the exact shape: the general path builds it or says what is wrong
     try:
         return _strict_build(cls, data)
     except _PathError as exc:
@@ -331,9 +458,30 @@ def dump(obj: Any) -> dict:
     return _dumper(type(obj))(obj)
 
 
+_RECORD_CLASSES: set[type] = set()
+
+
+def _record_map(obj: Any) -> dict:
+    """msgpack's ``default`` hook for ``encode``: a dataclass packs as its field map.
+
+    ``dump`` builds that map as ``obj.__dict__`` with nested records dumped the
+    same way, so packing ``__dict__`` directly (msgpack calls this hook for
+    each nested record) gives the same bytes without building the map in Python.
+    """
+    cls = obj.__class__
+    if cls not in _RECORD_CLASSES:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"can not serialize {cls.__name__!r} object")
+        _RECORD_CLASSES.add(cls)
+    return obj.__dict__
+
+
 def encode(obj: Any) -> bytes:
-    """A record as stored: msgpack of its wire map."""
-    return pack(_dumper(type(obj))(obj))
+    """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes)."""
+    packer = getattr(_local, "record_packer", None)
+    if packer is None:
+        packer = _local.record_packer = msgpack.Packer(use_bin_type=True, default=_record_map)
+    return packer.pack(obj)
 
 
 def decode(cls: type[T], data: bytes) -> T:

@@ -273,13 +273,16 @@ class FSMMachine(RuleBasedStateMachine):
         """An item that fails to decode, a batch inside a batch, or an ignorable unknown type."""
         if self.batch_size < 2:
             return
+        time = None  # an item that does not decode has no clock
         if kind == "garbage":
             entry = bytes([MessageType.JOB_REGISTER]) + b"\xc1"
         elif kind == "nested":
-            entry = encode_batch([encode_entry(m.Barrier(), time=self.clock, rid="")], time=self.clock)
+            # It decodes (and is then rejected): its time moves the FSM's clock, as any item's does.
+            time = self.clock
+            entry = encode_batch([encode_entry(m.Barrier(), time=time, rid="")], time=time)
         else:
             entry = bytes([IGNORE_FLAG | 99]) + b"later"
-        self.queued.append((entry, None, "", None))
+        self.queued.append((entry, time, "", None))
 
     def flush_batch(self) -> None:
         if not self.queued:
