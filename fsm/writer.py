@@ -99,6 +99,9 @@ class StateWriter(StateReader):
         # keep their status while they still have a live alloc (see finish).
         self.dirty_jobs: set[str] = set()
         self.ended_jobs: set[str] = set()
+        # Jobs ``put_job`` stored in this entry: their bytes and the fields
+        # ``set_job_status`` reads, so ``finish`` need not read and unpack them again.
+        self._jobs_put: dict[str, tuple[bytes, str, bool, bool, bool, str]] = {}
 
     # -- primitives ------------------------------------------------------
     def _put(self, table: str, k: bytes, obj: Any) -> bytes:
@@ -156,6 +159,7 @@ class StateWriter(StateReader):
         """Store a job; returns its bytes (for its version row and journal record)."""
         raw = self._put("jobs", job.id.encode(), job)
         self.dirty_jobs.add(job.id)
+        self._jobs_put[job.id] = (raw, job.type, job.periodic, job.parameterized, job.stop, job.status)
         return raw
 
     def put_job_version(self, job: Job, raw: bytes | None = None) -> None:
@@ -188,6 +192,7 @@ class StateWriter(StateReader):
     def delete_job(self, job_id: str) -> None:
         """The job, its versions and summary (a purge); evals and allocs stay."""
         self._delete("jobs", job_id.encode())
+        self._jobs_put.pop(job_id, None)
         for k, _ in list(self._scan("job_versions", prefix(job_id))):
             self._delete("job_versions", k)
         self._delete("job_summary", job_id.encode())
@@ -199,18 +204,26 @@ class StateWriter(StateReader):
         """Derive pending/running/dead as Nomad's getJobStatus does.
 
         Runs for every job an entry touched and usually changes nothing, so
-        it reads the stored map instead of building a ``Job``; a changed job
+        it reads the stored map instead of building a ``Job`` (or, for a job
+        ``put_job`` stored in this entry, the fields it packed); a changed job
         is written back from that map (the same bytes ``encode`` would make).
         """
         k = job_id.encode()
-        raw = self.txn.get(k, db=self.dbs["jobs"])
-        if raw is None:
-            return
-        data = codec.unpack(raw)
-        status = self._derive_status(
-            job_id, data["type"], data["periodic"], data["parameterized"], data["stop"]
-        )
-        if status != data["status"]:
+        data = None
+        written = self._jobs_put.pop(job_id, None)
+        if written is not None:
+            raw, type_, periodic, parameterized, stop, old_status = written
+        else:
+            raw = self.txn.get(k, db=self.dbs["jobs"])
+            if raw is None:
+                return
+            data = codec.unpack(raw)
+            type_, periodic, parameterized = data["type"], data["periodic"], data["parameterized"]
+            stop, old_status = data["stop"], data["status"]
+        status = self._derive_status(job_id, type_, periodic, parameterized, stop)
+        if status != old_status:
+            if data is None:
+                data = codec.unpack(raw)
             data["status"] = status
             data["modify_index"] = self.index
             data["modify_time"] = self.now
