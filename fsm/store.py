@@ -140,8 +140,20 @@ class StateReader:
                 return
             yield k, v
 
+    def _keys(self, db: str, start: bytes) -> list[bytes]:
+        """Keys starting with ``start``, in order (values are not copied out of LMDB)."""
+        cursor = self.txn.cursor(db=self.dbs[db])
+        if not cursor.set_range(start):
+            return []
+        out = []
+        for k in cursor.iternext(keys=True, values=False):
+            if not k.startswith(start):
+                break
+            out.append(k)
+        return out
+
     def _ids(self, index: str, start: bytes) -> list[str]:
-        return [last_part(k) for k, _ in self._scan(index, start)]
+        return [last_part(k) for k in self._keys(index, start)]
 
     def _any(self, index: str, start: bytes) -> bool:
         cursor = self.txn.cursor(db=self.dbs[index])

@@ -57,30 +57,35 @@ class WriteTracker:
     only through this object (never through cursors).
     """
 
-    __slots__ = ("_txn", "get", "cursor", "stat", "wrote")
+    __slots__ = ("_put", "_delete", "_pop", "_replace", "get", "cursor", "stat", "wrote")
 
     def __init__(self, txn: lmdb.Transaction) -> None:
-        self._txn = txn
+        # Bound methods, called with positional arguments: a write costs a
+        # third less than forwarding ``**kw`` (about 11 writes per job register).
+        self._put = txn.put
+        self._delete = txn.delete
+        self._pop = txn.pop
+        self._replace = txn.replace
         self.get = txn.get
         self.cursor = txn.cursor
         self.stat = txn.stat
         self.wrote = False
 
-    def put(self, key: bytes, value: bytes, **kw: Any) -> bool:
+    def put(self, key: bytes, value: bytes, db: Any = None) -> bool:
         self.wrote = True
-        return self._txn.put(key, value, **kw)
+        return self._put(key, value, True, True, False, db)  # dupdata, overwrite, append: the defaults
 
-    def delete(self, key: bytes, *args: Any, **kw: Any) -> bool:
+    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
         self.wrote = True
-        return self._txn.delete(key, *args, **kw)
+        return self._delete(key, value, db)
 
-    def pop(self, key: bytes, **kw: Any) -> bytes | None:
+    def pop(self, key: bytes, db: Any = None) -> bytes | None:
         self.wrote = True
-        return self._txn.pop(key, **kw)
+        return self._pop(key, db)
 
-    def replace(self, key: bytes, value: bytes, **kw: Any) -> bytes | None:
+    def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
         self.wrote = True
-        return self._txn.replace(key, value, **kw)
+        return self._replace(key, value, db)
 
 
 class StateWriter(StateReader):
@@ -170,7 +175,7 @@ class StateWriter(StateReader):
         else:
             self.txn.put(k, raw, db=self.dbs["job_versions"])
             self.touched.add("job_versions")
-        keys = [k for k, _ in self._scan("job_versions", prefix(job.id))]
+        keys = self._keys("job_versions", prefix(job.id))
         for old in keys[:-JOB_VERSIONS_KEPT]:
             self._delete("job_versions", old)
 
@@ -193,7 +198,7 @@ class StateWriter(StateReader):
         """The job, its versions and summary (a purge); evals and allocs stay."""
         self._delete("jobs", job_id.encode())
         self._jobs_put.pop(job_id, None)
-        for k, _ in list(self._scan("job_versions", prefix(job_id))):
+        for k in self._keys("job_versions", prefix(job_id)):
             self._delete("job_versions", k)
         self._delete("job_summary", job_id.encode())
         self.unmark(GC_JOB, job_id)
