@@ -121,6 +121,11 @@ class FSM:
         self._group_start = (0, 0)
         self._batch: _Batch | None = None  # the Batch entry being applied
         self._listeners: list[Callable[[int], None]] = []
+        # A time <= the oldest remembered request's (None: unknown). While it
+        # is at or after the expiry cutoff nothing can expire, so ``_remember``
+        # skips its scan. Reset whenever the store may hold rows it did not see
+        # go in (abort, rollback, reopen).
+        self._oldest_request: int | None = None
         with self.store.read() as r:
             self._applied = r.applied_index
             self._last_time = r.last_time
@@ -225,6 +230,7 @@ class FSM:
                 replace(path)
         finally:
             self.store = StateStore(path, map_size=map_size, sync=sync)
+            self._oldest_request = None
             with self.store.read() as r:
                 self._applied = r.applied_index
                 self._last_time = r.last_time
@@ -244,6 +250,7 @@ class FSM:
             self._txn = None
             self._touched = {}
             self._pending = []
+            self._oldest_request = None
             with self.store.read() as r:
                 self._applied, self._last_time = r.applied_index, r.last_time
 
@@ -275,6 +282,7 @@ class FSM:
         self._txn = None
         self._touched = {}
         self._pending = []
+        self._oldest_request = None
         self._applied, self._last_time = self._group_start
         txn = self._begin()
         for index, entry in pending:
@@ -391,13 +399,20 @@ class FSM:
     def _remember(self, txn: lmdb.Transaction, rid: str, now: int, result: ApplyResult) -> None:
         """Keep a request's result for ``request_ttl`` so a retry returns it instead of re-applying."""
         dbs = self.store.dbs
-        txn.put(rid.encode(), codec.pack(result.to_wire()), db=dbs["requests"])
-        txn.put(u64(now) + SEP + rid.encode(), b"", db=dbs["requests_by_time"])  # key(now, rid)
+        rid_key = rid.encode()
+        txn.put(rid_key, codec.pack(result.to_wire()), db=dbs["requests"])
+        txn.put(u64(now) + SEP + rid_key, b"", db=dbs["requests_by_time"])  # key(now, rid)
         cutoff = now - self.request_ttl
+        oldest = self._oldest_request
+        if oldest is not None and cutoff <= oldest <= now:
+            return  # still a lower bound (rows since are at ``now``), and nothing is old enough to expire
+        self._oldest_request = None
         cursor = txn.cursor(db=dbs["requests_by_time"])
         while cursor.first():
             k = cursor.key()
-            if int.from_bytes(k[:8], "big") >= cutoff:
+            since = int.from_bytes(k[:8], "big")
+            if since >= cutoff:
+                self._oldest_request = since
                 break
             txn.delete(k[9:], db=dbs["requests"])
             cursor.delete()

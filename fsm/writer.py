@@ -13,7 +13,7 @@ from typing import Any
 import lmdb
 
 from fsm import codec
-from fsm.keys import from_u64, key, prefix, u64
+from fsm.keys import from_u64, key, key_at, prefix, u64
 from fsm.store import StateReader, StateStore
 from fsm.structs import (
     CLIENT_TERMINAL,
@@ -147,13 +147,13 @@ class StateWriter(StateReader):
     def mark(self, kind: str, obj_id: str, since: int) -> None:
         """Record that an object became GC-eligible at ``since`` (replacing an older mark)."""
         self.unmark(kind, obj_id)
-        self._link("gc_marks", key(kind, since, obj_id))
+        self._link("gc_marks", key_at(kind, since, obj_id))
         self.txn.put(key(kind, obj_id), u64(since), db=self.dbs["gc_mark_of"])
 
     def unmark(self, kind: str, obj_id: str) -> None:
         raw = self.txn.pop(key(kind, obj_id), db=self.dbs["gc_mark_of"])
         if raw is not None:
-            self._unlink("gc_marks", key(kind, from_u64(raw), obj_id))
+            self._unlink("gc_marks", key_at(kind, from_u64(raw), obj_id))
 
     def mark_of(self, kind: str, obj_id: str) -> int | None:
         raw = self.txn.get(key(kind, obj_id), db=self.dbs["gc_mark_of"])
@@ -169,7 +169,7 @@ class StateWriter(StateReader):
 
     def put_job_version(self, job: Job, raw: bytes | None = None) -> None:
         """Keep ``job`` as a version (``raw``: its bytes, if already packed)."""
-        k = key(job.id, job.version)
+        k = key_at(job.id, job.version)
         if raw is None:
             self._put("job_versions", k, job)
         else:
