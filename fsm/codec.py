@@ -296,7 +296,8 @@ class _Emitter:
         self.emit(indent, f"if {var}.__class__ is not list: raise _Slow")
         if dataclasses.is_dataclass(item_hint):
             build = self.name("build", _fast_builder(item_hint))
-            self.emit(indent, f"{var} = [{build}(v) for v in {var}]")
+            # (an empty list skips the comprehension's function call)
+            self.emit(indent, f"{var} = [{build}(v) for v in {var}] if {var} else []")
             return
         item, out = self.name("v"), self.name("out")
         self.emit(indent, f"{out} = []")  # a new list, as the general path makes
@@ -308,12 +309,15 @@ class _Emitter:
     def _check_dict(self, value_hint: Any, var: str, indent: int) -> None:
         self.emit(indent, f"if {var}.__class__ is not dict: raise _Slow")
         key, item, out = self.name("k"), self.name("v"), self.name("out")
-        self.emit(indent, f"{out} = {{}}")  # a new map, as the general path makes
-        self.emit(indent, f"for {key}, {item} in {var}.items():")
-        self.emit(indent + 1, f"if {key}.__class__ is not str: raise _Slow")
-        self.check(value_hint, item, indent + 1)
-        self.emit(indent + 1, f"{out}[{key}] = {item}")
-        self.emit(indent, f"{var} = {out}")
+        self.emit(indent, f"if not {var}:")  # most maps are empty
+        self.emit(indent + 1, f"{var} = {{}}")  # a new map, as the general path makes
+        self.emit(indent, "else:")
+        self.emit(indent + 1, f"{out} = {{}}")
+        self.emit(indent + 1, f"for {key}, {item} in {var}.items():")
+        self.emit(indent + 2, f"if {key}.__class__ is not str: raise _Slow")
+        self.check(value_hint, item, indent + 2)
+        self.emit(indent + 2, f"{out}[{key}] = {item}")
+        self.emit(indent + 1, f"{var} = {out}")
 
 
 def _generate_builder(cls: type) -> Callable[[Any], Any]:
@@ -322,16 +326,22 @@ def _generate_builder(cls: type) -> Callable[[Any], Any]:
     fields = [f.name for f in dataclasses.fields(cls)]
     plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
     e = _Emitter()
-    e.names.update(_cls=cls, _new=object.__new__, _keys=frozenset(fields))
+    e.names.update(_cls=cls, _new=object.__new__)
     e.emit(0, "def build(data):")
     if not plain:  # __init__ must run: only the general path builds it
         e.emit(1, "raise _Slow")
-    e.emit(1, "if data.__class__ is not dict or data.keys() != _keys: raise _Slow")
+    # Exactly the fields: as many keys as fields, and each field found
+    # (cheaper than comparing key sets).
+    e.emit(1, f"if data.__class__ is not dict or len(data) != {len(fields)}: raise _Slow")
     local = {}
-    for i, name in enumerate(fields):
-        local[name] = var = f"f{i}"
-        e.emit(1, f"{var} = data[{name!r}]")
-        e.check(hints[name], var, 1)
+    if fields:
+        e.emit(1, "try:")
+        for i, name in enumerate(fields):
+            local[name] = var = f"f{i}"
+            e.emit(2, f"{var} = data[{name!r}]")
+            e.check(hints[name], var, 2)
+        e.emit(1, "except KeyError:")
+        e.emit(2, "raise _Slow from None")
     e.emit(1, "obj = _new(_cls)")
     e.emit(1, "obj.__dict__ = {" + ", ".join(f"{n!r}: {v}" for n, v in local.items()) + "}")
     e.emit(1, "return obj")

@@ -534,6 +534,11 @@ def register_wire() -> dict[str, Any]:
             "JobRegister.job.datacenters: expected list, got str",
         ),
         (lambda w: w["job"].pop("id"), "JobRegister.job: missing required field 'id'"),
+        # as many keys as fields, but not the fields
+        (
+            lambda w: w["job"].update(colour=w["job"].pop("name")),
+            "JobRegister.job: unknown field 'colour'",
+        ),
         (
             lambda w: w["job"]["task_groups"][0]["tasks"][0]["resources"].update(cpu=1.5),
             "JobRegister.job.task_groups[0].tasks[0].resources.cpu: expected integer, got float",
