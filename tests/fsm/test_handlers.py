@@ -34,6 +34,7 @@ from fsm.structs import (
 )
 from tests.fsm.support import (
     T0,
+    FatalCalled,
     Harness,
     check_invariants,
     make_alloc,
@@ -1147,6 +1148,42 @@ def test_request_id_is_forgotten_after_ttl() -> None:
             assert r.request_result("r") is None
         result = h.apply(m.JobRegister(job=make_job("web", count=3)), rid="r")
         assert result.ok and not result.duplicate and result.value["version"] == 1
+    finally:
+        h.destroy()
+
+
+def test_request_expiry_after_a_rollback_brings_old_rows_back() -> None:
+    """A rollback restores rows an undone entry had expired; the replay must expire them again."""
+    h = Harness.temp(request_ttl=MINUTE)
+    try:
+        h.ok(m.Barrier(), rid="old")
+        h.time += 2 * MINUTE
+        h.ok(m.Barrier(), rid="new", commit=False)  # expires "old" in the open group
+        # rejected after it wrote: the group is rolled back and "new" applied again
+        bad = h.apply(m.JobRegister(job=make_job("web"), eval=make_eval("e1", "other")), rid="bad")
+        assert bad.code == "bad_request"
+        with h.reader() as r:
+            assert r.request_result("old") is None
+            assert r.request_result("new") is not None
+    finally:
+        h.destroy()
+
+
+def test_request_expiry_after_an_aborted_group() -> None:
+    """An aborted group leaves the committed rows, which later requests still expire."""
+    h = Harness.temp(request_ttl=MINUTE)
+    try:
+        h.ok(m.Barrier(), rid="old")
+        h.time += 2 * MINUTE
+        h.ok(m.Barrier(), rid="new", commit=False)  # expires "old", uncommitted
+        with pytest.raises(FatalCalled):
+            h.raw(bytes([99]) + b"from a newer version")  # stops the node: the group is aborted
+        h.index -= 1  # that entry was never applied
+        h.ok(m.Barrier(), rid="newer")
+        with h.reader() as r:
+            assert r.request_result("old") is None
+            assert r.request_result("new") is None
+            assert r.request_result("newer") is not None
     finally:
         h.destroy()
 
