@@ -232,16 +232,28 @@ class _Slow(Exception):
 
 
 _FAST: dict[type, Callable[[Any], Any]] = {}
+_FAST_LOCK = threading.RLock()  # RPC threads and apply may build the same class's builder at once
+_GENERATING: set[type] = set()  # classes whose builder is being generated (under the lock)
 _EXACT_CLASS = {int: "int", str: "str", bool: "bool", bytes: "bytes"}
 
 
 def _fast_builder(cls: type) -> Callable[[Any], Any]:
     fn = _FAST.get(cls)
     if fn is None:
-        # A placeholder first, so a (future) self-referencing class resolves lazily.
-        _FAST[cls] = lambda value: _FAST[cls](value)
-        fn = _FAST[cls] = _generate_builder(cls)
+        with _FAST_LOCK:
+            fn = _FAST.get(cls)
+            if fn is None:
+                _GENERATING.add(cls)
+                try:
+                    fn = _FAST[cls] = _generate_builder(cls)
+                finally:
+                    _GENERATING.discard(cls)
     return fn
+
+
+def _lazy_builder(cls: type) -> Callable[[Any], Any]:
+    """A class's builder looked up when called (for a class that holds itself)."""
+    return lambda value: _FAST[cls](value)
 
 
 class _Emitter:
@@ -262,6 +274,12 @@ class _Emitter:
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line)
 
+    def builder(self, cls: type) -> str:
+        """The name of ``cls``'s builder in the generated code."""
+        if cls in _GENERATING:  # being generated (it holds itself): look it up at call time
+            return self.name("build", _lazy_builder(cls))
+        return self.name("build", _fast_builder(cls))
+
     def check(self, hint: Any, var: str, indent: int) -> None:
         """Emit code that checks ``var`` against ``hint`` and rebinds it to the converted value."""
         origin = typing.get_origin(hint)
@@ -280,7 +298,7 @@ class _Emitter:
                 if len(self.lines) == mark:
                     self.lines.pop()  # nothing to check inside
         elif dataclasses.is_dataclass(hint):
-            self.emit(indent, f"{var} = {self.name('build', _fast_builder(hint))}({var})")
+            self.emit(indent, f"{var} = {self.builder(hint)}({var})")
         elif origin is list:
             self._check_list(typing.get_args(hint)[0], var, indent)
         elif origin is dict:
@@ -295,7 +313,7 @@ class _Emitter:
     def _check_list(self, item_hint: Any, var: str, indent: int) -> None:
         self.emit(indent, f"if {var}.__class__ is not list: raise _Slow")
         if dataclasses.is_dataclass(item_hint):
-            build = self.name("build", _fast_builder(item_hint))
+            build = self.builder(item_hint)
             # (an empty list skips the comprehension's function call)
             self.emit(indent, f"{var} = [{build}(v) for v in {var}] if {var} else []")
             return

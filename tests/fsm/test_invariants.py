@@ -17,6 +17,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -624,6 +625,24 @@ def test_exact_shape_builders_agree_with_the_general_path() -> None:
     aliased = codec.from_wire(m.JobRegister, wire)
     assert aliased.job.datacenters is not wire["job"]["datacenters"], "lists are copied, as before"
     assert aliased.job.meta is not wire["job"]["meta"], "maps are copied, as before"
+
+
+@dataclass
+class _Tree:
+    """A record that holds itself: its generated builder looks its own up when called."""
+
+    name: str
+    children: list[_Tree] = field(default_factory=list)
+    parent: _Tree | None = None
+
+
+def test_builder_of_a_record_that_holds_itself() -> None:
+    leaf = {"name": "b", "children": [], "parent": None}
+    assert codec.from_wire(_Tree, {"name": "a", "children": [leaf], "parent": None}) == _Tree(
+        "a", [_Tree("b")]
+    )
+    with pytest.raises(CodecError, match=r"^_Tree\.children\[0\]\.name: expected string, got int$"):
+        codec.from_wire(_Tree, {"name": "a", "children": [dict(leaf, name=1)], "parent": None})
 
 
 def test_encode_rejects_what_pack_rejects() -> None:
