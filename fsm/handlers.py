@@ -101,7 +101,7 @@ def _ensure_summary(w: StateWriter, job: Job) -> None:
         # A purge leaves the job's allocs until GC (as Nomad does); a job
         # registered again under that id starts from a recount of them, so
         # the summary always equals the allocs that name the job.
-        for alloc in w.allocs_by_job(job.id):
+        for alloc in w.allocs_by_job(job.id) if w.job_has_allocs(job.id) else ():
             group = summary.summary.setdefault(alloc.task_group, TaskGroupSummary())
             name = _SUMMARY_FIELD[alloc.client_status]
             setattr(group, name, getattr(group, name) + 1)

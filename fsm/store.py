@@ -201,6 +201,9 @@ class StateReader:
     def job_summary(self, job_id: str) -> JobSummary | None:
         return self._get("job_summary", job_id.encode(), JobSummary)
 
+    def job_has_allocs(self, job_id: str) -> bool:
+        return self._any("allocs_by_job", prefix(job_id))
+
     def job_has_live_allocs(self, job_id: str) -> bool:
         return self._any("allocs_live_by_job", prefix(job_id))
 

@@ -266,10 +266,10 @@ class StateWriter(StateReader):
         self._stamp(ev, old)
         if old is not None and old.status != ev.status:
             self._unlink("evals_by_status", key(old.status, ev.id))
+        live_key = key(ev.job_id, ev.id)  # also its evals_by_job row
         if old is None:  # an eval never changes job (handlers reject that)
-            self._link("evals_by_job", key(ev.job_id, ev.id))
+            self._link("evals_by_job", live_key)
         self._link("evals_by_status", key(ev.status, ev.id))
-        live_key = key(ev.job_id, ev.id)
         if ev.status in EVAL_TERMINAL:
             self._unlink("evals_live_by_job", live_key)
             if old is None or old.status not in EVAL_TERMINAL:
