@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import math
-import os
-import secrets
 import socket
 import threading
 import time
@@ -55,47 +52,11 @@ from node.framing import (
     recv_frame,
     unpack_body,
 )
+from node.ids import new_request_id
 
 DEFAULT_TIMEOUT = 10.0
 BACKOFF_FIRST = 0.02
 BACKOFF_MAX = 1.0
-
-
-_COUNTER_LIMIT = 1 << 32
-
-
-def _fresh_ids() -> tuple[str, Iterator[int]]:
-    """A new 96-bit random prefix and a counter to append to it."""
-    return secrets.token_hex(12), itertools.count()
-
-
-_ids = _fresh_ids()
-
-
-def _reseed_ids() -> None:
-    global _ids
-    _ids = _fresh_ids()
-
-
-# A forked child must not hand out its parent's ids.
-os.register_at_fork(after_in_child=_reseed_ids)
-
-
-def new_request_id() -> str:
-    """A unique request id: 32 hex digits, as long as a uuid4's.
-
-    Servers deduplicate retries by request id, so ids must stay unique across
-    processes and restarts: 96 random bits per process (reseeded after a
-    fork and whenever the counter runs out) followed by a 32-bit counter.
-    That is as safe as a uuid4 each, without a getrandom call per request.
-    """
-    prefix, counter = _ids
-    n = next(counter)  # atomic under the GIL: threads never share an n
-    if n < _COUNTER_LIMIT:
-        return f"{prefix}{n:08x}"
-    if _ids[1] is counter:
-        _reseed_ids()
-    return new_request_id()
 
 
 class _DefaultToken:

@@ -10,7 +10,6 @@ bytes arrive when. Synchronization is by events, never by sleeping.
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,10 +17,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from node import rpc_client
 from node.errors import RPCError
 from node.framing import ConnectionLost, format_address, read_frame
-from node.rpc_client import AsyncRPCClient, new_request_id
+from node.rpc_client import AsyncRPCClient
 
 WAIT = 5.0
 
@@ -52,40 +50,6 @@ async def scripted_server(handler: Handler) -> tuple[asyncio.Server, str]:
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(asyncio.wait_for(scenario(), WAIT * 2))
-
-
-# ---- request ids --------------------------------------------------------------------------------
-
-
-def test_request_ids_are_unique_and_as_long_as_a_uuid() -> None:
-    ids = [new_request_id() for _ in range(10_000)]
-    assert len(set(ids)) == len(ids)
-    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
-
-
-def test_request_ids_get_a_new_random_prefix_when_the_counter_runs_out(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(rpc_client, "_COUNTER_LIMIT", 3)
-    rpc_client._reseed_ids()
-    ids = [new_request_id() for _ in range(9)]
-    assert len(set(ids)) == 9
-    assert len({i[:24] for i in ids}) == 3  # three ids per 96-bit prefix
-    assert [i[24:] for i in ids[:3]] == ["00000000", "00000001", "00000002"]
-
-
-def test_a_forked_child_does_not_reuse_its_parents_ids() -> None:
-    parent_prefix = new_request_id()[:24]
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report one id and leave without running pytest's teardown
-        os.write(write_end, new_request_id().encode())
-        os._exit(0)
-    os.close(write_end)
-    child_id = os.read(read_end, 64).decode()
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    assert len(child_id) == 32 and child_id[:24] != parent_prefix
 
 
 # ---- answers however the bytes arrive -----------------------------------------------------------
