@@ -62,10 +62,6 @@ def pascal(name: str) -> str:
 @functools.lru_cache(maxsize=4096)  # field names repeat; keys are user input, so it is bounded
 def snake(name: str) -> str:
     """Nomad's PascalCase field name in our snake_case (memoised: every request converts the same few)."""
-    return _snake(name)
-
-
-def _snake(name: str) -> str:
     special = _REVERSE.get(name)
     if special is not None:
         return special

@@ -482,10 +482,12 @@ class RPCServer:
                 ctx.log.debug("rpc request done", ms=round((time.monotonic() - started) * 1000, 3))
         except ConnectionError:
             code = "closed"
-            ctx.log.debug("rpc connection closed before the answer was sent")
+            if self._debug:
+                ctx.log.debug("rpc connection closed before the answer was sent")
         except RPCError as err:
             code = err.code
-            ctx.log.debug("rpc request failed", code=err.code, error=err.message)
+            if self._debug:
+                ctx.log.debug("rpc request failed", code=err.code, error=err.message)
             await self._send_error(conn, ctx, err)
         except Exception:
             code = INTERNAL
