@@ -8,13 +8,68 @@ first byte: every received message passes through the node's
 sent message through ``_filter_outgoing`` (ack rewriting, fsync ordering,
 instrumentation). Its constructor is also where the node swaps in the
 crash-safe journal (``_caravan_before_start``).
+
+Every connection is a :class:`CaravanConnection`: the same frame a stock
+peer reads (length, auth tag, zlib stream, pickle), built without
+pysyncobj's two hot spots. ``zlib.compress`` pays ~35-50 us per call on this
+hardware whatever the size (deflate allocates ~256 KiB of state each time),
+and pickle protocol 2 turns every ``bytes`` into a latin-1 string: pickling an
+append_entries of 64 job registrations took 330 us at protocol 2 and 9 us at
+protocol 5. Any Python 3 ``pickle.loads`` and ``zlib.decompress`` read these
+frames, so servers on older Caravan builds still understand them.
 """
 
 from __future__ import annotations
 
+import pickle
+import struct
+import zlib
 from typing import Any
 
+from pysyncobj.monotonic import monotonic
+from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
+
+_LENGTH = struct.Struct("i")  # pysyncobj's frame length prefix (native int)
+_STORED_BLOCK = struct.Struct("<BHH")  # deflate stored block: BFINAL/BTYPE=00, LEN, NLEN
+_ADLER = struct.Struct(">I")
+_ZLIB_HEADER = b"\x78\x01"  # deflate, 32 KiB window, no dictionary, "fastest" (valid check bits)
+_MAX_STORED = 0xFFFF
+
+
+def zlib_stored(data: bytes) -> bytes:
+    """``data`` as a zlib stream of stored (uncompressed) deflate blocks.
+
+    ``zlib.decompress`` returns ``data`` for it. Costs a copy and an
+    Adler-32, not deflate's per-call set-up.
+    """
+    view = memoryview(data)
+    size = len(data)
+    parts: list[Any] = [_ZLIB_HEADER]
+    offset = 0
+    while True:
+        chunk = view[offset : offset + _MAX_STORED]
+        offset += len(chunk)
+        final = offset >= size
+        parts.append(_STORED_BLOCK.pack(1 if final else 0, len(chunk), len(chunk) ^ 0xFFFF))
+        parts.append(chunk)
+        if final:
+            break
+    parts.append(_ADLER.pack(zlib.adler32(data)))
+    return b"".join(parts)
+
+
+class CaravanConnection(TcpConnection):
+    """pysyncobj's TcpConnection with a cheaper, wire-compatible ``send``."""
+
+    def send(self, message: Any) -> None:
+        if self.sendRandKey:
+            message = (self.sendRandKey, message)
+        data = zlib_stored(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+        if self.encryptor:
+            data = self.encryptor.encrypt_at_time(data, int(monotonic()))
+        self._TcpConnection__writeBuffer += _LENGTH.pack(len(data)) + data
+        self._TcpConnection__trySendBuffer()
 
 
 class CaravanTransport(TCPTransport):
@@ -33,6 +88,17 @@ class CaravanTransport(TCPTransport):
         if prepare is not None:
             prepare()
         super().__init__(syncObj, selfNode, otherNodes)
+
+    def addNode(self, node: Any) -> None:  # noqa: N802 (pysyncobj name)
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is not None and conn.__class__ is TcpConnection:
+            conn.__class__ = CaravanConnection  # built by pysyncobj; only ``send`` differs
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:  # noqa: N802 (pysyncobj name)
+        if conn.__class__ is TcpConnection:
+            conn.__class__ = CaravanConnection
+        super()._onNewIncomingConnection(conn)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj name)
         deliver = self._onMessageReceivedCallback
