@@ -441,9 +441,9 @@ class Server:
         error; a batch never exceeds the entry size limit (an entry too large
         alone is submitted alone and refused as before).
         """
-        # What the entry costs in the raft log at most: pickle stores bytes as
-        # UTF-8 of latin-1, so each byte >= 0x80 takes two.
-        cost = len(entry.decode("latin-1").encode()) + ITEM_OVERHEAD
+        # What the entry adds to a Batch entry in the raft log: its bytes and
+        # their msgpack header (raft.encoded_entry_size: pickle adds a few bytes).
+        cost = len(entry) + ITEM_OVERHEAD
         future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
         self._write_queue.append(_Queued(entry, cost, future))
         self._queued_cost += cost

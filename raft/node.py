@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import os
+import pickle
 import sys
 import threading
 import time
@@ -63,7 +64,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgpack
-import pysyncobj.pickle as so_pickle
 import structlog
 from pysyncobj import SyncObj, replicated
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
@@ -136,16 +136,21 @@ def encode_barrier(now_ns: int | None = None) -> bytes:
 
 
 def _encode_command(func_id: int, entry: bytes) -> bytes:
-    return so_pickle.dumps((func_id, (entry,)))
+    """The command as pysyncobj stores and applies it: a pickled call.
+
+    Protocol 5, not pysyncobj's protocol 2: protocol 2 stores ``bytes`` as a
+    UTF-8 encoded latin-1 string, so every byte >= 0x80 took two and each
+    replica paid a decode and an encode per entry. ``pickle.loads`` reads
+    either, so journals written by older builds still replay.
+    """
+    return pickle.dumps((func_id, (entry,)), 5)
 
 
 def encoded_entry_size(entry: bytes) -> int:
     """Size of ``entry`` as stored in the raft log (what ``max_entry_bytes`` limits).
 
-    pysyncobj pickles commands with protocol 2, which stores ``bytes`` as a
-    UTF-8 encoded latin-1 string: bytes >= 0x80 take two bytes, so a binary
-    entry can grow up to 2x. Callers that batch (GC reaps, plans) should size
-    batches with this function.
+    Its length plus a few bytes of pickle framing. Callers that batch (GC
+    reaps, plans) should size batches with this function.
     """
     return 1 + len(_encode_command(0, entry))
 

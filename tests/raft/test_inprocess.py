@@ -40,9 +40,10 @@ def test_oversized_entry_is_refused_at_submit_with_a_clear_error(single_node: An
         node.submit_sync(b"a" * limit)
     msg = str(ei.value)
     assert "exceeds the limit" in msg and "split" in msg and str(limit) in msg
-    # Binary bytes >= 0x80 take two bytes in pysyncobj's pickle: a 40 KB
-    # random entry is ~60 KB in the log, past the chunking threshold.
-    blob = os.urandom(40_000)
+    # Binary entries cost their length plus pickle framing (protocol 2 used
+    # to store each byte >= 0x80 as two); one of the limit's size is refused.
+    assert encoded_entry_size(os.urandom(40_000)) <= 40_000 + 32
+    blob = os.urandom(limit)
     assert encoded_entry_size(blob) > limit
     with pytest.raises(EntryTooLargeError):
         node.submit(blob, lambda r, i, e: None)
