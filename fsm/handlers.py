@@ -94,24 +94,44 @@ def _spec(job: Job) -> dict[str, Any]:
 
 # -- job summaries -----------------------------------------------------------
 def _ensure_summary(w: StateWriter, job: Job) -> None:
-    summary = w.job_summary(job.id)
-    fresh = summary is None
-    if summary is None:
-        summary = JobSummary(job_id=job.id, namespace=job.namespace)
-        # A purge leaves the job's allocs until GC (as Nomad does); a job
-        # registered again under that id starts from a recount of them, so
-        # the summary always equals the allocs that name the job.
-        for alloc in w.allocs_by_job(job.id) if w.job_has_allocs(job.id) else ():
-            group = summary.summary.setdefault(alloc.task_group, TaskGroupSummary())
-            name = _SUMMARY_FIELD[alloc.client_status]
-            setattr(group, name, getattr(group, name) + 1)
-    changed = fresh
-    for group in job.task_groups:
-        if group.name not in summary.summary:
-            summary.summary[group.name] = TaskGroupSummary()
+    """Give every task group of ``job`` a summary row (a new job: a summary).
+
+    Works on the stored map, as the alloc counters do, except for a new
+    summary that must recount allocs left by a purge: ``put_summary_map``
+    stores the same bytes ``_put_summary`` would for the same summary.
+    """
+    data = w.summary_map(job.id)
+    if data is not None or not w.job_has_allocs(job.id):
+        if data is None:  # field order of JobSummary, as ``encode`` packs it
+            data = {
+                "job_id": job.id,
+                "namespace": job.namespace,
+                "summary": {},
+                "create_index": 0,
+                "modify_index": 0,
+            }
             changed = True
-    if changed:
-        _put_summary(w, summary)
+        else:
+            changed = False
+        groups = data["summary"]
+        for group in job.task_groups:
+            if group.name not in groups:
+                groups[group.name] = dict(_EMPTY_GROUP)
+                changed = True
+        if changed:
+            w.put_summary_map(job.id, data)
+        return
+    # A purge leaves the job's allocs until GC (as Nomad does); a job
+    # registered again under that id starts from a recount of them, so the
+    # summary always equals the allocs that name the job.
+    summary = JobSummary(job_id=job.id, namespace=job.namespace)
+    for alloc in w.allocs_by_job(job.id):
+        group = summary.summary.setdefault(alloc.task_group, TaskGroupSummary())
+        name = _SUMMARY_FIELD[alloc.client_status]
+        setattr(group, name, getattr(group, name) + 1)
+    for group in job.task_groups:
+        summary.summary.setdefault(group.name, TaskGroupSummary())
+    _put_summary(w, summary)
 
 
 def _put_summary(w: StateWriter, summary: JobSummary) -> None:

@@ -41,7 +41,7 @@ from fsm.store import (
     StateReader,
     StateStore,
 )
-from fsm.writer import StateWriter
+from fsm.writer import StateWriter, WriteTracker
 
 log = structlog.get_logger("caravan.fsm")
 
@@ -114,6 +114,7 @@ class FSM:
         self.request_ttl = request_ttl
         self.on_fatal = on_fatal
         self._txn: lmdb.Transaction | None = None
+        self._tracker: WriteTracker | None = None  # the open transaction's, shared by its entries
         self._touched: dict[str, int] = {}
         # Entries applied in the open group, and (applied, last_time) before
         # it: a rejected entry that already wrote is undone by replaying them.
@@ -241,6 +242,7 @@ class FSM:
     def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
             self._txn = self.store.begin_write()
+            self._tracker = WriteTracker(self._txn)
             self._group_start = (self._applied, self._last_time)
         return self._txn
 
@@ -334,7 +336,7 @@ class FSM:
             if prior is not None:
                 data = codec.unpack(prior)
                 return self._consume(index, entry, ApplyResult(duplicate=True, **data), now)
-        writer = StateWriter(self.store, txn, index, now)
+        writer = StateWriter(self.store, txn, index, now, self._tracker)
         try:
             value = HANDLERS[decoded.type](writer, decoded.body)
             writer.finish()

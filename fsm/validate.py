@@ -34,7 +34,13 @@ def bad(message: str) -> ApplyRejected:
 
 def check_id(value: str, what: str) -> None:
     if not valid_id(value):
-        raise bad(f"{what} must be a non-empty string of at most {MAX_ID_BYTES} bytes without NUL")
+        raise bad_id(what)
+
+
+def bad_id(what: str) -> ApplyRejected:
+    """The rejection of an invalid id. Callers whose ``what`` is an f-string
+    check ``valid_id`` themselves and build it only on failure (apply's hot path)."""
+    return bad(f"{what} must be a non-empty string of at most {MAX_ID_BYTES} bytes without NUL")
 
 
 def check_job(job: Job) -> None:
@@ -47,7 +53,8 @@ def check_job(job: Job) -> None:
         raise bad(f"job {job.id}: at least one task group is required")
     names = set()
     for group in job.task_groups:
-        check_id(group.name, f"job {job.id}: task group name")
+        if not valid_id(group.name):
+            raise bad_id(f"job {job.id}: task group name")
         if group.name in names:
             raise bad(f"job {job.id}: duplicate task group {group.name!r}")
         names.add(group.name)
@@ -63,16 +70,20 @@ def check_job(job: Job) -> None:
 
 def check_eval(ev: Evaluation) -> None:
     check_id(ev.id, "evaluation ID")
-    check_id(ev.job_id, f"evaluation {ev.id}: job ID")
+    if not valid_id(ev.job_id):
+        raise bad_id(f"evaluation {ev.id}: job ID")
     if ev.status not in EVAL_STATUSES:
         raise bad(f"evaluation {ev.id}: status {ev.status!r} is not one of {', '.join(EVAL_STATUSES)}")
 
 
 def check_alloc(alloc: Allocation) -> None:
     check_id(alloc.id, "allocation ID")
-    check_id(alloc.eval_id, f"allocation {alloc.id}: eval ID")
-    check_id(alloc.job_id, f"allocation {alloc.id}: job ID")
-    check_id(alloc.node_id, f"allocation {alloc.id}: node ID")
+    if not valid_id(alloc.eval_id):
+        raise bad_id(f"allocation {alloc.id}: eval ID")
+    if not valid_id(alloc.job_id):
+        raise bad_id(f"allocation {alloc.id}: job ID")
+    if not valid_id(alloc.node_id):
+        raise bad_id(f"allocation {alloc.id}: node ID")
     check_desired_status(alloc.id, alloc.desired_status)
     check_client_status(alloc.id, alloc.client_status)
 
@@ -93,7 +104,8 @@ def check_client_status(alloc_id: str, status: str) -> None:
 
 def check_deployment(dep: Deployment) -> None:
     check_id(dep.id, "deployment ID")
-    check_id(dep.job_id, f"deployment {dep.id}: job ID")
+    if not valid_id(dep.job_id):
+        raise bad_id(f"deployment {dep.id}: job ID")
     check_deployment_status(dep.id, dep.status)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import lmdb
 
 from fsm import codec
-from fsm.keys import from_u64, key, key_at, prefix, u64
+from fsm.keys import SEP, from_u64, key, key_at, prefix, u64
 from fsm.store import StateReader, StateStore
 from fsm.structs import (
     CLIENT_TERMINAL,
@@ -57,7 +57,7 @@ class WriteTracker:
     only through this object (never through cursors).
     """
 
-    __slots__ = ("_put", "_delete", "_pop", "_replace", "get", "cursor", "stat", "wrote")
+    __slots__ = ("_put", "_delete", "_pop", "_replace", "get", "cursor", "stat", "wrote", "cursors")
 
     def __init__(self, txn: lmdb.Transaction) -> None:
         # Bound methods, called with positional arguments: a write costs a
@@ -70,6 +70,11 @@ class WriteTracker:
         self.cursor = txn.cursor
         self.stat = txn.stat
         self.wrote = False
+        # One read cursor per db for key probes (``StateWriter._any``/``_keys``),
+        # reused for the whole transaction: opening one costs about as much
+        # as the probe. LMDB keeps cursors of a write transaction valid
+        # across its writes; every probe positions its cursor anew.
+        self.cursors: dict[str, lmdb.Cursor] = {}
 
     def put(self, key: bytes, value: bytes, db: Any = None) -> bool:
         self.wrote = True
@@ -89,9 +94,26 @@ class WriteTracker:
 
 
 class StateWriter(StateReader):
-    def __init__(self, store: StateStore, txn: lmdb.Transaction, index: int, now: int) -> None:
-        super().__init__(store, txn)
-        self.txn: Any = WriteTracker(txn)
+    def __init__(
+        self,
+        store: StateStore,
+        txn: lmdb.Transaction,
+        index: int,
+        now: int,
+        tracker: WriteTracker | None = None,
+    ) -> None:
+        """``tracker``: the group transaction's ``WriteTracker``, reused by every entry of the group.
+
+        (The FSM keeps one per write transaction: building one binds seven
+        methods, a cost every entry of a batch would pay again.)
+        """
+        self.store = store
+        self.dbs = store.dbs
+        if tracker is None:
+            tracker = WriteTracker(txn)
+        else:
+            tracker.wrote = False
+        self.txn: Any = tracker
         self.index = index
         self.now = now
         # Change records, each already packed as msgpack [topic, type, key, object]:
@@ -109,10 +131,35 @@ class StateWriter(StateReader):
         self._jobs_put: dict[str, tuple[bytes, str, bool, bool, bool, str]] = {}
 
     # -- primitives ------------------------------------------------------
+    def _cursor(self, db: str) -> lmdb.Cursor:
+        cursors = self.txn.cursors
+        cursor = cursors.get(db)
+        if cursor is None:
+            cursor = cursors[db] = self.txn.cursor(db=self.dbs[db])
+        return cursor
+
+    def _any(self, index: str, start: bytes) -> bool:
+        cursor = self._cursor(index)
+        return cursor.set_range(start) and cursor.key().startswith(start)
+
+    def _keys(self, db: str, start: bytes) -> list[bytes]:
+        """Keys starting with ``start``, in order (read out before the caller may delete them)."""
+        cursor = self._cursor(db)
+        if not cursor.set_range(start):
+            return []
+        out = []
+        for k in cursor.iternext(keys=True, values=False):
+            if not k.startswith(start):
+                break
+            out.append(k)
+        return out
+
     def _put(self, table: str, k: bytes, obj: Any) -> bytes:
         """Store ``obj``; returns its packed bytes, which the journal record reuses."""
         raw = codec.encode(obj)
-        self.txn.put(k, raw, db=self.dbs[table])
+        txn = self.txn
+        txn.wrote = True
+        txn._put(k, raw, True, True, False, self.dbs[table])
         self.touched.add(table)
         return raw
 
@@ -151,7 +198,9 @@ class StateWriter(StateReader):
         self.txn.put(key(kind, obj_id), u64(since), db=self.dbs["gc_mark_of"])
 
     def unmark(self, kind: str, obj_id: str) -> None:
-        raw = self.txn.pop(key(kind, obj_id), db=self.dbs["gc_mark_of"])
+        txn = self.txn
+        txn.wrote = True
+        raw = txn._pop(key(kind, obj_id), self.dbs["gc_mark_of"])
         if raw is not None:
             self._unlink("gc_marks", key_at(kind, from_u64(raw), obj_id))
 
@@ -162,9 +211,14 @@ class StateWriter(StateReader):
     # -- jobs ------------------------------------------------------------
     def put_job(self, job: Job) -> bytes:
         """Store a job; returns its bytes (for its version row and journal record)."""
-        raw = self._put("jobs", job.id.encode(), job)
-        self.dirty_jobs.add(job.id)
-        self._jobs_put[job.id] = (raw, job.type, job.periodic, job.parameterized, job.stop, job.status)
+        job_id = job.id
+        raw = codec.encode(job)
+        txn = self.txn
+        txn.wrote = True
+        txn._put(job_id.encode(), raw, True, True, False, self.dbs["jobs"])
+        self.touched.add("jobs")
+        self.dirty_jobs.add(job_id)
+        self._jobs_put[job_id] = (raw, job.type, job.periodic, job.parameterized, job.stop, job.status)
         return raw
 
     def put_job_version(self, job: Job, raw: bytes | None = None) -> None:
@@ -175,6 +229,11 @@ class StateWriter(StateReader):
         else:
             self.txn.put(k, raw, db=self.dbs["job_versions"])
             self.touched.add("job_versions")
+        if job.version < JOB_VERSIONS_KEPT:
+            # A job's version rows are of versions 0..job.version only (versions
+            # only grow while the job exists; a purge deletes its rows), so
+            # there are at most JOB_VERSIONS_KEPT of them: nothing to trim.
+            return
         keys = self._keys("job_versions", prefix(job.id))
         for old in keys[:-JOB_VERSIONS_KEPT]:
             self._delete("job_versions", old)
@@ -225,7 +284,7 @@ class StateWriter(StateReader):
             data = codec.unpack(raw)
             type_, periodic, parameterized = data["type"], data["periodic"], data["parameterized"]
             stop, old_status = data["stop"], data["status"]
-        status = self._derive_status(job_id, type_, periodic, parameterized, stop)
+        status = self._derive_status(job_id, type_, periodic, parameterized, stop, k + SEP)
         if status != old_status:
             if data is None:
                 data = codec.unpack(raw)
@@ -245,10 +304,20 @@ class StateWriter(StateReader):
     def derive_job_status(self, job: Job) -> str:
         return self._derive_status(job.id, job.type, job.periodic, job.parameterized, job.stop)
 
-    def _derive_status(self, job_id: str, type_: str, periodic: bool, parameterized: bool, stop: bool) -> str:
+    def _derive_status(
+        self,
+        job_id: str,
+        type_: str,
+        periodic: bool,
+        parameterized: bool,
+        stop: bool,
+        start: bytes | None = None,
+    ) -> str:
+        """``start``: ``prefix(job_id)``, if the caller has it."""
         if type_ == "system" or periodic or parameterized:
             return JOB_DEAD if stop else "running"
-        start = prefix(job_id)
+        if start is None:
+            start = prefix(job_id)
         if self._any("allocs_live_by_job", start):
             return "running"
         if self._any("evals_live_by_job", start):
@@ -263,21 +332,33 @@ class StateWriter(StateReader):
 
     # -- evals -----------------------------------------------------------
     def put_eval(self, ev: Evaluation, old: Evaluation | None) -> None:
-        self._stamp(ev, old)
-        if old is not None and old.status != ev.status:
-            self._unlink("evals_by_status", key(old.status, ev.id))
-        live_key = key(ev.job_id, ev.id)  # also its evals_by_job row
-        if old is None:  # an eval never changes job (handlers reject that)
-            self._link("evals_by_job", live_key)
-        self._link("evals_by_status", key(ev.status, ev.id))
-        if ev.status in EVAL_TERMINAL:
-            self._unlink("evals_live_by_job", live_key)
-            if old is None or old.status not in EVAL_TERMINAL:
-                self.mark(GC_EVAL, ev.id, self.now)
+        # Written out (no _stamp/_link/_unlink/_put calls): every job
+        # registration and most other entries store an eval.
+        index, now, dbs, txn = self.index, self.now, self.dbs, self.txn
+        put = txn._put
+        txn.wrote = True
+        eval_id, status = ev.id, ev.status
+        if old is None:
+            ev.create_index, ev.create_time = index, now
         else:
-            self._link("evals_live_by_job", live_key)
-            self.unmark(GC_EVAL, ev.id)
-        raw = self._put("evals", ev.id.encode(), ev)
+            ev.create_index, ev.create_time = old.create_index, old.create_time
+        ev.modify_index, ev.modify_time = index, now
+        if old is not None and old.status != status:
+            txn._delete(key(old.status, eval_id), b"", dbs["evals_by_status"])
+        live_key = key(ev.job_id, eval_id)  # also its evals_by_job row
+        if old is None:  # an eval never changes job (handlers reject that)
+            put(live_key, b"", True, True, False, dbs["evals_by_job"])
+        put(key(status, eval_id), b"", True, True, False, dbs["evals_by_status"])
+        if status in EVAL_TERMINAL:
+            txn._delete(live_key, b"", dbs["evals_live_by_job"])
+            if old is None or old.status not in EVAL_TERMINAL:
+                self.mark(GC_EVAL, eval_id, now)
+        else:
+            put(live_key, b"", True, True, False, dbs["evals_live_by_job"])
+            self.unmark(GC_EVAL, eval_id)
+        raw = codec.encode(ev)
+        put(eval_id.encode(), raw, True, True, False, dbs["evals"])
+        self.touched.add("evals")
         # Job status depends on whether the job has live evals: only a new
         # eval or a change of liveness can change it.
         if old is None or (old.status in EVAL_TERMINAL and ev.status not in EVAL_TERMINAL):
