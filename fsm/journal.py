@@ -44,23 +44,65 @@ def append(txn: lmdb.Transaction, dbs: dict[str, Any], index: int, records: list
     batches after N were trimmed (indexes without records have no batch), so
     followers compare N with this mark to know they must reset.
     """
-    if not records:
-        return
-    journal, meta = dbs["journal"], dbs["meta"]
-    raw = _array_header(len(records)) + b"".join(records)
-    txn.put(u64(index), raw, db=journal)
-    size_raw = txn.get(META_JOURNAL_BYTES, db=meta)
-    size = (0 if size_raw is None else from_u64(size_raw)) + len(raw)
-    count = txn.stat(journal)["entries"]
-    if count > retention.max_batches or size > retention.max_bytes:
-        cursor = txn.cursor(db=journal)
-        cursor.first()
-        trimmed = 0
-        while (count > retention.max_batches or size > retention.max_bytes) and count > 1:
-            trimmed = from_u64(cursor.key())
-            size -= len(cursor.value())
-            cursor.delete()
-            count -= 1
-        if trimmed:
-            txn.put(META_JOURNAL_TRIMMED, u64(trimmed), db=meta)
-    txn.put(META_JOURNAL_BYTES, u64(size), db=meta)
+    appender = Appender(txn, dbs, retention)
+    appender.append(index, records)
+    appender.flush()
+
+
+class Appender:
+    """``append`` for every entry of one write transaction (the FSM's group).
+
+    The journal's byte total (in ``meta``) and batch count are read at the
+    first append and kept here, and the byte total is written once, by
+    ``flush`` before the transaction commits, instead of a read, a count and
+    a write per entry. Nothing else reads them inside the transaction, so the
+    committed rows are the same as ``append``'s for each entry in turn.
+    """
+
+    __slots__ = ("_put", "_get", "_txn", "_journal", "_meta", "_retention", "_size", "_count")
+
+    def __init__(self, txn: lmdb.Transaction, dbs: dict[str, Any], retention: Retention) -> None:
+        self._txn = txn
+        self._put = txn.put
+        self._get = txn.get
+        self._journal, self._meta = dbs["journal"], dbs["meta"]
+        self._retention = retention
+        self._size = -1  # not read yet: nothing appended in this transaction
+        self._count = 0
+
+    def append(self, index: int, records: list) -> None:
+        if not records:
+            return
+        journal = self._journal
+        raw = _array_header(len(records)) + b"".join(records)
+        size = self._size
+        if size < 0:
+            size_raw = self._get(META_JOURNAL_BYTES, None, self._meta)
+            size = 0 if size_raw is None else from_u64(size_raw)
+            self._count = self._txn.stat(journal)["entries"]
+        k = u64(index)
+        if self._put(k, raw, True, False, False, journal):  # a new batch (overwrite=False)
+            self._count += 1
+        else:  # the index already has a batch: replaced, the count stays
+            self._put(k, raw, True, True, False, journal)
+        size += len(raw)
+        count = self._count
+        retention = self._retention
+        if count > retention.max_batches or size > retention.max_bytes:
+            cursor = self._txn.cursor(db=journal)
+            cursor.first()
+            trimmed = 0
+            while (count > retention.max_batches or size > retention.max_bytes) and count > 1:
+                trimmed = from_u64(cursor.key())
+                size -= len(cursor.value())
+                cursor.delete()
+                count -= 1
+            if trimmed:
+                self._put(META_JOURNAL_TRIMMED, u64(trimmed), True, True, False, self._meta)
+            self._count = count
+        self._size = size
+
+    def flush(self) -> None:
+        """Write the byte total, if anything was appended (before the transaction commits)."""
+        if self._size >= 0:
+            self._put(META_JOURNAL_BYTES, u64(self._size), True, True, False, self._meta)

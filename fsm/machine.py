@@ -43,6 +43,9 @@ from fsm.store import (
 )
 from fsm.writer import StateWriter, WriteTracker
 
+_KNOWN_TYPES = frozenset(int(t) for t in MessageType)
+_BATCH = MessageType.BATCH
+
 log = structlog.get_logger("caravan.fsm")
 
 DEFAULT_REQUEST_TTL = 10 * 60 * 1_000_000_000  # how long a retried request id is remembered
@@ -115,6 +118,7 @@ class FSM:
         self.on_fatal = on_fatal
         self._txn: lmdb.Transaction | None = None
         self._tracker: WriteTracker | None = None  # the open transaction's, shared by its entries
+        self._journal: journal.Appender | None = None  # likewise
         self._touched: dict[str, int] = {}
         # Entries applied in the open group, and (applied, last_time) before
         # it: a rejected entry that already wrote is undone by replaying them.
@@ -168,6 +172,7 @@ class FSM:
         if txn is None:
             return
         try:
+            self._journal.flush()  # type: ignore[union-attr]
             meta = self.store.dbs["meta"]
             txn.put(META_APPLIED, u64(self._applied), db=meta)
             txn.put(META_LAST_TIME, u64(self._last_time), db=meta)
@@ -243,6 +248,7 @@ class FSM:
         if self._txn is None:
             self._txn = self.store.begin_write()
             self._tracker = WriteTracker(self._txn)
+            self._journal = journal.Appender(self._txn, self.store.dbs, self.retention)
             self._group_start = (self._applied, self._last_time)
         return self._txn
 
@@ -311,12 +317,14 @@ class FSM:
         self._batch.items[-1].undone = True  # type: ignore[union-attr]
 
     def _apply(self, index: int, entry: bytes) -> ApplyResult:
-        txn = self._begin()
+        txn = self._txn
+        if txn is None:
+            txn = self._begin()
         if not entry:
             # No type byte at all: malformed, not an unknown type from a newer version.
             return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error="empty entry"))
         code = entry[0]
-        if code not in MessageType._value2member_map_:
+        if code not in _KNOWN_TYPES:
             if code & IGNORE_FLAG:
                 log.warning("skipping unknown entry type with the ignore flag", index=index, type=code)
                 return self._consume(index, entry, ApplyResult(index, True, skipped=True))
@@ -327,28 +335,34 @@ class FSM:
             decoded = decode_entry(entry)
         except CodecError as exc:
             return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error=str(exc)))
-        if decoded.type is MessageType.BATCH and self._batch is None:
+        msg_type = decoded.type
+        batch = self._batch
+        if msg_type is _BATCH and batch is None:
             return self._apply_batch(index, entry, decoded)
-        self._last_time = max(self._last_time, decoded.time)
         now = self._last_time
-        if decoded.rid and index > self._unsafe_reapply_upto:
-            prior = txn.get(decoded.rid.encode(), db=self.store.dbs["requests"])
+        if decoded.time > now:
+            now = self._last_time = decoded.time
+        rid = decoded.rid
+        if rid and index > self._unsafe_reapply_upto:
+            prior = txn.get(rid.encode(), None, self.store.dbs["requests"])
             if prior is not None:
                 data = codec.unpack(prior)
                 return self._consume(index, entry, ApplyResult(duplicate=True, **data), now)
         writer = StateWriter(self.store, txn, index, now, self._tracker)
         try:
-            value = HANDLERS[decoded.type](writer, decoded.body)
+            value = HANDLERS[msg_type](writer, decoded.body)
             writer.finish()
-            if self._batch is None:
-                journal.append(txn, self.store.dbs, index, writer.records, self.retention)
+            records = writer.records
+            if batch is None:
+                self._journal.append(index, records)  # type: ignore[union-attr]
             else:  # one journal batch per raft index: the batch writes its items' records at its end
-                self._batch.records.extend(writer.records)
+                batch.records.extend(records)
             result = ApplyResult(index, True, value=value)
+            touched = self._touched
             for table in writer.touched:
-                self._touched[table] = index
-            if writer.records:
-                self._touched["journal"] = index
+                touched[table] = index
+            if records:
+                touched["journal"] = index
         except ApplyRejected as exc:
             result = ApplyResult(index, False, code=exc.code, error=exc.message)
         except lmdb.Error:
@@ -390,7 +404,7 @@ class FSM:
         txn = self._txn
         assert txn is not None
         if batch.records:
-            journal.append(txn, self.store.dbs, index, batch.records, self.retention)
+            self._journal.append(index, batch.records)  # type: ignore[union-attr]
             self._touched["journal"] = index
         result = ApplyResult(index, True, value={"results": [r.to_wire() for r in results]}, batch=results)
         self._consume(index, entry, result)

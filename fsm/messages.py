@@ -284,7 +284,9 @@ _ENVELOPE_FIELDS = frozenset(("v", "time", "rid", "body"))
 
 def decode_entry(entry: bytes) -> Entry:
     """Strictly decode an entry whose type this version knows."""
-    code = peek_type(entry)
+    if not entry:
+        raise CodecError("empty entry")
+    code = entry[0]
     msg_type = _TYPE_OF.get(code)
     if msg_type is None:
         raise CodecError(f"unknown entry type {code}")
