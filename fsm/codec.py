@@ -509,6 +509,8 @@ def encode(obj: Any) -> bytes:
     packer = getattr(_local, "record_packer", None)
     if packer is None:
         packer = _local.record_packer = msgpack.Packer(use_bin_type=True, default=_record_map)
+    if obj.__class__ in _RECORD_CLASSES:  # what the hook would return, without the call into Python
+        return packer.pack(obj.__dict__)
     return packer.pack(obj)
 
 

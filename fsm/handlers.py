@@ -249,7 +249,7 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
         job.stable = old.stable and not changed
     job.job_modify_index = w.index if changed else old.job_modify_index
     job.submit_time = w.now if changed else old.submit_time
-    raw = w.put_job(job)
+    raw = w.put_job(job, new=old is None)
     if changed:
         w.put_job_version(job, raw)
     _ensure_summary(w, job)
@@ -264,7 +264,8 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
             raise bad(f"evaluation {msg.eval.id} is for job {msg.eval.job_id}, not {job.id}")
         msg.eval.job_modify_index = job.job_modify_index
         _upsert_evals(w, [msg.eval])
-        result.update(eval_id=msg.eval.id, eval_create_index=msg.eval.create_index)
+        result["eval_id"] = msg.eval.id
+        result["eval_create_index"] = msg.eval.create_index
     return result
 
 

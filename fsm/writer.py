@@ -128,7 +128,7 @@ class StateWriter(StateReader):
         self.ended_jobs: set[str] = set()
         # Jobs ``put_job`` stored in this entry: their bytes and the fields
         # ``set_job_status`` reads, so ``finish`` need not read and unpack them again.
-        self._jobs_put: dict[str, tuple[bytes, str, bool, bool, bool, str]] = {}
+        self._jobs_put: dict[str, tuple[bytes, str, bool, bool, bool, str, bool]] = {}
 
     # -- primitives ------------------------------------------------------
     def _cursor(self, db: str) -> lmdb.Cursor:
@@ -209,8 +209,12 @@ class StateWriter(StateReader):
         return None if raw is None else from_u64(raw)
 
     # -- jobs ------------------------------------------------------------
-    def put_job(self, job: Job) -> bytes:
-        """Store a job; returns its bytes (for its version row and journal record)."""
+    def put_job(self, job: Job, new: bool = False) -> bytes:
+        """Store a job; returns its bytes (for its version row and journal record).
+
+        ``new``: the job did not exist before this entry, so it has no GC mark
+        to remove (``delete_job`` removes a job's mark with it).
+        """
         job_id = job.id
         raw = codec.encode(job)
         txn = self.txn
@@ -218,7 +222,7 @@ class StateWriter(StateReader):
         txn._put(job_id.encode(), raw, True, True, False, self.dbs["jobs"])
         self.touched.add("jobs")
         self.dirty_jobs.add(job_id)
-        self._jobs_put[job_id] = (raw, job.type, job.periodic, job.parameterized, job.stop, job.status)
+        self._jobs_put[job_id] = (raw, job.type, job.periodic, job.parameterized, job.stop, job.status, new)
         return raw
 
     def put_job_version(self, job: Job, raw: bytes | None = None) -> None:
@@ -276,8 +280,9 @@ class StateWriter(StateReader):
         data = None
         written = self._jobs_put.pop(job_id, None)
         if written is not None:
-            raw, type_, periodic, parameterized, stop, old_status = written
+            raw, type_, periodic, parameterized, stop, old_status, new = written
         else:
+            new = False
             raw = self.txn.get(k, db=self.dbs["jobs"])
             if raw is None:
                 return
@@ -298,7 +303,7 @@ class StateWriter(StateReader):
         if status == JOB_DEAD:
             if self.mark_of(GC_JOB, job_id) is None:
                 self.mark(GC_JOB, job_id, self.now)
-        else:
+        elif not new:  # a job new in this entry has no mark
             self.unmark(GC_JOB, job_id)
 
     def derive_job_status(self, job: Job) -> str:
@@ -345,17 +350,18 @@ class StateWriter(StateReader):
         ev.modify_index, ev.modify_time = index, now
         if old is not None and old.status != status:
             txn._delete(key(old.status, eval_id), b"", dbs["evals_by_status"])
-        live_key = key(ev.job_id, eval_id)  # also its evals_by_job row
+        live_key = (ev.job_id + "\x00" + eval_id).encode()  # key(job_id, id); also its evals_by_job row
         if old is None:  # an eval never changes job (handlers reject that)
             put(live_key, b"", True, True, False, dbs["evals_by_job"])
-        put(key(status, eval_id), b"", True, True, False, dbs["evals_by_status"])
+        put((status + "\x00" + eval_id).encode(), b"", True, True, False, dbs["evals_by_status"])
         if status in EVAL_TERMINAL:
             txn._delete(live_key, b"", dbs["evals_live_by_job"])
             if old is None or old.status not in EVAL_TERMINAL:
                 self.mark(GC_EVAL, eval_id, now)
         else:
             put(live_key, b"", True, True, False, dbs["evals_live_by_job"])
-            self.unmark(GC_EVAL, eval_id)
+            if old is not None:  # a new eval has no mark (delete_eval removes an eval's mark with it)
+                self.unmark(GC_EVAL, eval_id)
         raw = codec.encode(ev)
         put(eval_id.encode(), raw, True, True, False, dbs["evals"])
         self.touched.add("evals")
