@@ -371,7 +371,7 @@ def _generate_builder(cls: type) -> Callable[[Any], Any]:
 def from_wire(cls: type[T], data: Any, path: str | None = None) -> T:
     """Build ``cls`` from a decoded msgpack map, checking every field."""
     try:
-        return _fast_builder(cls)(data)
+        return (_FAST.get(cls) or _fast_builder(cls))(data)
     except _Slow:
         pass  # not the exact shape: the general path builds it or says what is wrong
     try:

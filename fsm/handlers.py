@@ -93,14 +93,16 @@ def _spec(job: Job) -> dict[str, Any]:
 
 
 # -- job summaries -----------------------------------------------------------
-def _ensure_summary(w: StateWriter, job: Job) -> None:
+def _ensure_summary(w: StateWriter, job: Job, new: bool = False) -> None:
     """Give every task group of ``job`` a summary row (a new job: a summary).
 
     Works on the stored map, as the alloc counters do, except for a new
     summary that must recount allocs left by a purge: ``put_summary_map``
     stores the same bytes ``_put_summary`` would for the same summary.
+    ``new``: the job did not exist, so it has no summary (``delete_job``
+    removes it with the job) and none is read.
     """
-    data = w.summary_map(job.id)
+    data = None if new else w.summary_map(job.id)
     if data is not None or not w.job_has_allocs(job.id):
         if data is None:  # field order of JobSummary, as ``encode`` packs it
             data = {
@@ -252,7 +254,7 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
     raw = w.put_job(job, new=old is None)
     if changed:
         w.put_job_version(job, raw)
-    _ensure_summary(w, job)
+    _ensure_summary(w, job, new=old is None)
     w.record_packed(TOPIC_JOB, "JobRegistered", job.id, raw)
     result: dict[str, Any] = {
         "job_modify_index": job.job_modify_index,

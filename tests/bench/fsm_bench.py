@@ -1,12 +1,15 @@
 """FSM apply throughput with group commit, against raw LMDB puts of the same bytes.
 
     python -m tests.bench.fsm_bench [--jobs 5000] [--allocs 10000] [--group 1000]
-                                    [--rounds 3] [--profile] [--json]
+                                    [--batch 50] [--rounds 3] [--profile] [--json]
 
 Measured in one run, on fresh stores in a temporary directory:
 
 * ``JobRegister``: ``--jobs`` distinct jobs (one group, one task), each with
   its evaluation, as the leader submits a registration;
+* ``JobRegister xN``: the same registrations as the cluster's leader sends
+  them under load, ``--batch`` to a ``Batch`` entry (type 21), with a commit
+  after every batch entry; figures are per registration (write), not per entry;
 * ``AllocClientUpdate``: ``--allocs`` allocations are placed first (not
   measured), then every one is reported ``running`` and later ``complete``
   — one small entry per alloc and status change (2 x ``--allocs`` entries);
@@ -42,7 +45,7 @@ import lmdb
 from fsm import messages as m
 from fsm.keys import u64
 from fsm.machine import FSM
-from fsm.messages import encode_entry
+from fsm.messages import encode_batch, encode_entry
 from fsm.store import ALL_DBS
 from fsm.structs import SECOND, Allocation, Evaluation, Job, Node, Task, TaskGroup
 
@@ -88,6 +91,15 @@ def job_entries(log: Log, n: int) -> list[tuple[int, bytes]]:
         out.append(
             log.entry(m.JobRegister(job=job, eval=Evaluation(id=f"eval-{i:06d}", job_id=job.id)))
         )
+    return out
+
+
+def batch_entries(entries: list[tuple[int, bytes]], size: int) -> list[tuple[int, bytes]]:
+    """``entries`` as the leader batches them (``Server._flush_writes``): ``size`` per Batch entry."""
+    out = []
+    for n, start in enumerate(range(0, len(entries), size), 1):
+        items = [entry for _, entry in entries[start : start + size]]
+        out.append((n, encode_batch(items, time=T0 + n * 1000)))
     return out
 
 
@@ -148,8 +160,9 @@ def apply_groups(fsm: FSM, entries: list[tuple[int, bytes]], group: int) -> None
     for start in range(0, len(entries), group):
         for index, entry in entries[start : start + group]:
             result = apply(index, entry)
-            if not result.ok:
-                raise SystemExit(f"benchmark entry {index} failed: {result.code} {result.error}")
+            for item in result.batch or (result,):
+                if not item.ok:
+                    raise SystemExit(f"benchmark entry {index} failed: {item.code} {item.error}")
         commit()
 
 
@@ -159,7 +172,9 @@ def run_fsm(
     measured: list[tuple[int, bytes]],
     group: int,
     profile: bool,
+    writes: int | None = None,
 ) -> Rate:
+    """``writes``: how many writes ``measured`` holds, if not one per entry (batches)."""
     path = tempfile.mkdtemp(dir=workdir)
     fsm = FSM(path, map_size=MAP_SIZE)
     try:
@@ -167,7 +182,7 @@ def run_fsm(
         if profile:
             prof = cProfile.Profile()
             prof.enable()
-        rate = timed(lambda: apply_groups(fsm, measured, group), len(measured))
+        rate = timed(lambda: apply_groups(fsm, measured, group), writes or len(measured))
         if profile:
             prof.disable()
             pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
@@ -177,7 +192,9 @@ def run_fsm(
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run_raw(workdir: Path, measured: list[tuple[int, bytes]], group: int) -> Rate:
+def run_raw(
+    workdir: Path, measured: list[tuple[int, bytes]], group: int, writes: int | None = None
+) -> Rate:
     """The same bytes, one put each, in transactions of ``group`` puts, same env settings."""
     path = tempfile.mkdtemp(dir=workdir)
     env = lmdb.open(
@@ -197,7 +214,7 @@ def run_raw(workdir: Path, measured: list[tuple[int, bytes]], group: int) -> Rat
                     txn.put(u64(index), entry, db=db)
 
     try:
-        return timed(work, len(measured))
+        return timed(work, writes or len(measured))
     finally:
         env.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -219,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--group", type=int, default=1000, help="entries per commit (one raft tick)"
     )
+    parser.add_argument(
+        "--batch", type=int, default=50, help="JobRegister items per Batch entry (JobRegister xN)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--profile", action="store_true", help="cProfile the alloc-update apply path"
@@ -230,27 +250,37 @@ def main(argv: list[str] | None = None) -> int:
 
     log = Log()
     jobs = job_entries(log, args.jobs)
+    batched = batch_entries(jobs, args.batch)
+    batched_name = f"JobRegister x{args.batch}"
     log = Log()
     setup, ids = alloc_setup(log, args.allocs)
     updates = alloc_update_entries(log, ids)
     sizes = {
         "JobRegister": statistics.mean(len(e) for _, e in jobs),
+        batched_name: sum(len(e) for _, e in batched) / len(jobs),
         "AllocClientUpdate": statistics.mean(len(e) for _, e in updates),
     }
 
     workdir = Path(tempfile.mkdtemp(prefix="caravan-fsm-bench-"))
-    results: dict[str, dict[str, Rate]] = {"JobRegister": {}, "AllocClientUpdate": {}}
+    results: dict[str, dict[str, Rate]] = {
+        "JobRegister": {},
+        batched_name: {},
+        "AllocClientUpdate": {},
+    }
     try:
         samples: dict[tuple[str, str], list[Rate]] = {}
         for _ in range(args.rounds):
-            for name, setup_entries, measured in (
-                ("JobRegister", [], jobs),
-                ("AllocClientUpdate", setup, updates),
+            for name, setup_entries, measured, group, writes in (
+                ("JobRegister", [], jobs, args.group, None),
+                (batched_name, [], batched, 1, len(jobs)),
+                ("AllocClientUpdate", setup, updates, args.group, None),
             ):
                 samples.setdefault((name, "fsm"), []).append(
-                    run_fsm(workdir, setup_entries, measured, args.group, False)
+                    run_fsm(workdir, setup_entries, measured, group, False, writes)
                 )
-                samples.setdefault((name, "raw"), []).append(run_raw(workdir, measured, args.group))
+                samples.setdefault((name, "raw"), []).append(
+                    run_raw(workdir, measured, group, writes)
+                )
         for (name, kind), rates in samples.items():
             results[name][kind] = median(rates)
         if args.profile:
