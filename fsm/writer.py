@@ -129,6 +129,12 @@ class StateWriter(StateReader):
         # Jobs ``put_job`` stored in this entry: their bytes and the fields
         # ``set_job_status`` reads, so ``finish`` need not read and unpack them again.
         self._jobs_put: dict[str, tuple[bytes, str, bool, bool, bool, str, bool]] = {}
+        # What this entry already knows of a job's index rows, so deriving its
+        # status need not probe them again: jobs seen to have no alloc rows
+        # (until an alloc row of theirs is linked), and jobs this entry linked
+        # a live eval row of (until an eval row of theirs is unlinked).
+        self._no_allocs: set[str] = set()
+        self._live_evals: set[str] = set()
 
     # -- primitives ------------------------------------------------------
     def _cursor(self, db: str) -> lmdb.Cursor:
@@ -141,6 +147,12 @@ class StateWriter(StateReader):
     def _any(self, index: str, start: bytes) -> bool:
         cursor = self._cursor(index)
         return cursor.set_range(start) and cursor.key().startswith(start)
+
+    def job_has_allocs(self, job_id: str) -> bool:
+        if self._any("allocs_by_job", prefix(job_id)):
+            return True
+        self._no_allocs.add(job_id)  # nor live ones: allocs_live_by_job rows are allocs_by_job rows
+        return False
 
     def _keys(self, db: str, start: bytes) -> list[bytes]:
         """Keys starting with ``start``, in order (read out before the caller may delete them)."""
@@ -323,9 +335,9 @@ class StateWriter(StateReader):
             return JOB_DEAD if stop else "running"
         if start is None:
             start = prefix(job_id)
-        if self._any("allocs_live_by_job", start):
+        if job_id not in self._no_allocs and self._any("allocs_live_by_job", start):
             return "running"
-        if self._any("evals_live_by_job", start):
+        if job_id in self._live_evals or self._any("evals_live_by_job", start):
             return "pending"
         for dep in self.deployments_by_job(job_id):
             if dep.active():
@@ -356,10 +368,12 @@ class StateWriter(StateReader):
         put((status + "\x00" + eval_id).encode(), b"", True, True, False, dbs["evals_by_status"])
         if status in EVAL_TERMINAL:
             txn._delete(live_key, b"", dbs["evals_live_by_job"])
+            self._live_evals.discard(ev.job_id)
             if old is None or old.status not in EVAL_TERMINAL:
                 self.mark(GC_EVAL, eval_id, now)
         else:
             put(live_key, b"", True, True, False, dbs["evals_live_by_job"])
+            self._live_evals.add(ev.job_id)
             if old is not None:  # a new eval has no mark (delete_eval removes an eval's mark with it)
                 self.unmark(GC_EVAL, eval_id)
         raw = codec.encode(ev)
@@ -378,6 +392,7 @@ class StateWriter(StateReader):
         self._unlink("evals_by_job", key(ev.job_id, ev.id))
         self._unlink("evals_by_status", key(ev.status, ev.id))
         self._unlink("evals_live_by_job", key(ev.job_id, ev.id))
+        self._live_evals.discard(ev.job_id)
         self.unmark(GC_EVAL, ev.id)
         self.dirty_jobs.add(ev.job_id)
         self.record(TOPIC_EVAL, "EvaluationDeleted", ev.id, None)
@@ -388,6 +403,7 @@ class StateWriter(StateReader):
 
     def put_alloc(self, alloc: Allocation, old: Allocation | None, event: str) -> None:
         """Store an alloc, touching only the index rows whose key parts changed."""
+        self._no_allocs.discard(alloc.job_id)  # it may link the job's alloc rows
         self._stamp(alloc, old)
         alloc_id = alloc.id
         terminal = alloc.terminal()
@@ -464,6 +480,7 @@ class StateWriter(StateReader):
                 self.ended_jobs.add(job_id)
             else:
                 self._link("allocs_live_by_job", live_key)
+                self._no_allocs.discard(job_id)
                 self.dirty_jobs.add(job_id)
         raw = codec.pack(data)
         self.txn.put(alloc_id.encode(), raw, db=self.dbs["allocs"])
