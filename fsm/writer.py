@@ -234,7 +234,15 @@ class StateWriter(StateReader):
         txn._put(job_id.encode(), raw, True, True, False, self.dbs["jobs"])
         self.touched.add("jobs")
         self.dirty_jobs.add(job_id)
-        self._jobs_put[job_id] = (raw, job.type, job.periodic, job.parameterized, job.stop, job.status, new)
+        self._jobs_put[job_id] = (
+            raw,
+            job.type,
+            job.periodic,
+            job.parameterized,
+            job.stop,
+            job.status,
+            new,
+        )
         return raw
 
     def put_job_version(self, job: Job, raw: bytes | None = None) -> None:
@@ -362,7 +370,8 @@ class StateWriter(StateReader):
         ev.modify_index, ev.modify_time = index, now
         if old is not None and old.status != status:
             txn._delete(key(old.status, eval_id), b"", dbs["evals_by_status"])
-        live_key = (ev.job_id + "\x00" + eval_id).encode()  # key(job_id, id); also its evals_by_job row
+        # key(job_id, id), also its evals_by_job row
+        live_key = (ev.job_id + "\x00" + eval_id).encode()
         if old is None:  # an eval never changes job (handlers reject that)
             put(live_key, b"", True, True, False, dbs["evals_by_job"])
         put((status + "\x00" + eval_id).encode(), b"", True, True, False, dbs["evals_by_status"])
@@ -374,7 +383,8 @@ class StateWriter(StateReader):
         else:
             put(live_key, b"", True, True, False, dbs["evals_live_by_job"])
             self._live_evals.add(ev.job_id)
-            if old is not None:  # a new eval has no mark (delete_eval removes an eval's mark with it)
+            # A new eval has no mark (delete_eval removes an eval's mark with it).
+            if old is not None:
                 self.unmark(GC_EVAL, eval_id)
         raw = codec.encode(ev)
         put(eval_id.encode(), raw, True, True, False, dbs["evals"])
