@@ -12,6 +12,8 @@ import dataclasses
 import functools
 import json
 import re
+import threading
+import types
 import typing
 from typing import Any
 
@@ -19,7 +21,7 @@ from fsm import codec
 from fsm.errors import ApplyRejected, CodecError
 from fsm.structs import HOUR, SECOND, Job, ReschedulePolicy
 from fsm.validate import check_job
-from node.nomadjson import from_nomad, pascal
+from node.nomadjson import DATA_MAPS, from_nomad, pascal, snake
 
 
 class JobSpecError(ValueError):
@@ -112,17 +114,12 @@ def _check_reschedule(job: Job) -> None:
             raise JobSpecError(f"{where}.Interval: must be at least 15s (15000000000 ns)")
 
 
-def parse_job(spec: Any) -> tuple[Job, list[str]]:
-    """A Nomad API job (wrapped or bare, dict or JSON text) -> (Job, warnings)."""
-    if isinstance(spec, (str, bytes)):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            raise JobSpecError(f"jobspec is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if isinstance(spec, dict) and set(spec) == {"Job"}:
-        spec = spec["Job"]
-    if not isinstance(spec, dict):
-        raise JobSpecError("jobspec must be a JSON object (a Nomad API job, optionally wrapped as {\"Job\": ...})")
+def _general_parse(spec: dict[str, Any]) -> tuple[Job, list[str]]:
+    """The reference path: snake-case everything, prune, strictly decode (names any bad field).
+
+    It defines what a spec means; ``_fast_job`` gives the same answer in one
+    pass for the specs it can vouch for and hands every other spec here.
+    """
     data = from_nomad(spec)
     periodic, parameterized = data.get("periodic"), data.get("parameterized")
     data["periodic"] = bool(periodic)
@@ -135,10 +132,318 @@ def parse_job(spec: Any) -> tuple[Job, list[str]]:
         job = codec.from_wire(Job, data, "Job")
     except CodecError as exc:
         raise JobSpecError(_nomad_path(str(exc))) from None
+    return job, warnings
+
+
+# -- one pass --------------------------------------------------------------------------
+# The general path walks a spec three times (from_nomad, _prune, the codec)
+# and the codec's general builder binds ``__init__`` arguments per record:
+# most of a registration's parse cost on the leader. ``_fast_job`` reads the
+# Nomad-shaped spec once, with a per-class table from Nomad key to field, and
+# builds each record's ``__dict__`` directly. It accepts only what the general
+# path accepts unchanged (each value of the exact class msgpack/JSON yields,
+# no two keys naming one field, every key a string) and raises ``_Fallback``
+# on anything else, so every invalid or unusual spec gets the general path's
+# result and its error text.
+
+
+class _Fallback(Exception):
+    """The spec is not one ``_fast_job`` can vouch for: run the general path."""
+
+
+_MISSING = object()
+# How a field's value is read (the ``kind`` of a ``_Field``).
+_EXACT = 0  # a scalar of one of ``arg``'s classes, taken as is
+_RECORD = 1  # a nested record (``arg`` is its ``_Shape``)
+_RECORDS = 2  # a list of nested records
+_SCALARS = 3  # a list of scalars of ``arg``'s classes
+_MAP = 4  # a data map (keys kept) of scalars of ``arg``'s classes
+_ANY_MAP = 5  # a data map of any values (task config), snake-cased below the top as from_nomad does
+_TRUTH = 6  # Job.Periodic / Job.ParameterizedJob: the block's presence, as a bool
+_OTHER = 7  # a type this pass does not handle: the general path does
+
+# The classes the codec takes unchanged for a scalar hint (bool is no int here).
+_SCALAR_CLASSES: dict[Any, tuple[type, ...]] = {
+    int: (int,),
+    str: (str,),
+    bool: (bool,),
+    float: (float, int),
+    bytes: (bytes,),
+}
+_PLAIN_VALUES = (str, int, float, bool)  # what from_nomad returns as it is
+
+
+class _Field(typing.NamedTuple):
+    name: str
+    nomad: str  # the Nomad spelling, for warning paths
+    kind: int
+    arg: Any
+
+
+class _Shape:
+    """One record class's table: its fields by every spelling met, defaults, and field order."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.by_name: dict[str, _Field] = {}
+        # Nomad spelling (and the snake name itself) -> field; other spellings
+        # are looked up through ``snake`` and not remembered (they are user input).
+        self.by_key: dict[str, _Field] = {}
+        fields = dataclasses.fields(cls)
+        self.plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
+        # The new record's __dict__ starts as a copy of this (field order, immutable defaults).
+        self.template: dict[str, Any] = {}
+        self.factories: tuple[tuple[str, Any], ...] = tuple(
+            (f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING
+        )
+        self.required = tuple(
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        for f in fields:
+            self.template[f.name] = None if f.default is dataclasses.MISSING else f.default
+
+    def fill(self) -> None:
+        """Work out each field's kind (after registering, so a class may hold itself)."""
+        hints = typing.get_type_hints(self.cls)
+        for f in dataclasses.fields(self.cls):
+            kind, arg = _kind_of(f.name, hints[f.name])
+            if self.cls is Job and f.name in ("periodic", "parameterized"):
+                kind, arg = _TRUTH, None
+            entry = _Field(f.name, pascal(f.name), kind, arg)
+            self.by_name[f.name] = entry
+            self.by_key[entry.nomad] = entry
+            self.by_key[f.name] = entry
+
+
+_SHAPES: dict[type, _Shape] = {}
+_SHAPES_LOCK = threading.RLock()  # RPC threads may parse at once; filling a shape nests
+
+
+def _shape(cls: type) -> _Shape:
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        with _SHAPES_LOCK:
+            shape = _SHAPES.get(cls)
+            if shape is None:
+                shape = _Shape(cls)
+                _SHAPES[cls] = shape  # before filling: a nested reference to cls finds it
+                try:
+                    shape.fill()
+                except BaseException:
+                    del _SHAPES[cls]
+                    raise
+    return shape
+
+
+def _kind_of(name: str, hint: Any) -> tuple[int, Any]:
+    """How ``_fast_job`` reads a field of this hint (None values never get here: they mean the default)."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            return _OTHER, None
+        hint, origin = args[0], typing.get_origin(args[0])
+    if hint in _SCALAR_CLASSES:
+        return _EXACT, _SCALAR_CLASSES[hint]
+    if dataclasses.is_dataclass(hint):
+        return _RECORD, _shape(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if dataclasses.is_dataclass(item):
+            return _RECORDS, _shape(item)
+        if item in _SCALAR_CLASSES:
+            return _SCALARS, _SCALAR_CLASSES[item]
+    # Only data maps keep their keys in from_nomad; any other map is the general path's.
+    if origin is dict and name in DATA_MAPS:
+        value = typing.get_args(hint)[1]
+        if value is Any:
+            return _ANY_MAP, None
+        if value in _SCALAR_CLASSES:
+            return _MAP, _SCALAR_CLASSES[value]
+    return _OTHER, None
+
+
+def _keys_plain(value: Any, data_map: bool) -> bool:
+    """Whether from_nomad takes ``value`` without raising: every key it snake-cases is a string.
+
+    Values of fields Caravan ignores are not converted here, but the general
+    path converts them before pruning, and a non-string key there raises.
+    """
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if data_map:
+                if isinstance(v, (dict, list)) and not _keys_plain(v, False):
+                    return False
+                continue
+            if k.__class__ is not str:
+                return False
+            if isinstance(v, dict):
+                if not _keys_plain(v, snake(k) in DATA_MAPS):
+                    return False
+            elif isinstance(v, list) and not _keys_plain(v, False):
+                return False
+    elif isinstance(value, list):
+        for v in value:
+            if isinstance(v, (dict, list)) and not _keys_plain(v, False):
+                return False
+    return True
+
+
+def _where(path: Any) -> str:
+    """A lazily built warning path: ``path`` is "Job" or (parent, Nomad name, index or None)."""
+    if isinstance(path, str):
+        return path
+    parent, nomad, index = path
+    return f"{_where(parent)}.{nomad}" + ("" if index is None else f"[{index}]")
+
+
+def _read(shape: _Shape, data: Any, path: Any, warnings: list[str]) -> Any:
+    """One record from its Nomad map, exactly as the general path would build it, or ``_Fallback``."""
+    if data.__class__ is not dict:
+        raise _Fallback
+    by_key = shape.by_key
+    values: dict[str, Any] = {}
+    seen: set[str] | None = None  # fields given as None, and unknown names: for duplicate spellings
+    for key, value in data.items():
+        entry = by_key.get(key)
+        if entry is None:
+            if key.__class__ is not str:
+                raise _Fallback
+            name = snake(key)
+            entry = shape.by_name.get(name)
+            if entry is None:  # a field Caravan does not model
+                if seen is None:
+                    seen = set()
+                elif name in seen:
+                    raise _Fallback
+                seen.add(name)
+                if value is not None and not _keys_plain(value, name in DATA_MAPS):
+                    raise _Fallback
+                warnings.append(f"{_where(path)}.{pascal(name)} is not supported by Caravan and was ignored")
+                continue
+        name = entry.name
+        if name in values or (seen is not None and name in seen):
+            raise _Fallback  # two spellings of one field: the general path keeps the last
+        kind = entry.kind
+        if value is None and kind != _TRUTH:
+            if seen is None:
+                seen = set()
+            seen.add(name)
+            continue
+        if kind == _EXACT:
+            if value.__class__ not in entry.arg:
+                raise _Fallback
+        elif kind == _RECORDS:
+            if value.__class__ is not list:
+                raise _Fallback
+            sub = entry.arg
+            value = [_read(sub, v, (path, entry.nomad, i), warnings) for i, v in enumerate(value)]
+        elif kind == _RECORD:
+            value = _read(entry.arg, value, (path, entry.nomad, None), warnings)
+        elif kind == _MAP:
+            if value.__class__ is not dict:
+                raise _Fallback
+            classes = entry.arg
+            for k, v in value.items():
+                if k.__class__ is not str or v.__class__ not in classes:
+                    raise _Fallback
+            value = dict(value)
+        elif kind == _ANY_MAP:
+            value = _any_map(value)
+        elif kind == _SCALARS:
+            if value.__class__ is not list:
+                raise _Fallback
+            classes = entry.arg
+            for v in value:
+                if v.__class__ not in classes:
+                    raise _Fallback
+            value = list(value)
+        elif kind == _TRUTH:
+            if not _keys_plain(value, False):
+                raise _Fallback
+            value = bool(value)
+        else:
+            raise _Fallback
+        values[name] = value
+    if not shape.plain:
+        for name in shape.required:
+            if name not in values:
+                raise _Fallback
+        return shape.cls(**values)
+    out = shape.template.copy()
+    out.update(values)
+    for name, factory in shape.factories:
+        if name not in values:
+            out[name] = factory()
+    for name in shape.required:
+        if name not in values:
+            raise _Fallback
+    obj = object.__new__(shape.cls)
+    obj.__dict__ = out
+    return obj
+
+
+def _any_map(value: Any) -> dict[str, Any]:
+    """A task config: its keys kept, values snake-cased below as from_nomad does (then taken as is)."""
+    if value.__class__ is not dict:
+        raise _Fallback
+    out = {}
+    for k, v in value.items():
+        if k.__class__ is not str:
+            raise _Fallback
+        if v.__class__ in _PLAIN_VALUES or v is None:
+            out[k] = v
+            continue
+        try:
+            out[k] = from_nomad(v)
+        except Exception:  # whatever from_nomad raises, the general path raises it too
+            raise _Fallback from None
+    return out
+
+
+def _fast_job(spec: dict[str, Any]) -> tuple[Job, list[str]]:
+    warnings: list[str] = []
+    return _read(_shape(Job), spec, "Job", warnings), warnings
+
+
+_RESCHEDULE_DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
+def _default_reschedule_copy(job_type: str) -> ReschedulePolicy:
+    """``default_reschedule(job_type)`` from a kept field map (a dataclass __init__ per group showed)."""
+    fields = _RESCHEDULE_DEFAULTS.get(job_type)
+    if fields is None:
+        fields = _RESCHEDULE_DEFAULTS[job_type] = dict(default_reschedule(job_type).__dict__)
+    policy = object.__new__(ReschedulePolicy)
+    policy.__dict__ = fields.copy()
+    return policy
+
+
+def parse_job(spec: Any) -> tuple[Job, list[str]]:
+    """A Nomad API job (wrapped or bare, dict or JSON text) -> (Job, warnings)."""
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise JobSpecError(f"jobspec is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if isinstance(spec, dict) and set(spec) == {"Job"}:
+        spec = spec["Job"]
+    if not isinstance(spec, dict):
+        raise JobSpecError("jobspec must be a JSON object (a Nomad API job, optionally wrapped as {\"Job\": ...})")
+    try:
+        job, warnings = _fast_job(spec)
+    except (_Fallback, RecursionError):
+        job, warnings = _general_parse(spec)
+    return _finish(job), warnings
+
+
+def _finish(job: Job) -> Job:
+    """Defaults, validation and the server's bookkeeping, on a freshly built job."""
     job.name = job.name or job.id
-    for group in job.task_groups:
-        if group.reschedule_policy is None and job.type != "system":
-            group.reschedule_policy = default_reschedule(job.type)
+    if job.type != "system":
+        for group in job.task_groups:
+            if group.reschedule_policy is None:
+                group.reschedule_policy = _default_reschedule_copy(job.type)
     try:
         check_job(job)
     except ApplyRejected as exc:
@@ -146,4 +451,4 @@ def parse_job(spec: Any) -> tuple[Job, list[str]]:
     _check_reschedule(job)
     # Bookkeeping is the server's: whatever the spec says is replaced.
     job.status, job.version, job.stable = "pending", 0, False
-    return job, warnings
+    return job

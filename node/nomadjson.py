@@ -39,7 +39,7 @@ _SPECIAL = {
 _REVERSE = {v: k for k, v in _SPECIAL.items()}
 
 # Maps whose keys are user data (group names, meta keys), not field names.
-_DATA_MAPS = {
+DATA_MAPS = {
     "meta",
     "config",
     "attributes",
@@ -81,7 +81,7 @@ def to_nomad(obj: Any, _data_map: bool = False) -> Any:
     if isinstance(obj, dict):
         if _data_map:
             return {k: to_nomad(v) for k, v in obj.items()}
-        return {pascal(k): to_nomad(v, k in _DATA_MAPS or k == "task_groups" and isinstance(v, dict)) for k, v in obj.items()}
+        return {pascal(k): to_nomad(v, k in DATA_MAPS or k == "task_groups" and isinstance(v, dict)) for k, v in obj.items()}
     return obj
 
 
@@ -95,6 +95,6 @@ def from_nomad(obj: Any, _data_map: bool = False) -> Any:
         out = {}
         for k, v in obj.items():
             name = snake(k)
-            out[name] = from_nomad(v, name in _DATA_MAPS)
+            out[name] = from_nomad(v, name in DATA_MAPS)
         return out
     return obj

@@ -1,0 +1,132 @@
+"""The one-pass jobspec reader against the general path it stands in for.
+
+``parse_job`` reads a spec in one pass and falls back to the general path
+(snake-case, prune, strict decode) for anything it cannot vouch for. These
+tests mutate real specs at random and require the same job, the same
+warnings, or the same error text from both, so the fast path can never
+change what a spec means.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node import jobspec
+from node.hcl import parse_hcl
+from node.jobspec import JobSpecError, parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _corpus() -> list[dict[str, Any]]:
+    specs = [json.loads(p.read_text())["Job"] for p in sorted((ROOT / "examples").glob("*.json"))]
+    for name in ("web.nomad.hcl", "batch.nomad.hcl", "docs.nomad.hcl"):
+        specs.append(parse_hcl((ROOT / "tests/http/fixtures" / name).read_text()).job)
+    return specs
+
+
+CORPUS = _corpus()
+
+
+def _general(spec: Any) -> Any:
+    """What the general path alone makes of ``spec``: (job, warnings) or the error it raises."""
+    try:
+        job, warnings = jobspec._general_parse(spec)
+        return jobspec._finish(job), warnings
+    except Exception as exc:  # the general path's error, whatever its type, is the reference
+        return type(exc), str(exc)
+
+
+def _fast(spec: Any) -> Any:
+    try:
+        return parse_job(spec)
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+def _paths(node: Any, path: tuple = ()) -> list[tuple]:
+    """Every container (dict or list) in the spec, by path."""
+    out = [path]
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        if isinstance(value, (dict, list)):
+            out.extend(_paths(value, (*path, key)))
+    return out
+
+
+def _at(node: Any, path: tuple) -> Any:
+    for key in path:
+        node = node[key]
+    return node
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["Name", "Count", "x", "CPU"]), inner, max_size=3),
+    max_leaves=6,
+)
+_keys = st.sampled_from(
+    ["Name", "name", "Count", "count", "Tasks", "Meta", "meta", "Config", "Resources", "CPU", "cpu", "MemoryMB",
+     "Update", "ReschedulePolicy", "Periodic", "ParameterizedJob", "Frobnicate", "Datacenters", "ID", "id",
+     "Constraints", "LTarget", "Attempts", "Unlimited", "Delay", "Type", "Priority", 7]
+)
+
+
+@st.composite
+def _mutated(draw: st.DrawFn) -> dict[str, Any]:
+    spec = copy.deepcopy(draw(st.sampled_from(CORPUS)))
+    for _ in range(draw(st.integers(1, 4))):
+        target = _at(spec, draw(st.sampled_from(_paths(spec))))
+        if isinstance(target, dict):
+            op = draw(st.sampled_from(["set", "delete", "add"]))
+            if op == "delete" and target:
+                del target[draw(st.sampled_from(sorted(target, key=str)))]
+            elif op == "set" and target:
+                target[draw(st.sampled_from(sorted(target, key=str)))] = draw(_values)
+            else:
+                target[draw(_keys)] = draw(_values)
+        elif target:
+            target[draw(st.integers(0, len(target) - 1))] = draw(_values)
+    return spec
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutated())
+def test_fast_path_matches_the_general_path(spec: dict[str, Any]) -> None:
+    expected = _general(copy.deepcopy(spec))
+    assert _fast(spec) == expected
+
+
+def test_the_corpus_takes_the_fast_path() -> None:
+    """Ordinary specs must not fall back (else the one-pass reader buys nothing)."""
+    for spec in CORPUS:
+        job, warnings = jobspec._fast_job(copy.deepcopy(spec))  # raises _Fallback if it fell back
+        try:
+            got: Any = jobspec._finish(job), warnings
+        except JobSpecError as exc:  # docs.nomad.hcl is invalid on purpose
+            got = JobSpecError, str(exc)
+        assert got == _general(copy.deepcopy(spec))
+
+
+def test_two_spellings_of_one_field_keep_the_last() -> None:
+    spec = copy.deepcopy(CORPUS[0])
+    spec["Priority"], spec["priority"] = 10, 90
+    job, _ = parse_job(spec)
+    assert job.priority == 90
+
+
+def test_a_wrong_type_names_the_field_in_nomad_spelling() -> None:
+    spec = copy.deepcopy(CORPUS[0])
+    spec["TaskGroups"][0]["Count"] = "two"
+    try:
+        parse_job(spec)
+    except JobSpecError as exc:
+        assert str(exc).startswith("Job.TaskGroups[0].Count:")
+    else:
+        raise AssertionError("a string Count was accepted")
