@@ -504,14 +504,24 @@ def _record_map(obj: Any) -> dict:
     return obj.__dict__
 
 
-def encode(obj: Any) -> bytes:
-    """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes)."""
+def _record_packer() -> msgpack.Packer:
     packer = getattr(_local, "record_packer", None)
     if packer is None:
         packer = _local.record_packer = msgpack.Packer(use_bin_type=True, default=_record_map)
+    return packer
+
+
+def encode(obj: Any) -> bytes:
+    """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes)."""
+    packer = _record_packer()
     if obj.__class__ in _RECORD_CLASSES:  # what the hook would return, without the call into Python
         return packer.pack(obj.__dict__)
     return packer.pack(obj)
+
+
+def pack_records(value: Any) -> bytes:
+    """``pack(to_wire(value))``'s bytes: any value, its nested records packed as their field maps."""
+    return _record_packer().pack(value)
 
 
 def decode(cls: type[T], data: bytes) -> T:

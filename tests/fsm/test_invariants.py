@@ -330,14 +330,21 @@ def test_process_killed_mid_group_replays_to_the_same_state(tmp_path: Path) -> N
 
 
 # == never raises ===========================================================
+def _unknown_unflagged(entry: bytes) -> bool:
+    return bool(entry) and entry[0] not in MessageType._value2member_map_ and not entry[0] & IGNORE_FLAG
+
+
 def expect_apply(h: Harness, entry: bytes) -> None:
     """Apply one entry: a result, or on_fatal exactly when its type is unknown and unflagged."""
     committed = h.fsm.applied_index
-    fatal = (
-        bool(entry)
-        and entry[0] not in MessageType._value2member_map_
-        and not entry[0] & IGNORE_FLAG
-    )
+    fatal = _unknown_unflagged(entry)
+    if not fatal and entry and entry[0] == MessageType.BATCH:
+        # A batch stops the server too if an item's type is unknown (a newer leader's write).
+        try:
+            items = decode_entry(entry).body.entries
+        except CodecError:
+            items = []
+        fatal = any(_unknown_unflagged(item) for item in items)
     h.index += 1
     if fatal:
         with pytest.raises(FatalCalled):
@@ -607,6 +614,9 @@ def test_every_message_type_round_trips() -> None:
     assert {type(b) for b in bodies} == set(m.PAYLOADS.values()), "sample covers every type"
     for body in bodies:
         entry = encode_entry(body, time=T0, rid="rid")
+        # The entry's bytes are those of the plain wire maps (what older servers wrote).
+        plain = {"v": codec.SCHEMA_VERSION, "time": T0, "rid": "rid", "body": codec.to_wire(body)}
+        assert entry == bytes([m.MESSAGE_OF[type(body)]]) + codec.pack(plain)
         decoded = decode_entry(entry)
         assert decoded.body == body and decoded.type == m.MESSAGE_OF[type(body)]
         assert (decoded.time, decoded.rid) == (T0, "rid")
