@@ -59,10 +59,6 @@ class RaftProfile:
     #: appended every this many entries (and at the loop's end) instead of
     #: after every single command as pysyncobj does (raft/node.py).
     coalesce_entries: int = 64
-    #: Seconds a follower (without fsync) may keep applied entries in one
-    #: open LMDB write transaction before committing them (raft/node.py).
-    #: Stale reads and subscribers on followers lag by at most this much.
-    follower_commit_interval: float = 0.005
 
 
 PROFILES: dict[str, RaftProfile] = {
@@ -180,8 +176,6 @@ class RaftConfig:
     leader_fallback_timeout: float | None = None
     #: Override of the profile's compaction trigger (log entries since the last dump).
     compaction_entries: int | None = None
-    #: Override of the profile's follower commit interval (seconds; 0 commits every tick).
-    follower_commit_interval: float | None = None
     #: pysyncobj's dynamic membership; off by default (static peer list).
     dynamic_membership: bool = False
     serializer: Serializer | None = field(default=None, repr=False)
@@ -248,8 +242,6 @@ class RaftConfig:
             overrides["leader_fallback_timeout"] = self.leader_fallback_timeout
         if self.compaction_entries is not None:
             overrides["log_compaction_min_entries"] = self.compaction_entries
-        if self.follower_commit_interval is not None:
-            overrides["follower_commit_interval"] = self.follower_commit_interval
         return replace(prof, **overrides) if overrides else prof
 
     def validate(self) -> None:

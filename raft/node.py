@@ -230,8 +230,6 @@ class _Replica(SyncObj):
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._pending_commit = False
-        self._commit_interval = config.resolved_profile().follower_commit_interval
-        self._last_commit_at = 0.0
         self._tick_ident: int | None = None
         self._tasks: collections.deque[Callable[[], None]] = collections.deque()
         self._wake_pipe: PipeNotifier | None = None
@@ -360,9 +358,6 @@ class _Replica(SyncObj):
             # Before pysyncobj counts the leader's own log towards a commit
             # and before held acks/votes leave: make the journal durable.
             self._sync_journal()
-        if self._pending_commit:  # a deferred follower commit: wake up when it is due
-            due = self._last_commit_at + self._commit_interval - time.monotonic()
-            timeToWait = max(0.0, min(timeToWait, due))  # noqa: N806
         super()._onTick(timeToWait)
         # pysyncobj returns early (no tick callbacks) while the port is not
         # bound; make sure applied entries are committed on that path too.
@@ -558,18 +553,9 @@ class _Replica(SyncObj):
 
     # -- end of tick: group commit, callbacks, tasks ---------------------------
 
-    def commit_pending(self, force: bool = False) -> bool:
-        """Tick thread: commit the target's pending write txn, if any.
-
-        A follower without fsync may leave it open for up to
-        ``follower_commit_interval``: nobody waits on its commits (writes
-        are answered by the leader), and an LMDB commit costs as much for one
-        entry as for a hundred. Its raft journal already holds every entry
-        applied since, so a crash only means re-applying them on restart.
-        """
+    def commit_pending(self) -> bool:
+        """Tick thread: commit the target's pending write txn, if any."""
         if self._pending_commit and not self._halted:
-            if not force and self._commit_may_wait():
-                return True
             self._pending_commit = False
             try:
                 self._target.commit()
@@ -578,18 +564,7 @@ class _Replica(SyncObj):
                 self._owner._fatal("commit", self.raftLastApplied, exc)
                 return False
             self._commits += 1
-            self._last_commit_at = time.monotonic()
         return not self._halted
-
-    def _commit_may_wait(self) -> bool:
-        return (
-            self._commit_interval > 0
-            and not self._deferred
-            and not self._tasks
-            and not self._fsync
-            and not self._isLeader()
-            and time.monotonic() - self._last_commit_at < self._commit_interval
-        )
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - wraps pysyncobj's private apply loop
         """Group commit right where pysyncobj applied this tick's entries,
@@ -1092,8 +1067,6 @@ class RaftNode:
         thread = obj._SyncObj__thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        if thread is None or not thread.is_alive():
-            obj.commit_pending(force=True)  # a follower's deferred commit
         err = NodeStoppedError("raft node stopped")
         with obj._barrier_lock:
             batch, obj._barrier_open = obj._barrier_open, None
@@ -1115,7 +1088,7 @@ class RaftNode:
         def hook(*args: Any) -> Any:
             obj = getattr(self, "_obj", None)
             if obj is not None:
-                obj.commit_pending(force=True)
+                obj.commit_pending()
             return fn(*args)
 
         return hook

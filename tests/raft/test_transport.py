@@ -108,32 +108,9 @@ def test_every_raft_connection_uses_the_cheap_frames(trio: Any) -> None:
         assert all(type(c) is CaravanConnection for c in conns)
 
 
-def test_followers_commit_in_groups_and_at_shutdown(trio: Any) -> None:
-    nodes, targets = trio(follower_commit_interval=3600.0)
-    leader = _leader(nodes)
-    lt = targets[nodes.index(leader)]
-    _, first = leader.submit_sync(b"first")
-    followers = [t for n, t in zip(nodes, targets, strict=True) if n is not leader]
-    wait_for(lambda: all(t.applied_index >= first for t in followers), 10, "replication")
-    commits = [t.commits for t in followers]
-    for i in range(20):
-        _, last = leader.submit_sync(b"w%d" % i)
-        assert lt.committed >= last  # the leader commits before it answers
-    wait_for(lambda: all(t.applied_index >= last for t in followers), 10, "replication")
-    # Applied on the followers but held in the open transaction: no commit yet.
-    assert [t.commits for t in followers] == commits
-    assert all(t.committed < last for t in followers)
-    for n in nodes:
-        n.destroy()
-    assert all(t.committed == last for t in followers)  # nothing applied is left uncommitted
-
-
-@pytest.mark.parametrize("interval", [0.0, None])
-def test_followers_commit_a_last_write_without_more_traffic(
-    trio: Any, interval: float | None
-) -> None:
-    """0: every tick; None: the profile's short interval, then the tick wakes to commit."""
-    nodes, targets = trio(follower_commit_interval=interval)
+def test_followers_commit_a_last_write_without_more_traffic(trio: Any) -> None:
+    """A follower commits what it applied in the same tick: nothing waits for later traffic."""
+    nodes, targets = trio()
     leader = _leader(nodes)
     followers = [t for n, t in zip(nodes, targets, strict=True) if n is not leader]
     _, last = leader.submit_sync(b"x")
