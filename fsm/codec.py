@@ -136,7 +136,8 @@ def _strict_converter(hint: Any) -> Converter:
 
 
 _ANY_VALUE = (str, int, bool, float, bytes, type(None), list, dict)
-_SCALARS: dict[Any, tuple[type, ...]] = {
+# The classes a scalar hint accepts unchanged (bool is no int here); node.jobspec reads it too.
+SCALAR_CLASSES: dict[Any, tuple[type, ...]] = {
     int: (int,),
     str: (str,),
     bool: (bool,),
@@ -149,11 +150,11 @@ def _accepted_as_is(hint: Any) -> tuple[type, ...]:
     """Classes whose values ``_strict_converter(hint)`` returns unchanged, checked inline."""
     if hint is Any:
         return _ANY_VALUE
-    if hint in _SCALARS:
-        return _SCALARS[hint]
+    if hint in SCALAR_CLASSES:
+        return SCALAR_CLASSES[hint]
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        inner = _SCALARS.get(args[0], ()) if len(args) == 1 else _ANY_VALUE
+        inner = SCALAR_CLASSES.get(args[0], ()) if len(args) == 1 else _ANY_VALUE
         return (*inner, type(None))
     return ()
 

@@ -114,6 +114,18 @@ class StateStore:
         return self.env.begin(write=True, parent=parent)
 
 
+def keys_with_prefix(cursor: lmdb.Cursor, start: bytes) -> list[bytes]:
+    """Keys starting with ``start``, in order, read out as a list (the caller may then delete them)."""
+    if not cursor.set_range(start):
+        return []
+    out = []
+    for k in cursor.iternext(keys=True, values=False):
+        if not k.startswith(start):
+            break
+        out.append(k)
+    return out
+
+
 class StateReader:
     """Consistent reads at one raft index (one LMDB read transaction)."""
 
@@ -142,15 +154,7 @@ class StateReader:
 
     def _keys(self, db: str, start: bytes) -> list[bytes]:
         """Keys starting with ``start``, in order (values are not copied out of LMDB)."""
-        cursor = self.txn.cursor(db=self.dbs[db])
-        if not cursor.set_range(start):
-            return []
-        out = []
-        for k in cursor.iternext(keys=True, values=False):
-            if not k.startswith(start):
-                break
-            out.append(k)
-        return out
+        return keys_with_prefix(self.txn.cursor(db=self.dbs[db]), start)
 
     def _ids(self, index: str, start: bytes) -> list[str]:
         return [last_part(k) for k in self._keys(index, start)]

@@ -14,7 +14,7 @@ import lmdb
 
 from fsm import codec
 from fsm.keys import SEP, from_u64, key, key_at, prefix, u64
-from fsm.store import StateReader, StateStore
+from fsm.store import StateReader, StateStore, keys_with_prefix
 from fsm.structs import (
     CLIENT_TERMINAL,
     EVAL_TERMINAL,
@@ -156,15 +156,7 @@ class StateWriter(StateReader):
 
     def _keys(self, db: str, start: bytes) -> list[bytes]:
         """Keys starting with ``start``, in order (read out before the caller may delete them)."""
-        cursor = self._cursor(db)
-        if not cursor.set_range(start):
-            return []
-        out = []
-        for k in cursor.iternext(keys=True, values=False):
-            if not k.startswith(start):
-                break
-            out.append(k)
-        return out
+        return keys_with_prefix(self._cursor(db), start)
 
     def _put(self, table: str, k: bytes, obj: Any) -> bytes:
         """Store ``obj``; returns its packed bytes, which the journal record reuses."""

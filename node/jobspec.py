@@ -163,13 +163,7 @@ _TRUTH = 6  # Job.Periodic / Job.ParameterizedJob: the block's presence, as a bo
 _OTHER = 7  # a type this pass does not handle: the general path does
 
 # The classes the codec takes unchanged for a scalar hint (bool is no int here).
-_SCALAR_CLASSES: dict[Any, tuple[type, ...]] = {
-    int: (int,),
-    str: (str,),
-    bool: (bool,),
-    float: (float, int),
-    bytes: (bytes,),
-}
+_SCALAR_CLASSES = codec.SCALAR_CLASSES
 _PLAIN_VALUES = (str, int, float, bool)  # what from_nomad returns as it is
 
 
