@@ -114,8 +114,21 @@ def test_a_killed_client_loses_its_allocs_and_they_are_replaced(lifecycle_env: E
         running = [a for a in rows if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run"]
         return lost and len(running) == 5 and not any(a["NodeID"] in victim.nodes for a in running)
 
-    wait_until(replaced, 60, "lost allocs replaced on live nodes")
+    try:
+        wait_until(replaced, 60, "lost allocs replaced on live nodes")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_state(env, 'spread')}") from None
     env.call("job.stop", {"job_id": "spread"})
+
+
+def _state(env: Env, job_id: str) -> str:
+    """What a timed-out wait saw: the job's allocs and evals and the nodes, one line each."""
+    lines = [f"alloc {a['ID'][:8]} node {a['NodeID'][:8]} desired {a['DesiredStatus']} client {a['ClientStatus']}"
+             f" next {(a.get('NextAllocation') or '')[:8]}" for a in allocs(env, job_id)]
+    lines += [f"eval {e['ID'][:8]} {e['TriggeredBy']} {e['Status']} {e.get('StatusDescription', '')}"
+              for e in env.read("eval.list", {"job_id": job_id})]
+    lines += [f"node {n['ID'][:8]} {n['Name']} {n['Status']}" for n in env.read("node.list")]
+    return "\n".join(lines)
 
 
 # -- bad input ----------------------------------------------------------------------------
