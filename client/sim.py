@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,6 +66,7 @@ class SimConfig:
     report_interval: float = 0.1
     seed: int | None = None
     verbose: bool = False
+    state_file: str = ""  # keeps node ids across restarts, as a Nomad client's data dir does
 
 
 @dataclass
@@ -102,7 +106,8 @@ class Run:
     started: float = 0.0
     healthy_reported: str = ""  # deployment id whose health was reported
     finished: bool = False
-    quiet_stop: bool = False  # stopped because the server marked it lost: no report
+    quiet_stop: bool = False  # stopped without a report: marked lost, or resumed by the next run
+    shutdown: bool = False  # stopped because this client is shutting down
 
 
 @dataclass
@@ -127,8 +132,12 @@ class SimClient:
         if not cfg.servers:
             raise SimError("--servers needs at least one server RPC address")
         self.cfg = cfg
+        self.restored = load_nodes(cfg.state_file)[: cfg.nodes] if cfg.state_file else []
         prefix = cfg.name_prefix or f"sim-{uuid.uuid4().hex[:6]}"
-        self.nodes = {n.id: n for n in (SimNode(str(uuid.uuid4()), f"{prefix}-{i}") for i in range(cfg.nodes))}
+        fresh = (SimNode(str(uuid.uuid4()), f"{prefix}-{i}") for i in range(len(self.restored), cfg.nodes))
+        self.nodes = {n.id: n for n in [*self.restored, *fresh]}
+        if cfg.state_file:
+            save_nodes(cfg.state_file, list(self.nodes.values()))
         self.rpc = AsyncRPCClient(cfg.servers, token=cfg.token, timeout=RPC_TIMEOUT)
         self.rng = random.Random(cfg.seed)
         self.runs: dict[str, Run] = {}
@@ -144,6 +153,10 @@ class SimClient:
     async def run(self) -> None:
         if not self.stats.registered:
             await self.register(list(self.nodes.values()))
+        if self.restored:
+            # A restarted client picks up the allocs the servers still place
+            # on its nodes (Nomad's client restores them from its state).
+            await self._load_allocs()
         tasks = [
             asyncio.create_task(self._heartbeats(), name="sim-heartbeat"),
             asyncio.create_task(self._follow(), name="sim-follow"),
@@ -155,6 +168,11 @@ class SimClient:
             for t in tasks:
                 t.cancel()
             for run in list(self.runs.values()):
+                # With a state file the nodes come back: their allocs keep
+                # running, as a Nomad client's tasks outlive a client restart.
+                # Without one the nodes are gone, so their allocs end now.
+                run.quiet_stop = bool(self.cfg.state_file)
+                run.shutdown = True
                 if run.task is not None:
                     run.task.cancel()
             with contextlib.suppress(Exception):
@@ -219,6 +237,10 @@ class SimClient:
     async def _reload(self) -> None:
         """The journal moved past us: read our nodes' allocs and carry on from that index."""
         self.stats.resets += 1
+        await self._load_allocs()
+
+    async def _load_allocs(self) -> None:
+        """Run what the servers place on our nodes, stop what they no longer do; follow on from there."""
         index = self.index
         for node_id in sorted(self.nodes):
             out = await self.rpc.call("alloc.list", {"node_id": node_id})
@@ -252,7 +274,13 @@ class SimClient:
         server_terminal = alloc.get("desired_status") in SERVER_TERMINAL
         client_status = alloc.get("client_status")
         if run is None:
-            if server_terminal or client_status in TERMINAL or alloc_id in self.done:
+            if client_status in TERMINAL or alloc_id in self.done:
+                return
+            if server_terminal:
+                # Stopped before it ran here, or while this client was down:
+                # acknowledge the stop so the servers do not wait on it.
+                self.done.add(alloc_id)
+                self._merge(alloc_id, {"ClientStatus": "complete", "ClientDescription": "alloc stopped by the server"})
                 return
             run = Run(
                 alloc_id,
@@ -348,7 +376,8 @@ class SimClient:
             if not run.finished and not run.quiet_stop:
                 end_ns = time.time_ns()
                 states = {n: {"State": "dead", "StartedAt": now_ns, "FinishedAt": end_ns} for n in names} if outcome else {}
-                self._report(run, "complete", "alloc stopped by the server", states)
+                why = "client shut down" if run.shutdown else "alloc stopped by the server"
+                self._report(run, "complete", why, states)
                 self.stats.stopped += 1
             run.finished = True
         finally:
@@ -403,6 +432,30 @@ class SimClient:
                 return
 
 
+def load_nodes(path: str) -> list[SimNode]:
+    """The nodes a state file recorded; none if it does not exist yet."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise SimError(f"cannot read the client state file {path}: {exc}; delete it to start with new nodes") from None
+    try:
+        return [SimNode(str(n["id"]), str(n["name"])) for n in data["nodes"]]
+    except (KeyError, TypeError) as exc:
+        raise SimError(f"client state file {path} is not one this client wrote ({exc!r}); "
+                       "delete it to start with new nodes") from None
+
+
+def save_nodes(path: str, nodes: list[SimNode]) -> None:
+    """Write the state file atomically: a crash leaves the old file or the new one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"nodes": [{"id": n.id, "name": n.name} for n in nodes]}, f, indent=1)
+    os.replace(tmp, path)
+
+
 def _snake_alloc(alloc: dict[str, Any]) -> dict[str, Any]:
     """The few fields of a Nomad-JSON alloc that ``on_alloc`` reads, in wire names."""
     return {
@@ -418,14 +471,17 @@ def _snake_alloc(alloc: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _main(cfg: SimConfig) -> int:
-    sim = SimClient(cfg)
+    try:
+        sim = SimClient(cfg)
+    except OSError as exc:
+        raise SimError(f"cannot write the client state file {cfg.state_file}: {exc}") from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sim.stop_event.set)
     try:
         await sim.register(list(sim.nodes.values()))
     except RPCError as exc:
-        print(f"Error: could not register nodes: {exc.message}", flush=True)
+        print(f"Error: could not register nodes: {exc.message}", file=sys.stderr, flush=True)
         await sim.rpc.close()
         return 1
     print(
@@ -444,5 +500,5 @@ def run_sim(cfg: SimConfig) -> int:
     try:
         return asyncio.run(_main(cfg))
     except SimError as exc:
-        print(f"Error: {exc}", flush=True)
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 1

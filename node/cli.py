@@ -254,7 +254,7 @@ def _start_dev_clients(directory: str, addresses: str, nodes: int) -> Any:
     log = open(Path(directory) / "client-sim.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "client", "sim", "--nodes", str(nodes), "--servers", addresses,
-         "--name-prefix", "dev"],
+         "--name-prefix", "dev", "--state-file", str(Path(directory) / "client-sim.json")],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -299,7 +299,10 @@ def cluster_up(directory: str, nodes: str, acl: bool) -> None:
     click.echo(f"export CARAVAN_ADDRESS={addresses}")
     if c.http_addresses:
         click.echo(f"export NOMAD_ADDR=http://{c.http_addresses[0]}")
-    if acl:
+    if acl and c.acl:
+        click.echo("# ACLs were bootstrapped by an earlier 'cluster up --acl' of this directory: "
+                   "export CARAVAN_TOKEN with the management token printed then")
+    elif acl:
         with RPCClient(c.rpc_addresses) as client:
             token = client.call("acl.bootstrap", {})
         c.acl = True
@@ -675,8 +678,10 @@ def client_group() -> None:
 @click.option("--token", envvar="CARAVAN_TOKEN", default=None, help="ACL secret with write policy (env CARAVAN_TOKEN).")
 @click.option("--seed", type=int, default=None, help="Seed of the simulated failures (fail_rate).")
 @click.option("--verbose", is_flag=True, help="Print each allocation's start and end.")
+@click.option("--state-file", default="", help="Keep the node IDs in this file: a restart resumes the same nodes "
+              "and their allocations instead of registering new ones.")
 def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str, name_prefix: str, token: str | None,
-               seed: int | None, verbose: bool) -> None:
+               seed: int | None, verbose: bool, state_file: str) -> None:
     """Simulate NODES client nodes in one process (as Nomad's nodesim) until Ctrl-C or SIGTERM.
 
     Registers the nodes, heartbeats them, runs the allocations placed on
@@ -691,7 +696,8 @@ def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str,
     if not addresses:
         fail("--servers needs at least one host:port")
     sys.exit(run_sim(SimConfig(servers=addresses, nodes=nodes, cpu=cpu, memory_mb=memory, datacenter=datacenter,
-                               name_prefix=name_prefix, token=token, seed=seed, verbose=verbose)))
+                               name_prefix=name_prefix, token=token, seed=seed, verbose=verbose,
+                               state_file=state_file)))
 
 
 @main.group("acl")

@@ -83,6 +83,50 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (with SO_REUSEADDR, as ours do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class _Addresses:
+    """Hands out listen addresses: a server's previous one while it is free, else a fresh port.
+
+    Restarting a cluster directory keeps its addresses, so the
+    ``CARAVAN_ADDRESS`` a user exported, and the peers in each server's
+    config, stay valid across ``caravan dev`` / ``cluster up`` runs.
+    """
+
+    def __init__(self) -> None:
+        self.taken: set[tuple[str, int]] = set()
+
+    def get(self, host: str, previous: str = "") -> str:
+        if previous:
+            old_host, _, old_port = previous.rpartition(":")
+            port = int(old_port)
+            if old_host == host and (host, port) not in self.taken and port_is_free(host, port):
+                self.taken.add((host, port))
+                return previous
+        while True:
+            port = free_port(host)
+            if (host, port) not in self.taken:
+                self.taken.add((host, port))
+                return f"{host}:{port}"
+
+
+def _previous_nodes(root: Path) -> dict[str, ClusterNode]:
+    """The servers a directory's ``cluster.json`` recorded, by id (none when absent or unreadable)."""
+    try:
+        return {n.id: n for n in Cluster.load(str(root)).nodes}
+    except (ClusterError, OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def _toml_str(value: str) -> str:
     return json.dumps(value)
 
@@ -114,7 +158,11 @@ def render_config(node: ClusterNode, members: list[ClusterNode], password_file: 
 
 
 def plan(directory: str, count: int, hosts: list[str] | None = None, extra_config: str = "") -> Cluster:
-    """Lay out ``count`` servers under ``directory`` with free loopback ports and configs."""
+    """Lay out ``count`` servers under ``directory`` with free loopback ports and configs.
+
+    A directory that held a cluster before keeps each server's addresses
+    where they are still free (see ``_Addresses``).
+    """
     if count not in (1, 3, 5):
         raise ClusterError("--nodes must be 1, 3 or 5 (an odd number keeps a majority through one or two failures)")
     root = Path(directory).resolve()
@@ -124,19 +172,22 @@ def plan(directory: str, count: int, hosts: list[str] | None = None, extra_confi
         password_file.write_text(secrets.token_urlsafe(24) + "\n")
         password_file.chmod(0o600)
     hosts = hosts or ["127.0.0.1"] * count
+    previous = _previous_nodes(root)
+    addresses = _Addresses()
     nodes = []
     for i in range(count):
         host = hosts[i]
         name = f"server{i + 1}"
+        old = previous.get(name)
         nodes.append(
             ClusterNode(
                 id=name,
-                rpc_addr=f"{host}:{free_port(host)}",
-                raft_addr=f"{host}:{free_port(host)}",
+                rpc_addr=addresses.get(host, old.rpc_addr if old else ""),
+                raft_addr=addresses.get(host, old.raft_addr if old else ""),
                 data_dir=str(root / name / "data"),
                 log_file=str(root / name / "server.log"),
                 config_file=str(root / name / "server.toml"),
-                http_address=f"{host}:{free_port(host)}",
+                http_address=addresses.get(host, old.http_address if old else ""),
             )
         )
     for node in nodes:
@@ -210,11 +261,14 @@ def wait_for_leader(addresses: list[str], timeout: float = 30.0) -> dict[str, An
 
 def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float = 30.0) -> Cluster:
     path = Path(directory) / CLUSTER_FILE
+    acl = False
     if path.exists():
         existing = Cluster.load(directory)
         if any(alive(n.pid) for n in existing.nodes):
             raise ClusterError(f"a cluster is already running in {directory}: 'caravan cluster down --dir {directory}' first")
+        acl = existing.acl  # the data dirs still hold the bootstrapped ACLs
     cluster = plan(directory, count, extra_config=extra_config)
+    cluster.acl = acl
     for node in cluster.nodes:
         start_node(node)
     cluster.save()

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from node.cluster import alive
+from node.rpc_client import RPCClient
 from tests.cluster.conftest import ClusterHandle
+from tests.conditions import wait_until
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +102,94 @@ def test_cluster_commands(tmp_path: Path) -> None:
         assert again.returncode != 0 and "already running" in again.stderr
     finally:
         run("cluster", "down", "--dir", directory)
+
+
+class _Dev:
+    """``caravan dev`` as a user runs it: in the foreground, stopped with Ctrl-C."""
+
+    def __init__(self, directory: str, out: Path) -> None:
+        self.out = out
+        with open(out, "wb") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "node.cli", "dev", "--dir", directory, "--nodes", "3", "--clients", "2"],
+                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+            )
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def address(self) -> str:
+        def ready() -> str | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"caravan dev exited with {self.proc.returncode}:\n{self.text()}")
+            text = self.text()
+            if "Press Ctrl-C to stop." not in text:
+                return None
+            return next(ln.split("=", 1)[1] for ln in text.splitlines() if "export CARAVAN_ADDRESS=" in ln)
+
+        return wait_until(ready, 90, "caravan dev to print its addresses")
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(60)
+
+
+def test_dev_cluster_stops_on_ctrl_c_and_resumes_with_its_addresses_nodes_and_jobs(tmp_path: Path) -> None:
+    """What ``make run`` runs: Ctrl-C stops every process; running it again keeps the state.
+
+    The second run serves on the same addresses (an exported
+    ``CARAVAN_ADDRESS`` still works), and the simulated client resumes the
+    same nodes with their allocations instead of leaving down nodes behind.
+    """
+    directory = str(tmp_path / "dev")
+    dev = _Dev(directory, tmp_path / "dev1.out")
+    try:
+        address = dev.address()
+        env = {**os.environ, "CARAVAN_ADDRESS": address}
+        env.pop("CARAVAN_TOKEN", None)
+        run = subprocess.run([sys.executable, "-m", "node.cli", "job", "run", "--detach", str(ROOT / "examples" / "service.json")],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        assert run.returncode == 0, run.stdout + run.stderr
+        with RPCClient(address.split(",")) as client:
+            nodes = {n["ID"] for n in client.call("node.list", {})["data"]}
+            running = wait_until(lambda: sorted(a["ID"] for a in client.call("alloc.list", {"job_id": "web"})["data"]
+                                                if a["ClientStatus"] == "running") or None, 60, "the service's allocs running")
+        assert len(nodes) == 2 and len(running) == 2
+        state = json.loads((Path(directory) / "cluster.json").read_text())
+        pids = [n["pid"] for n in state["nodes"]]
+
+        assert dev.interrupt() == 0, dev.text()
+        assert "Stopped." in dev.text()
+        assert not [pid for pid in pids if alive(pid)], "Ctrl-C leaves no server running"
+
+        dev = _Dev(directory, tmp_path / "dev2.out")
+        assert dev.address() == address
+        with RPCClient(address.split(",")) as client:
+            assert client.call("job.get", {"job_id": "web"})["data"]["Status"] == "running"
+
+            def resumed() -> bool:
+                listed = client.call("node.list", {})["data"]
+                allocs = client.call("alloc.list", {"job_id": "web"})["data"]
+                return ({n["ID"] for n in listed} == nodes and all(n["Status"] == "ready" for n in listed)
+                        and sorted(a["ID"] for a in allocs if a["ClientStatus"] == "running") == running)
+
+            wait_until(resumed, 30, "the same two nodes ready and the same allocs running")
+        assert dev.interrupt() == 0, dev.text()
+    finally:
+        if dev.proc.poll() is None:
+            dev.proc.kill()
+            dev.proc.wait(30)
+        if (Path(directory) / "cluster.json").exists():
+            subprocess.run([sys.executable, "-m", "node.cli", "cluster", "down", "--dir", directory],
+                           capture_output=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("content", ["{nope", '{"nodes": 3}', '{"nodes": [{"id": "x"}]}'])
+def test_a_bad_client_state_file_is_one_line_error_and_left_alone(tmp_path: Path, content: str) -> None:
+    state = tmp_path / "client-sim.json"
+    state.write_text(content)
+    out = subprocess.run([sys.executable, "-m", "node.cli", "client", "sim", "--servers", "127.0.0.1:1", "--state-file", str(state)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("Error: ") and "delete it to start with new nodes" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and state.read_text() == content
