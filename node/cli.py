@@ -233,8 +233,10 @@ def dev(directory: str, nodes: str, clients: int) -> None:
     def on_signal(signum: int, frame: Any) -> None:
         stop["now"] = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP too: closing the terminal must not leave servers behind (they
+    # run in sessions of their own, so only this process hears it).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         while not stop["now"]:
             time.sleep(0.2)

@@ -129,8 +129,8 @@ class _Dev:
 
         return wait_until(ready, 90, "caravan dev to print its addresses")
 
-    def interrupt(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, signum: int = signal.SIGINT) -> int:
+        self.proc.send_signal(signum)
         return self.proc.wait(60)
 
 
@@ -174,7 +174,9 @@ def test_dev_cluster_stops_on_ctrl_c_and_resumes_with_its_addresses_nodes_and_jo
                         and sorted(a["ID"] for a in allocs if a["ClientStatus"] == "running") == running)
 
             wait_until(resumed, 30, "the same two nodes ready and the same allocs running")
-        assert dev.interrupt() == 0, dev.text()
+        pids = [n["pid"] for n in json.loads((Path(directory) / "cluster.json").read_text())["nodes"]]
+        assert dev.interrupt(signal.SIGHUP) == 0, dev.text()  # the terminal closed
+        assert not [pid for pid in pids if alive(pid)], "a closed terminal leaves no server running"
     finally:
         if dev.proc.poll() is None:
             dev.proc.kill()
