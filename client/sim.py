@@ -32,7 +32,9 @@ import random
 import signal
 import sys
 import time
+import traceback
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +124,7 @@ class SimStats:
     report_calls: int = 0
     resets: int = 0
     stream_breaks: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))  # the latest
 
 
 class SimClient:
@@ -153,18 +155,20 @@ class SimClient:
     async def run(self) -> None:
         if not self.stats.registered:
             await self.register(list(self.nodes.values()))
-        if self.restored:
-            # A restarted client picks up the allocs the servers still place
-            # on its nodes (Nomad's client restores them from its state).
-            await self._load_allocs()
         tasks = [
-            asyncio.create_task(self._heartbeats(), name="sim-heartbeat"),
-            asyncio.create_task(self._follow(), name="sim-follow"),
-            asyncio.create_task(self._reporter(), name="sim-report"),
+            asyncio.create_task(self._heartbeats(), name="heartbeats"),
+            asyncio.create_task(self._follow(), name="following allocations"),
+            asyncio.create_task(self._reporter(), name="status reports"),
         ]
+        stop = asyncio.create_task(self.stop_event.wait())
+        crashed: asyncio.Task[Any] | None = None
         try:
-            await self.stop_event.wait()
+            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            # The loops retry RPC errors forever; one that ended had a bug. Stop
+            # loudly rather than keep heartbeating nodes whose allocs nobody runs.
+            crashed = next((t for t in tasks if t in done), None)
         finally:
+            stop.cancel()
             for t in tasks:
                 t.cancel()
             for run in list(self.runs.values()):
@@ -178,6 +182,11 @@ class SimClient:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._flush(), 2.0)
             await self.rpc.close()
+        if crashed is not None:
+            exc = None if crashed.cancelled() else crashed.exception()
+            if exc is not None:  # a bug: its traceback belongs in the client's log
+                traceback.print_exception(exc, file=sys.stderr)
+            raise SimError(f"the client's {crashed.get_name()} loop stopped: {exc!r}")
 
     async def register(self, nodes: list[SimNode]) -> None:
         sem = asyncio.Semaphore(16)
@@ -207,13 +216,36 @@ class SimClient:
                     self.say(f"re-registering {len(unknown)} node(s) the servers do not know")
                     await self.register(unknown)
             except RPCError as exc:
-                self.stats.errors.append(f"heartbeat: {exc.message}")
+                self._error("heartbeat", exc.message)
             await asyncio.sleep(max(0.05, self.ttl / 3))
+
+    def _error(self, what: str, message: str) -> None:
+        """Remember an error the client will retry past, and print it when it is new.
+
+        A client that retried in silence would hide a broken cluster from
+        whoever reads its log.
+        """
+        line = f"{what}: {message}"
+        if not self.stats.errors or self.stats.errors[-1] != line:
+            print(f"{time.strftime('%H:%M:%S')} {line}; retrying", file=sys.stderr, flush=True)
+        self.stats.errors.append(line)
 
     # -- following allocations -----------------------------------------------------
     async def _follow(self) -> None:
         backoff = 0.05
+        # A restarted client first picks up the allocs the servers still place
+        # on its nodes (Nomad's client restores them from its state).
+        reload = bool(self.restored)
         while True:
+            if reload:
+                try:
+                    await self._load_allocs()
+                    reload = False
+                except RPCError as exc:
+                    self._error("reading this client's allocations", exc.message)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    continue
             args = {"index": self.index, "topics": ["Allocation"], "heartbeat": STREAM_HEARTBEAT}
             try:
                 async for item in self.rpc.stream("event.stream", args, idle_timeout=3 * STREAM_HEARTBEAT + 10):
@@ -226,18 +258,16 @@ class SimClient:
                         self.index = max(self.index, item["progress"])
             except RPCError as exc:
                 if exc.code == RESET_REQUIRED:
-                    await self._reload()
+                    # The journal moved past us: reload our nodes' allocs. A
+                    # failed reload is retried (it once ended this loop).
+                    self.stats.resets += 1
+                    reload = True
                     continue
                 self.stats.stream_breaks += 1
                 if exc.code != UNAVAILABLE:
-                    self.stats.errors.append(f"event stream: {exc.message}")
+                    self._error("event stream", exc.message)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
-
-    async def _reload(self) -> None:
-        """The journal moved past us: read our nodes' allocs and carry on from that index."""
-        self.stats.resets += 1
-        await self._load_allocs()
 
     async def _load_allocs(self) -> None:
         """Run what the servers place on our nodes, stop what they no longer do; follow on from there."""
@@ -426,7 +456,7 @@ class SimClient:
                 self.stats.reports += len(batch)
                 self.stats.report_calls += 1
             except RPCError as exc:
-                self.stats.errors.append(f"alloc.update: {exc.message}")
+                self._error("alloc.update", exc.message)
                 for item in batch:  # put back unless something newer came meanwhile
                     self.pending.setdefault(item["ID"], item)
                 return
