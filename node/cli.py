@@ -218,6 +218,8 @@ def dev(directory: str, nodes: str, clients: int) -> None:
     addresses = ",".join(c.rpc_addresses)
     sim = _start_dev_clients(c.dir, addresses, clients) if clients else None
     if sim is not None:
+        c.client_pid = sim.pid  # so 'cluster down' stops it should this process be killed
+        c.save()
         click.echo(f"Simulated client: {clients} node(s), pid {sim.pid}, log {Path(c.dir) / 'client-sim.log'}")
     click.echo(f"Caravan dev cluster: {len(c.nodes)} servers in {c.dir}")
     click.echo(rows([{"id": n.id, "rpc": n.rpc_addr, "raft": n.raft_addr, "log": n.log_file} for n in c.nodes],

@@ -47,6 +47,7 @@ class Cluster:
     dir: str
     nodes: list[ClusterNode] = field(default_factory=list)
     acl: bool = False
+    client_pid: int = 0  # the simulated client ``caravan dev`` started beside the servers
 
     @property
     def rpc_addresses(self) -> list[str]:
@@ -65,7 +66,8 @@ class Cluster:
     def save(self) -> None:
         path = Path(self.dir) / CLUSTER_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"dir": self.dir, "acl": self.acl, "nodes": [asdict(n) for n in self.nodes]}, indent=2))
+        tmp.write_text(json.dumps({"dir": self.dir, "acl": self.acl, "client_pid": self.client_pid,
+                                   "nodes": [asdict(n) for n in self.nodes]}, indent=2))
         os.replace(tmp, path)
 
     @classmethod
@@ -74,7 +76,8 @@ class Cluster:
         if not path.exists():
             raise ClusterError(f"no cluster in {directory}: run 'caravan cluster up --dir {directory}' first")
         data = json.loads(path.read_text())
-        return cls(dir=data["dir"], acl=data.get("acl", False), nodes=[ClusterNode(**n) for n in data["nodes"]])
+        return cls(dir=data["dir"], acl=data.get("acl", False), client_pid=data.get("client_pid", 0),
+                   nodes=[ClusterNode(**n) for n in data["nodes"]])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -267,6 +270,7 @@ def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float
         if any(alive(n.pid) for n in existing.nodes):
             raise ClusterError(f"a cluster is already running in {directory}: 'caravan cluster down --dir {directory}' first")
         acl = existing.acl  # the data dirs still hold the bootstrapped ACLs
+        stop_client(existing)  # one left behind by a killed 'caravan dev' would double its nodes
     cluster = plan(directory, count, extra_config=extra_config)
     cluster.acl = acl
     for node in cluster.nodes:
@@ -301,7 +305,30 @@ def restart(cluster: Cluster, name: str) -> ClusterNode:
     return node
 
 
+def _is_client_sim(pid: int) -> bool:
+    """Whether ``pid`` is still a ``caravan client sim`` (not a process that reused the pid)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return alive(pid)  # no /proc: trust the pid
+    return b"client" in argv and b"sim" in argv
+
+
+def stop_client(cluster: Cluster, timeout: float = 10.0) -> None:
+    """Stop the simulated client recorded in ``cluster``, if it still runs."""
+    pid = cluster.client_pid
+    if alive(pid) and _is_client_sim(pid):
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_dead(pid, timeout)
+        except ClusterError:
+            os.kill(pid, signal.SIGKILL)
+            wait_dead(pid, 5.0)
+    cluster.client_pid = 0
+
+
 def down(cluster: Cluster, timeout: float = 15.0) -> None:
+    stop_client(cluster)
     for node in cluster.nodes:
         if alive(node.pid):
             os.kill(node.pid, signal.SIGTERM)

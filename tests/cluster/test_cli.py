@@ -177,6 +177,17 @@ def test_dev_cluster_stops_on_ctrl_c_and_resumes_with_its_addresses_nodes_and_jo
         pids = [n["pid"] for n in json.loads((Path(directory) / "cluster.json").read_text())["nodes"]]
         assert dev.interrupt(signal.SIGHUP) == 0, dev.text()  # the terminal closed
         assert not [pid for pid in pids if alive(pid)], "a closed terminal leaves no server running"
+
+        dev = _Dev(directory, tmp_path / "dev3.out")
+        dev.address()
+        state = json.loads((Path(directory) / "cluster.json").read_text())
+        pids = [n["pid"] for n in state["nodes"]] + [state["client_pid"]]
+        assert alive(state["client_pid"])
+        dev.interrupt(signal.SIGKILL)  # nothing of it can clean up: 'cluster down' must
+        down = subprocess.run([sys.executable, "-m", "node.cli", "cluster", "down", "--dir", directory],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert not [pid for pid in pids if alive(pid)], "cluster down stops the servers and the simulated client"
     finally:
         if dev.proc.poll() is None:
             dev.proc.kill()
