@@ -8,6 +8,7 @@ server plays the RPC side here; the client code is the real one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -65,6 +66,20 @@ def _sim(server: ScriptedServer) -> SimClient:
     return sim
 
 
+@contextlib.asynccontextmanager
+async def _running(sim: SimClient) -> AsyncIterator[None]:
+    task = asyncio.create_task(sim.run())
+    try:
+        yield
+    finally:
+        sim.stop_event.set()
+        await task
+
+
+def _reported(server: ScriptedServer, alloc_id: str, status: str) -> Any:
+    return lambda: any(u["ID"] == alloc_id and u["ClientStatus"] == status for u in server.updates)
+
+
 async def _until(predicate: Any, what: str, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
@@ -82,12 +97,9 @@ def test_a_failed_reload_after_a_reset_is_retried_and_the_allocs_run() -> None:
                  "DesiredStatus": "run", "ClientStatus": "pending"}
         server.streams = [RPCError(RESET_REQUIRED, "the journal moved past index 3")]
         server.lists = [RPCError(UNAVAILABLE, "no leader"), {"data": [alloc], "index": 9}]
-        run = asyncio.create_task(sim.run())
-        await _until(lambda: any(u["ID"] == "a1" and u["ClientStatus"] == "running" for u in server.updates),
-                     "the alloc reported running after the reload was retried")
-        assert sim.index == 9 and sim.stats.resets == 1 and "no leader" in sim.stats.errors[-1]
-        sim.stop_event.set()
-        await run
+        async with _running(sim):
+            await _until(_reported(server, "a1", "running"), "the alloc reported running after the reload was retried")
+            assert sim.index == 9 and sim.stats.resets == 1 and "no leader" in sim.stats.errors[-1]
 
     asyncio.run(scenario())
 
@@ -110,11 +122,8 @@ def test_an_alloc_stopped_before_it_ran_here_is_acknowledged() -> None:
         stopped = {"id": "a2", "node_id": node_id, "job_id": "j", "job_version": 0, "task_group": "g",
                    "desired_status": "stop", "client_status": "pending"}
         server.streams = [[{"index": 5, "events": [["Allocation", "AllocationUpdated", "a2", stopped]]}]]
-        run = asyncio.create_task(sim.run())
-        await _until(lambda: any(u["ID"] == "a2" and u["ClientStatus"] == "complete" for u in server.updates),
-                     "the stop acknowledged")
-        assert sim.stats.started == 0
-        sim.stop_event.set()
-        await run
+        async with _running(sim):
+            await _until(_reported(server, "a2", "complete"), "the stop acknowledged")
+            assert sim.stats.started == 0
 
     asyncio.run(scenario())
