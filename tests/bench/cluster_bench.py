@@ -58,6 +58,17 @@ def cpu_per_write(before: dict[str, float], after: dict[str, float], writes: int
     return ", ".join(f"{name} {1e6 * (after[name] - before[name]) / writes:.0f}" for name in before)
 
 
+def raw_cpu_per_write(raw: dict[str, Any], writes: int) -> str:
+    """The raw baseline's CPU split, as ``cpu_per_write`` gives Caravan's (its caller runs in the leader)."""
+    cpu = raw.get("cpu_s") or {}
+    leader = raw.get("leader")
+    if leader not in cpu:
+        return "n/a"
+    parts = [f"leader {1e6 * cpu[leader] / writes:.0f}"]
+    parts += [f"follower {1e6 * cpu[name] / writes:.0f}" for name in sorted(cpu) if name != leader]
+    return ", ".join(parts)
+
+
 def percentile(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(len(xs) * p))]
@@ -180,7 +191,8 @@ def main() -> None:
 
     raw_p50 = raw.get("p50_ms", float("nan"))
     raw_tp = raw.get("pipelined_wps", float("nan"))
-    print(f"fsync={a.fsync}  (raw pysyncobj: serial p50 {raw_p50:.2f} ms, pipelined {raw_tp:.0f}/s)")
+    print(f"fsync={a.fsync}  (raw pysyncobj: serial p50 {raw_p50:.2f} ms, pipelined {raw_tp:.0f}/s;"
+          f" CPU us/write: {raw_cpu_per_write(raw, a.pipelined)})")
     print(f"{'measure':<38} {'value':>12} {'vs raw':>8}")
     print(f"{'serial job register p50 (ms)':<38} {percentile(lat, 0.5) * 1000:>12.2f} {percentile(lat, 0.5) * 1000 / raw_p50:>8.2f}")
     print(f"{'serial job register p99 (ms)':<38} {percentile(lat, 0.99) * 1000:>12.2f}")

@@ -63,6 +63,44 @@ class _NoopTarget:
         return self._applied
 
 
+def _process_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class _PhaseCPU:
+    """This process's CPU seconds over the leader's pipelined phase, which files in DIR mark.
+
+    Every node writes ``cpu-<address>``; ``run_case`` returns them, so a
+    report can say where the CPU of a raw write goes (leader, followers) beside
+    the same split for Caravan's writes. A follower polls the marks every
+    10 ms: its figure is exact to about that much CPU.
+    """
+
+    def __init__(self, directory: str, me: str) -> None:
+        self.dir = directory
+        self.out = os.path.join(directory, "cpu-" + me.replace(":", "_"))
+        self.start: float | None = None
+        self.written = False
+
+    def mark(self, name: str) -> None:
+        open(os.path.join(self.dir, name), "w").close()
+
+    def poll(self) -> None:
+        if self.start is None:
+            if os.path.exists(os.path.join(self.dir, "pipe_start")):
+                self.start = _process_cpu()
+        elif not self.written and os.path.exists(os.path.join(self.dir, "pipe_end")):
+            self.write()
+
+    def write(self) -> None:
+        if self.start is not None and not self.written:
+            with open(self.out + ".tmp", "w") as f:
+                f.write(repr(_process_cpu() - self.start))
+            os.rename(self.out + ".tmp", self.out)
+            self.written = True
+
+
 def _percentile(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(len(xs) * p))]
@@ -133,8 +171,10 @@ def run_node(a: argparse.Namespace) -> None:
             node.submit(entry, lambda r, i, e: cb())
 
     done = os.path.join(a.dir, "done")
+    phase = _PhaseCPU(a.dir, a.self_addr)
     deadline = time.monotonic() + 30
     while not os.path.exists(done) and not is_leader() and time.monotonic() < deadline:
+        phase.poll()
         time.sleep(0.01)
     if is_leader() and not os.path.exists(done):
         time.sleep(0.5)  # let followers connect and the no-op commit
@@ -162,18 +202,25 @@ def run_node(a: argparse.Namespace) -> None:
                         ev.set()
                 sem.release()
 
+            phase.mark("pipe_start")
+            phase.poll()
             t0 = time.perf_counter()
             for _ in range(a.pipelined):
                 sem.acquire()
                 async_write(cb)
             ev.wait(300)
             res["pipelined_wps"] = a.pipelined / (time.perf_counter() - t0)
+            phase.write()
+            phase.mark("pipe_end")
+            res["leader"] = a.self_addr
         with open(os.path.join(a.dir, "res.tmp"), "w") as f:
             json.dump(res, f)
         os.rename(os.path.join(a.dir, "res.tmp"), os.path.join(a.dir, "res"))
         open(done, "w").close()
     while not os.path.exists(done):
-        time.sleep(0.05)
+        phase.poll()
+        time.sleep(0.01)
+    phase.poll()  # the end mark precedes done
     os._exit(0)
 
 
@@ -232,7 +279,12 @@ def run_case(
                 "error": err.decode(errors="replace")[-2000:],
             }
         with open(res_path) as f:
-            return json.load(f)
+            res = json.load(f)
+        res["cpu_s"] = {
+            name[4:].replace("_", ":"): float(Path(d, name).read_text()) for name in os.listdir(d)
+            if name.startswith("cpu-") and not name.endswith(".tmp")
+        }
+        return res
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
