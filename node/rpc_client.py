@@ -752,8 +752,15 @@ class AsyncRPCClient(_Client):
         request_id: str | None = None,
         token: str | None = DEFAULT_TOKEN,
         address: str | None = None,
+        one_pass: bool = False,
     ) -> Any:
-        """As ``RPCClient.call``; ``address`` pins the call to one server (plus any leader it names)."""
+        """As ``RPCClient.call``; ``address`` pins the call to one server (plus any leader it names).
+
+        ``one_pass``: give up after one pass over the addresses instead of
+        pausing and trying them again until the timeout. A follower forwarding
+        to a leader that just died wants that: it should look leadership up
+        again within milliseconds, not retry a refused port for a whole second.
+        """
         attempt, frame = self._start(
             method,
             args,
@@ -780,6 +787,8 @@ class AsyncRPCClient(_Client):
                     attempt.answered(err)
                 except (OSError, ConnectionError) as exc:  # TimeoutError too: deadline passed
                     attempt.lost(exc)
+            if one_pass and attempt.wait:
+                break
             await asyncio.sleep(attempt.pause())
         raise attempt.give_up()
 

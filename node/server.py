@@ -176,6 +176,7 @@ class Server:
                         token=ctx.token,
                         address=leader,
                         timeout=max(0.05, min(FORWARD_ATTEMPT + blocking, remaining)),
+                        one_pass=True,  # a refused leader: look leadership up again at once
                     )
                 except RPCError as exc:
                     if exc.code not in RETRY_FORWARD or remaining <= 0:

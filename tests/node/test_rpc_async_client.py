@@ -302,3 +302,33 @@ def test_calls_wait_for_a_slow_reader_and_all_get_answers() -> None:
             assert late[1].cancelled() and calls[-1].cancelled()
 
     run(scenario)
+
+
+# ---- one pass (a follower forwarding to a leader that may have died) ------------------------------
+
+
+@pytest.mark.parametrize("one_pass, at_least, at_most", [(True, 1, 1), (False, 2, 1000)])
+def test_one_pass_gives_up_after_one_try_instead_of_retrying_until_the_deadline(
+    one_pass: bool, at_least: int, at_most: int
+) -> None:
+    """A server that drops every request: one pass tries once; otherwise tries go on until the timeout."""
+    accepted = [0]
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        await read_request(reader)
+        writer.close()
+
+    async def scenario() -> None:
+        server, address = await scripted_server(drop)
+        client = AsyncRPCClient([address], timeout=WAIT)
+        try:
+            with pytest.raises(RPCError) as err:
+                await client.call("status", {}, address=address, timeout=1.0, one_pass=one_pass)
+            assert err.value.code == "timeout"  # the request went out: it may have run
+        finally:
+            await client.close()
+            server.close()
+
+    run(scenario)
+    assert at_least <= accepted[0] <= at_most
