@@ -243,11 +243,12 @@ def dev(directory: str, nodes: str, clients: int) -> None:
         while not stop["now"]:
             time.sleep(0.2)
     finally:
+        final = cl.Cluster.load(c.dir)
         if sim is not None:
             click.echo("\nStopping the simulated client...")
-            _stop_process(sim)
+            cl.stop_client(final)  # the pid recorded above; reaps our child too
         click.echo("\nStopping servers...")
-        cl.down(cl.Cluster.load(c.dir))
+        cl.down(final)
         click.echo("Stopped.")
 
 
@@ -267,17 +268,6 @@ def _start_dev_clients(directory: str, addresses: str, nodes: int) -> Any:
     )
     log.close()
     return proc
-
-
-def _stop_process(proc: Any, timeout: float = 10.0) -> None:
-    import subprocess
-
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout)
 
 
 @main.group()
