@@ -314,29 +314,29 @@ def _is_client_sim(pid: int) -> bool:
     return b"client" in argv and b"sim" in argv
 
 
-def stop_client(cluster: Cluster, timeout: float = 10.0) -> None:
-    """Stop the simulated client recorded in ``cluster``, if it still runs."""
-    pid = cluster.client_pid
-    if alive(pid) and _is_client_sim(pid):
+def terminate(pids: list[int], timeout: float) -> None:
+    """SIGTERM every live pid, then wait for each; SIGKILL what outlives ``timeout``."""
+    live = [pid for pid in pids if alive(pid)]
+    for pid in live:
         os.kill(pid, signal.SIGTERM)
+    for pid in live:
         try:
             wait_dead(pid, timeout)
         except ClusterError:
             os.kill(pid, signal.SIGKILL)
             wait_dead(pid, 5.0)
+
+
+def stop_client(cluster: Cluster, timeout: float = 10.0) -> None:
+    """Stop the simulated client recorded in ``cluster``, if it still runs."""
+    if alive(cluster.client_pid) and _is_client_sim(cluster.client_pid):
+        terminate([cluster.client_pid], timeout)
     cluster.client_pid = 0
 
 
 def down(cluster: Cluster, timeout: float = 15.0) -> None:
     stop_client(cluster)
+    terminate([node.pid for node in cluster.nodes], timeout)
     for node in cluster.nodes:
-        if alive(node.pid):
-            os.kill(node.pid, signal.SIGTERM)
-    for node in cluster.nodes:
-        try:
-            wait_dead(node.pid, timeout)
-        except ClusterError:
-            os.kill(node.pid, signal.SIGKILL)
-            wait_dead(node.pid, 5.0)
         node.pid = 0
     cluster.save()
