@@ -313,8 +313,10 @@ def cluster_status(directory: str, as_json: bool) -> None:
 
     c = cl.Cluster.load(directory)
     out = []
+    leaders = 0
     for node in c.nodes:
         st = cl.status_of(node.rpc_addr) if cl.alive(node.pid) else None
+        leaders += bool(st and st.get("Role") == "leader")
         out.append(
             {
                 "Node": node.id,
@@ -323,11 +325,19 @@ def cluster_status(directory: str, as_json: bool) -> None:
                 "Role": (st or {}).get("Role", "down"),
                 "Term": (st or {}).get("Term", ""),
                 "AppliedIndex": (st or {}).get("AppliedIndex", ""),
-                "Healthy": st is not None,
+                # Answering is not enough: a server that knows no leader cannot serve writes.
+                "Healthy": bool(st and st.get("Leader")),
             }
         )
     c2 = make_ctx("", None, as_json)
     emit(c2, out, lambda d: rows(d, [(k, k) for k in ("Node", "Address", "PID", "Role", "Term", "AppliedIndex", "Healthy")]))
+    if not leaders:
+        up = sum(1 for row in out if row["Role"] != "down")
+        click.echo(
+            f"Warning: no leader, so writes fail until one is elected; {up} of {len(out)} servers are up "
+            f"and an election needs {len(out) // 2 + 1} (restart with 'caravan cluster restart NODE')",
+            err=True,
+        )
 
 
 @cluster.command("down")

@@ -34,6 +34,7 @@ from typing import Any
 from node.errors import (
     BAD_REQUEST,
     INTERNAL,
+    NO_LEADER,
     NOT_EXECUTED,
     NOT_LEADER,
     TIMEOUT,
@@ -118,6 +119,9 @@ class _Attempt:
     backoff: float = BACKOFF_FIRST
     failures: dict[str, str] = field(default_factory=dict)
     last_error: RPCError | None = None
+    # A server's no_leader answer this pass (it already waited for an
+    # election); final unless a later server in the pass does better.
+    no_leader: RPCError | None = None
 
     def __post_init__(self) -> None:
         self.deadline = time.monotonic() + self.timeout
@@ -136,6 +140,8 @@ class _Attempt:
         # pass over all of them waits, so a down cluster is not hammered.
         self.position += 1
         self.wait = self.position % len(self.order) == 0
+        if self.wait and self.no_leader is not None:
+            raise self.no_leader
 
     def pause(self) -> float:
         """Seconds to sleep before the next try."""
@@ -153,6 +159,7 @@ class _Attempt:
         """The exchange broke after the request went out: resend if idempotent, else raise."""
         self.failures[self.address] = _describe(exc)
         self.maybe_executed = True
+        self.no_leader = None  # this server may yet answer otherwise
         if not self.idempotent:
             raise RPCError(
                 UNKNOWN_OUTCOME,
@@ -168,11 +175,13 @@ class _Attempt:
             # Ask the same server again: it may learn the outcome.
             self.maybe_executed = True
             self.last_error = err
+            self.no_leader = None
             self.wait = True
             return
         if err.code not in NOT_EXECUTED:
             raise err
         self.last_error = err
+        self.no_leader = err if err.code == NO_LEADER else None
         leader = err.details.get("leader") if err.code == NOT_LEADER else None
         if isinstance(leader, str) and leader and leader != self.address and _valid(leader):
             if leader in self.order:
@@ -184,10 +193,11 @@ class _Attempt:
 
     def give_up(self) -> RPCError:
         if self.maybe_executed:
+            last = f" (a server's last answer: {self.last_error.message})" if self.last_error else ""
             return RPCError(
                 TIMEOUT,
-                f"no answer to {self.method} within {self.timeout:g}s; a write may or may not have been "
-                f"applied: retry with request id {self.request_id}",
+                f"no answer to {self.method} within {self.timeout:g}s{last}; if it changes state it may or "
+                f"may not have been applied: check, or retry with request id {self.request_id}",
                 request_id=self.request_id,
             )
         if self.last_error is not None:

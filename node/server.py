@@ -36,6 +36,7 @@ from node.endpoints import METHODS, STREAMS
 from node.errors import (
     BAD_REQUEST,
     NO_LEADER,
+    NOT_EXECUTED,
     NOT_LEADER,
     TIMEOUT,
     UNAVAILABLE,
@@ -52,6 +53,10 @@ from raft.node import RaftNode
 WRITE_TIMEOUT = 10.0
 READ_WAIT_MAX = 300.0
 FORWARD_ATTEMPT = 1.0  # seconds one forwarding attempt may take before leadership is looked up again
+# How long a request waits for a leader to be elected before it fails with
+# no_leader (Nomad's RPCHoldTimeout): long enough to ride through an election,
+# short enough that the answer comes before the client's own timeout.
+NO_LEADER_HOLD = 5.0
 RETRY_FORWARD = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE, TIMEOUT, UNKNOWN_OUTCOME})
 FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
 # Leader-side coalescing: while this many raft entries of writes are in flight,
@@ -162,7 +167,9 @@ class Server:
         if args.get(FORWARDED):
             raise RPCError.not_leader(leader)
         blocking = _blocking_wait(args)  # a blocking query may rightly take that much longer
-        deadline = time.monotonic() + WRITE_TIMEOUT + blocking
+        started = time.monotonic()
+        deadline = started + WRITE_TIMEOUT + blocking
+        maybe_ran = False  # an attempt whose outcome is unknown: giving up must not say "not executed"
         while True:
             if self.raft.is_leader:
                 return await fn(self, ctx, args)
@@ -181,10 +188,28 @@ class Server:
                 except RPCError as exc:
                     if exc.code not in RETRY_FORWARD or remaining <= 0:
                         raise
-            elif remaining <= 0:
-                raise RPCError(NO_LEADER, "no raft leader is known yet; retry in a moment")
+                    maybe_ran = maybe_ran or exc.code not in NOT_EXECUTED
+            elif remaining <= 0 or time.monotonic() - started >= NO_LEADER_HOLD:
+                if maybe_ran:
+                    raise RPCError(
+                        UNKNOWN_OUTCOME,
+                        "the leader stopped answering before this request was acknowledged and no new "
+                        "leader was elected since; it may or may not have been applied: check, or retry "
+                        f"with request id {ctx.request_id}",
+                    )
+                raise self._no_leader(time.monotonic() - started)
             await asyncio.sleep(0.05)
             leader = self.leader_rpc()
+
+    def _no_leader(self, waited: float) -> RPCError:
+        servers = len(self.members)
+        return RPCError(
+            NO_LEADER,
+            f"no cluster leader: server {self.config.node_id} has had no leader for the last {waited:.0f}s; "
+            f"a leader needs {servers // 2 + 1} of the {servers} servers running and able to reach each "
+            f"other: start the ones that are down ('caravan cluster status' shows them) or check the "
+            f"server logs",
+        )
 
     def _start_raft(self) -> RaftNode:
         """Start raft with snapshot hooks: compaction writes the snapshot format off the tick."""

@@ -854,8 +854,22 @@ class RaftNode:
 
     @property
     def leader_address(self) -> str | None:
-        leader = self._obj._getLeader()
-        return None if leader is None else leader.id
+        """The leader this node is in contact with, or None.
+
+        pysyncobj keeps a follower's last leader until the follower starts an
+        election, and a follower that reaches no peer never starts one: with
+        the leader and the other follower down it would name the dead leader
+        forever, and forward every request there. Past its election deadline
+        (no heartbeat for an election timeout) a follower knows no leader,
+        as a hashicorp/raft follower does once its heartbeat times out.
+        """
+        obj = self._obj
+        leader = obj._getLeader()
+        if leader is None:
+            return None
+        if not obj._isLeader() and obj._SyncObj__raftElectionDeadline < monotonic():
+            return None
+        return leader.id
 
     @property
     def max_entry_bytes(self) -> int:

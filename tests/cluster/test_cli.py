@@ -104,6 +104,39 @@ def test_cluster_commands(tmp_path: Path) -> None:
         run("cluster", "down", "--dir", directory)
 
 
+def test_without_a_majority_commands_say_there_is_no_leader_and_what_to_do(cluster: ClusterHandle) -> None:
+    """Kill the leader and one follower: the survivor names no leader (pysyncobj alone keeps
+    naming the dead one), writes and reads fail with no_leader before the client's own timeout
+    (not a bare timeout), and ``cluster status`` shows it; one restart brings writes back."""
+    directory = cluster.cluster.dir
+    spec = str(ROOT / "examples" / "batch.json")
+    leader = cluster.leader()
+    follower = next(n for n in cluster.cluster.nodes if n.id != leader.id)
+    survivor = next(n for n in cluster.cluster.nodes if n.id not in (leader.id, follower.id))
+    cluster.kill(leader)
+    cluster.kill(follower)
+    wait_until(lambda: (st := cluster.status(survivor.rpc_addr)) is not None and st["Leader"] == "",
+               30, "the survivor to stop naming the dead leader")
+
+    for command in (["job", "run", spec], ["job", "status"]):
+        out = caravan(cluster, *command)
+        assert out.returncode == 1, out
+        assert out.stderr.startswith("Error: no cluster leader"), out.stderr
+        assert "2 of the 3 servers" in out.stderr and "timeout" not in out.stderr
+
+    status = caravan(cluster, "cluster", "status", "--dir", directory, "--json")
+    assert [s["Healthy"] for s in json.loads(status.stdout)] == [False, False, False]
+    assert "no leader" in status.stderr and "1 of 3 servers are up" in status.stderr
+
+    cluster.restart(leader)
+    cluster.reload()
+    out = caravan(cluster, "job", "run", "--detach", spec)
+    assert out.returncode == 0, out.stderr
+    status = caravan(cluster, "cluster", "status", "--dir", directory, "--json")
+    assert sorted(s["Healthy"] for s in json.loads(status.stdout)) == [False, True, True]
+    assert "no leader" not in status.stderr
+
+
 class _Dev:
     """``caravan dev`` as a user runs it: in the foreground, stopped with Ctrl-C."""
 

@@ -52,7 +52,8 @@ class Harness:
         server.register("crash", self.crash)
         server.register("big", self.big)
         server.register("drop_first", self.drop_first)
-        server.register("no_leader_twice", self.no_leader_twice)
+        server.register("not_leader_twice", self.not_leader_twice)
+        server.register("no_leader", self.no_leader)
         server.register("from_thread", self.from_thread)
         server.register("future_from_thread", self.future_from_thread)
         server.register("count", self.count, streaming=True)
@@ -97,11 +98,17 @@ class Harness:
             await asyncio.Event().wait()  # cancelled with the connection
         return {"attempts": self.attempts[ctx.request_id]}
 
-    async def no_leader_twice(self, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    async def not_leader_twice(self, ctx: RequestContext, args: dict[str, Any]) -> Any:
+        """A follower during an election: not the leader, and no leader to name yet."""
         self.attempts[ctx.request_id] += 1
         if self.attempts[ctx.request_id] <= 2:
-            raise RPCError("no_leader", "no leader elected yet; retry shortly")
+            raise RPCError("not_leader", "not the leader and none known yet; retry shortly")
         return {"attempts": self.attempts[ctx.request_id]}
+
+    async def no_leader(self, ctx: RequestContext, args: dict[str, Any]) -> Any:
+        """A server that already waited out an election that did not happen."""
+        self.attempts[ctx.request_id] += 1
+        raise RPCError("no_leader", "no cluster leader: start the servers that are down")
 
     async def from_thread(self, ctx: RequestContext, args: dict[str, Any]) -> Any:
         completion = ctx.completion()
@@ -609,7 +616,62 @@ def test_lost_reply_of_a_non_idempotent_call_is_unknown_outcome(
 
 
 def test_not_executed_answers_are_retried(client: RPCClient, harness: Harness) -> None:
-    assert client.call("no_leader_twice", {}, idempotent=False) == {"attempts": 3}
+    assert client.call("not_leader_twice", {}, idempotent=False) == {"attempts": 3}
+
+
+def test_no_leader_from_every_reachable_server_ends_the_call_with_that_answer(
+    server: RPCServerThread, harness: Harness
+) -> None:
+    """The server held the request through an election that never came: asking the
+    same servers again until the client's own deadline only turns its clear answer
+    into a bare timeout."""
+    with RPCClient([free_address(), server.server.address], timeout=WAIT) as c:
+        with pytest.raises(RPCError) as info:
+            c.call("no_leader", {}, request_id="nl-1")
+    assert info.value.code == "no_leader"
+    assert "start the servers that are down" in info.value.message
+    assert harness.attempts["nl-1"] == 1
+
+
+def test_no_leader_from_one_server_still_tries_the_next(harness: Harness) -> None:
+    isolated = RPCServer("127.0.0.1:0", log=quiet_log())
+
+    async def no_leader(ctx: RequestContext, args: dict[str, Any]) -> Any:
+        raise RPCError("no_leader", "no cluster leader")
+
+    isolated.register("echo", no_leader)
+    isolated_thread = RPCServerThread(isolated)
+    isolated_thread.start()
+    healthy = start_server(harness)
+    try:
+        with RPCClient([isolated.address, healthy.server.address], timeout=WAIT) as c:
+            assert c.call("echo", {"w": 1}) == {"w": 1}
+    finally:
+        isolated_thread.stop()
+        healthy.stop()
+
+
+def test_a_timeout_names_the_last_answer_a_server_gave(harness: Harness) -> None:
+    """not_leader, then silence: the timeout says what the cluster last said."""
+    follower = RPCServer("127.0.0.1:0", log=quiet_log())
+
+    async def not_leader(ctx: RequestContext, args: dict[str, Any]) -> Any:
+        raise RPCError("not_leader", "leadership transfer in progress")
+
+    follower.register("wait", not_leader)
+    follower_thread = RPCServerThread(follower)
+    follower_thread.start()
+    silent = start_server(harness)
+    try:
+        with RPCClient([follower.address, silent.server.address], timeout=0.5) as c:
+            with pytest.raises(RPCError) as info:
+                c.call("wait", {"gate": "never"}, request_id="t-1")
+    finally:
+        follower_thread.stop()
+        silent.stop()
+    assert info.value.code == "timeout"
+    assert "leadership transfer in progress" in info.value.message
+    assert "t-1" in info.value.message
 
 
 def test_not_leader_redirects_to_the_named_leader(harness: Harness) -> None:
