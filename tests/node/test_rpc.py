@@ -633,41 +633,40 @@ def test_no_leader_from_every_reachable_server_ends_the_call_with_that_answer(
     assert harness.attempts["nl-1"] == 1
 
 
+def start_refusing(method: str, code: str, message: str) -> RPCServerThread:
+    """A server whose ``method`` always answers with the error ``code``."""
+    server = RPCServer("127.0.0.1:0", log=quiet_log())
+
+    async def refuse(ctx: RequestContext, args: dict[str, Any]) -> Any:
+        raise RPCError(code, message)
+
+    server.register(method, refuse)
+    thread = RPCServerThread(server)
+    thread.start()
+    return thread
+
+
 def test_no_leader_from_one_server_still_tries_the_next(harness: Harness) -> None:
-    isolated = RPCServer("127.0.0.1:0", log=quiet_log())
-
-    async def no_leader(ctx: RequestContext, args: dict[str, Any]) -> Any:
-        raise RPCError("no_leader", "no cluster leader")
-
-    isolated.register("echo", no_leader)
-    isolated_thread = RPCServerThread(isolated)
-    isolated_thread.start()
+    isolated = start_refusing("echo", "no_leader", "no cluster leader")
     healthy = start_server(harness)
     try:
-        with RPCClient([isolated.address, healthy.server.address], timeout=WAIT) as c:
+        with RPCClient([isolated.server.address, healthy.server.address], timeout=WAIT) as c:
             assert c.call("echo", {"w": 1}) == {"w": 1}
     finally:
-        isolated_thread.stop()
+        isolated.stop()
         healthy.stop()
 
 
 def test_a_timeout_names_the_last_answer_a_server_gave(harness: Harness) -> None:
     """not_leader, then silence: the timeout says what the cluster last said."""
-    follower = RPCServer("127.0.0.1:0", log=quiet_log())
-
-    async def not_leader(ctx: RequestContext, args: dict[str, Any]) -> Any:
-        raise RPCError("not_leader", "leadership transfer in progress")
-
-    follower.register("wait", not_leader)
-    follower_thread = RPCServerThread(follower)
-    follower_thread.start()
+    follower = start_refusing("wait", "not_leader", "leadership transfer in progress")
     silent = start_server(harness)
     try:
-        with RPCClient([follower.address, silent.server.address], timeout=0.5) as c:
+        with RPCClient([follower.server.address, silent.server.address], timeout=0.5) as c:
             with pytest.raises(RPCError) as info:
                 c.call("wait", {"gate": "never"}, request_id="t-1")
     finally:
-        follower_thread.stop()
+        follower.stop()
         silent.stop()
     assert info.value.code == "timeout"
     assert "leadership transfer in progress" in info.value.message
