@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -139,3 +140,28 @@ def test_leadership_transfer(cluster: ClusterHandle) -> None:
     assert wait_until(lambda: cluster.leader().id == target.id, 30, "the target to lead")
     assert old.id != target.id
     register(cluster, "after-transfer")
+
+
+def test_a_forward_lost_in_a_leader_that_stopped_answering_is_unknown_outcome_not_no_leader(
+    cluster: ClusterHandle,
+) -> None:
+    """A follower forwards a write to a leader that then hangs (SIGSTOP), with no
+    majority left to elect another. The write may have reached the leader's log, so
+    the follower must not answer no_leader (which promises the write did not run)."""
+    leader = cluster.leader()
+    follower, other = cluster.followers()
+    for node in (other, leader):
+        os.kill(node.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RPCError) as info:
+            cluster.client(follower.rpc_addr, timeout=30).call(
+                "job.register", {"job": job_spec("hung")}, idempotent=False, request_id="hung-1"
+            )
+        assert info.value.code == "unknown_outcome", info.value
+        assert "hung-1" in info.value.message
+    finally:
+        for node in (other, leader):
+            os.kill(node.pid, signal.SIGCONT)
+    # A retry with the same id settles it: applied once, whatever happened before.
+    index = cluster.client().call("job.register", {"job": job_spec("hung")}, request_id="hung-1")["Index"]
+    assert index > 0 and "hung" in present_jobs(cluster)
