@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable
+from typing import Any
 
 _VERSION = 1
 _HEAD = struct.Struct(">BQ")  # version, sender's timestamp (pysyncobj's replay check)
@@ -75,3 +77,64 @@ class LinkAuthenticator:
         if not _compare(view[-_TAG_LEN:], self._tag(view[:-_TAG_LEN])):
             raise InvalidTag("bad tag")
         return token[_HEAD.size : -_TAG_LEN]
+
+
+class AuthFailureLog:
+    """Reports frames that fail authentication, at most once per peer host per ``interval``.
+
+    pysyncobj drops such a connection without a word ("Why no logging of
+    security errors?" in its source), so a server given another password
+    just never joins and the operator sees only "no leader". A peer retries
+    its connection every few hundred milliseconds, hence the rate limit.
+    """
+
+    def __init__(self, log: Any, clock: Callable[[], float], interval: float = 30.0) -> None:
+        self._log = log
+        self._clock = clock
+        self._interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, peer: str, reason: str) -> None:
+        now = self._clock()
+        last = self._last.get(peer)
+        if last is not None and now - last < self._interval:
+            self._suppressed[peer] = self._suppressed.get(peer, 0) + 1
+            return
+        self._last[peer] = now
+        self._log.warning(
+            "raft_peer_auth_failed",
+            peer=peer,
+            reason=reason,
+            repeats_since_last_report=self._suppressed.pop(peer, 0),
+            hint="the peer uses a different raft password, or is not a Caravan server: give every "
+            "server the same raft_password or raft_password_file",
+        )
+
+
+class CheckedLink:
+    """One raft connection's authenticator: ``LinkAuthenticator``, reporting failures with the peer."""
+
+    __slots__ = ("_auth", "_peer", "_report")
+
+    def __init__(self, auth: LinkAuthenticator, peer: str, report: Callable[[str, str], None]) -> None:
+        self._auth = auth
+        self._peer = peer
+        self._report = report
+
+    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
+        return self._auth.encrypt_at_time(data, current_time)
+
+    def extract_timestamp(self, token: bytes) -> int:
+        try:
+            return self._auth.extract_timestamp(token)
+        except InvalidTag as exc:
+            self._report(self._peer, str(exc))
+            raise
+
+    def decrypt(self, token: bytes) -> bytes:
+        try:
+            return self._auth.decrypt(token)
+        except InvalidTag as exc:
+            self._report(self._peer, str(exc))
+            raise

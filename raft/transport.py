@@ -30,6 +30,8 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
+from raft.auth import AuthFailureLog, CheckedLink, LinkAuthenticator
+
 _LENGTH = struct.Struct("i")  # pysyncobj's frame length prefix (native int)
 _STORED_BLOCK = struct.Struct("<BHH")  # deflate stored block: BFINAL/BTYPE=00, LEN, NLEN
 _ADLER = struct.Struct(">I")
@@ -87,18 +89,28 @@ class CaravanTransport(TCPTransport):
         prepare = getattr(syncObj, "_caravan_before_start", None)
         if prepare is not None:
             prepare()
+        log = getattr(syncObj, "_log", None)
+        self._auth_failures = AuthFailureLog(log, monotonic) if log is not None else None
         super().__init__(syncObj, selfNode, otherNodes)
+
+    def _check_link(self, conn: Any, peer: str) -> None:
+        """Report this connection's authentication failures, naming ``peer``."""
+        auth = conn.encryptor
+        if self._auth_failures is not None and isinstance(auth, LinkAuthenticator):
+            conn.encryptor = CheckedLink(auth, peer, self._auth_failures)
 
     def addNode(self, node: Any) -> None:  # noqa: N802 (pysyncobj name)
         super().addNode(node)
         conn = self._connections.get(node)
         if conn is not None and conn.__class__ is TcpConnection:
             conn.__class__ = CaravanConnection  # built by pysyncobj; only ``send`` differs
+            self._check_link(conn, node.address)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:  # noqa: N802 (pysyncobj name)
         if conn.__class__ is TcpConnection:
             conn.__class__ = CaravanConnection
         super()._onNewIncomingConnection(conn)
+        self._check_link(conn, _peer_host(conn))
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj name)
         deliver = self._onMessageReceivedCallback
@@ -119,3 +131,12 @@ class CaravanTransport(TCPTransport):
     def raw_send(self, node: Any, message: Any) -> bool:
         """Send without the hooks (used to release held messages)."""
         return TCPTransport.send(self, node, message)
+
+
+def _peer_host(conn: Any) -> str:
+    """The remote host of an accepted connection (its port is ephemeral, so not part of the name)."""
+    sock = conn._TcpConnection__socket
+    try:
+        return str(sock.getpeername()[0])
+    except (OSError, AttributeError, IndexError):
+        return "unknown"

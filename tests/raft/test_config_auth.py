@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from raft import PROFILES, ConfigError, RaftConfig
-from raft.auth import InvalidTag, LinkAuthenticator
+from raft.auth import AuthFailureLog, CheckedLink, InvalidTag, LinkAuthenticator
 
 
 def cfg(**kw: object) -> RaftConfig:
@@ -97,3 +99,42 @@ def test_authenticator_round_trip_and_rejections() -> None:
         LinkAuthenticator("other").decrypt(tok)
     with pytest.raises(InvalidTag):
         a.decrypt(b"\x80\x02junk")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_auth_failures_are_reported_once_per_peer_per_interval() -> None:
+    clock = _Clock()
+    with capture_logs() as events:
+        report = AuthFailureLog(structlog.get_logger("raft"), clock, interval=30.0)
+        report("10.0.0.2", "bad tag")
+        report("10.0.0.2", "bad tag")  # the peer reconnecting: counted, not logged
+        report("10.0.0.3", "malformed frame")  # another peer: its own report
+        clock.now += 30.0
+        report("10.0.0.2", "bad tag")
+    assert [(e["event"], e["peer"], e["repeats_since_last_report"]) for e in events] == [
+        ("raft_peer_auth_failed", "10.0.0.2", 0),
+        ("raft_peer_auth_failed", "10.0.0.3", 0),
+        ("raft_peer_auth_failed", "10.0.0.2", 1),
+    ]
+    assert all(e["log_level"] == "warning" and "same raft_password" in e["hint"] for e in events)
+
+
+def test_a_checked_link_passes_good_frames_and_reports_bad_ones_with_the_peer() -> None:
+    reports: list[tuple[str, str]] = []
+    link = CheckedLink(LinkAuthenticator("pw"), "10.0.0.2:4648", lambda peer, why: reports.append((peer, why)))
+    tok = link.encrypt_at_time(b"payload", 7)
+    assert link.extract_timestamp(tok) == 7 and link.decrypt(tok) == b"payload"
+    assert reports == []
+    foreign = LinkAuthenticator("another password").encrypt_at_time(b"payload", 7)
+    with pytest.raises(InvalidTag):
+        link.decrypt(foreign)
+    with pytest.raises(InvalidTag):
+        link.extract_timestamp(b"\x80\x02junk")
+    assert reports == [("10.0.0.2:4648", "bad tag"), ("10.0.0.2:4648", "malformed frame")]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
+from structlog.testing import capture_logs
 
 from raft import (
     EntryTooLargeError,
@@ -130,8 +131,12 @@ def test_unauthenticated_peer_gets_nothing_and_changes_nothing(
     port = int(node.self_address.rsplit(":", 1)[1])
     before = node.status()
     marker = str(tmp_path / "pwned")
-    assert _attack(port, marker) == b""  # connection dropped, not a byte answered
+    with capture_logs() as events:
+        assert _attack(port, marker) == b""  # connection dropped, not a byte answered
     assert not os.path.exists(marker)
+    assert [(e["event"], e["peer"]) for e in events if e["event"] == "raft_peer_auth_failed"] == [
+        ("raft_peer_auth_failed", "127.0.0.1")
+    ]
     after = node.status()
     assert (after["role"], after["term"], after["leader"]) == (
         before["role"],
@@ -140,6 +145,33 @@ def test_unauthenticated_peer_gets_nothing_and_changes_nothing(
     )
     _, index = node.submit_sync(b"still-working")
     assert target.entries[index] == b"still-working"
+
+
+def test_a_peer_with_another_password_is_reported_and_no_secret_is_logged(tmp_path: Path) -> None:
+    """pysyncobj drops a connection that fails authentication without a word; an
+    operator who gave one host the wrong password file must see why it never joins.
+    The server that accepts the connection reports it (pysyncobj connects each pair
+    from one side only, and the connecting side is never sent a frame to reject)."""
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    passwords = ["first-s3cret", "second-s3cret"]
+    nodes = []
+    with capture_logs() as events:
+        try:
+            for i, addr in enumerate(addrs):
+                cfg = RaftConfig(self_address=addr, peers=addrs, data_dir=tmp_path / f"n{i}", password=passwords[i])
+                nodes.append(RaftNode(cfg, MemTarget()))
+
+            def reports() -> list[dict[str, Any]]:
+                return [e for e in events if e["event"] == "raft_peer_auth_failed"]
+
+            wait_for(reports, 15, "the accepting server to report the other")
+            assert not any(n.is_leader for n in nodes)  # two of two votes needed, none granted
+        finally:
+            for n in nodes:
+                n.destroy()
+    (first, *_) = reports()
+    assert first["node_id"] in addrs and first["peer"] == "127.0.0.1" and first["reason"] == "bad tag"
+    assert not any(pw in repr(e) for e in events for pw in passwords)
 
 
 def test_the_same_attack_runs_code_on_unguarded_pysyncobj(tmp_path: Path) -> None:
