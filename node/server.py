@@ -756,8 +756,8 @@ def run_server(config: ServerConfig) -> int:
     server = Server(config)
     try:
         asyncio.run(server.serve())
-    except OSError as exc:
-        print(f"caravan agent: cannot start: {exc}", flush=True)
+    except (OSError, raft_errors.RaftError) as exc:
+        print(f"caravan agent: cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -53,8 +53,10 @@ pysyncobj defects handled here (numbers from shared/reference/pysyncobj.md)
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import pickle
+import socket
 import sys
 import threading
 import time
@@ -741,6 +743,33 @@ class _Replica(SyncObj):
         return self._transfer is not None
 
 
+_BIND_HINTS = {
+    errno.EADDRINUSE: "another process holds the port (a server still running from an earlier start?): "
+    "stop it or choose another raft_addr",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine: use one of its own addresses",
+}
+
+
+def _check_bindable(address: str) -> None:
+    """Fail at once, saying why, when the raft address cannot be listened on.
+
+    pysyncobj retries a failed bind every second and never says why, so a port
+    held by another process cost the whole bind timeout and a vague error.
+    Binding the way pysyncobj will (SO_REUSEADDR, so a closed connection's
+    TIME_WAIT does not count) and closing at once tells the cause.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            hint = _BIND_HINTS.get(exc.errno or 0, "check the address")
+            raise RaftError(f"cannot listen on raft address {address}: {exc.strerror or exc}; {hint}") from None
+
+
 class _Notifier:
     """Delivers leadership changes on their own thread, in order, so a slow
     callback (starting leader loops) never delays heartbeats."""
@@ -819,6 +848,7 @@ class RaftNode:
             if config.serialize_checker is not None:
                 hooks["serializeChecker"] = self._wrap_serialize_checker(config.serialize_checker)
         conf = config.to_syncobj_conf(**hooks)
+        _check_bindable(config.effective_bind_address)
         self._obj = _Replica(self, config, conf, target)
         transport = self._obj._SyncObj__transport
         if not transport._bindOverEvent.wait(bind_timeout) or not transport.ready:

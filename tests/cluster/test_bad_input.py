@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -12,6 +15,7 @@ from node.errors import RPCError
 from tests.cluster.conftest import ClusterHandle, job_spec, wait_until
 
 pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _raw(address: str) -> socket.socket:
@@ -118,6 +122,29 @@ def test_raft_port_not_on_all_interfaces(cluster: ClusterHandle) -> None:
         listeners = [line.split() for line in f.readlines()[1:]]
     bound = [row[1] for row in listeners if row[3] == "0A" and int(row[1].split(":")[1], 16) == port]
     assert bound and all(not b.startswith("00000000:") for b in bound)
+
+
+def test_a_second_server_on_a_taken_raft_port_fails_at_once_saying_why(
+    settled: tuple[ClusterHandle, str], tmp_path: Path
+) -> None:
+    """A copy of a running server's config (say, the agent started twice): pysyncobj
+    would retry the bind silently until the 10 s bind timeout and end in a traceback."""
+    cluster, digest = settled
+    node = cluster.cluster.nodes[0]
+    config = Path(node.config_file).read_text()
+    config = config.replace(str(Path(node.data_dir)), str(tmp_path / "data")).replace(node.log_file, str(tmp_path / "log"))
+    (tmp_path / "server.toml").write_text(config)
+    out = subprocess.run(
+        [sys.executable, "-m", "node.cli", "agent", "--config", str(tmp_path / "server.toml")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"caravan agent: cannot start: cannot listen on raft address {node.raft_addr}: Address already in use; "
+        "another process holds the port (a server still running from an earlier start?): stop it or choose "
+        "another raft_addr"
+    ]
+    _unchanged(cluster, digest)
 
 
 class TestACL:

@@ -24,6 +24,7 @@ from raft import (
     NodeStoppedError,
     NotLeaderError,
     RaftConfig,
+    RaftError,
     RaftNode,
     UnknownOutcomeError,
     encoded_entry_size,
@@ -122,6 +123,23 @@ def test_raft_port_binds_the_node_host_only(single_node: Any) -> None:
     assert _listen_addresses(port) == {"127.0.0.1"}
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.2", port), timeout=2).close()
+
+
+@pytest.mark.parametrize(
+    ("address", "cause"),
+    [("192.0.2.1:4648", "the host is not an address of this machine"), (None, "another process holds the port")],
+)
+def test_a_raft_address_that_cannot_be_bound_fails_at_once_naming_the_cause(
+    tmp_path: Path, address: str | None, cause: str
+) -> None:
+    """pysyncobj would retry the bind each second, silently, until the node's bind timeout."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        address = address or f"127.0.0.1:{holder.getsockname()[1]}"
+        cfg = RaftConfig(self_address=address, peers=[address], data_dir=tmp_path, password="pw")
+        with pytest.raises(RaftError, match=f"cannot listen on raft address {address}: .*; {cause}"):
+            RaftNode(cfg, MemTarget(), bind_timeout=60)
 
 
 def test_unauthenticated_peer_gets_nothing_and_changes_nothing(
