@@ -276,6 +276,7 @@ def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float
     for node in cluster.nodes:
         start_node(node)
     cluster.save()
+    wait_serving(cluster.nodes, timeout)
     wait_for_leader(cluster.rpc_addresses, timeout)
     return cluster
 
@@ -302,7 +303,41 @@ def restart(cluster: Cluster, name: str) -> ClusterNode:
         kill(cluster, name, signal.SIGTERM)
     start_node(node)
     cluster.save()
+    wait_serving([node])
     return node
+
+
+def wait_serving(nodes: list[ClusterNode], timeout: float = 60.0) -> None:
+    """Wait until each just-started server answers RPC; one that exits fails the wait with its reason.
+
+    Without this a server that could not start (its port taken, a bad data
+    dir) was reported started, and the operator found out later from a
+    missing leader.
+    """
+    deadline = time.monotonic() + timeout
+    pending = list(nodes)
+    while pending:
+        for node in list(pending):
+            if not alive(node.pid):
+                raise ClusterError(f"{node.id} exited as it started: {_last_words(node)}")
+            if status_of(node.rpc_addr) is not None:
+                pending.remove(node)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(n.id for n in pending)
+            raise ClusterError(f"{names} did not answer within {timeout:g}s; see {pending[0].log_file}")
+        time.sleep(0.05)
+
+
+def _last_words(node: ClusterNode) -> str:
+    """The last line a server printed (its one-line startup error), or where to look."""
+    out = Path(node.log_file).with_suffix(".out")
+    try:
+        lines = [line for line in out.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1] if lines else f"see {node.log_file}"
 
 
 def _is_client_sim(pid: int) -> bool:

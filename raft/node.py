@@ -750,24 +750,33 @@ _BIND_HINTS = {
 }
 
 
-def _check_bindable(address: str) -> None:
-    """Fail at once, saying why, when the raft address cannot be listened on.
+def _check_bindable(address: str, grace: float = 2.0) -> None:
+    """Fail early, saying why, when the raft address cannot be listened on.
 
     pysyncobj retries a failed bind every second and never says why, so a port
     held by another process cost the whole bind timeout and a vague error.
-    Binding the way pysyncobj will (SO_REUSEADDR, so a closed connection's
-    TIME_WAIT does not count) and closing at once tells the cause.
+    Binding the way pysyncobj will (SO_REUSEADDR) and closing at once tells
+    the cause. "In use" is retried for ``grace`` seconds: right after a
+    server is killed its accepted connections still hold the port for a few
+    milliseconds (measured: up to 10 ms) while they close.
     """
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, int(port)))
-        except OSError as exc:
-            hint = _BIND_HINTS.get(exc.errno or 0, "check the address")
-            raise RaftError(f"cannot listen on raft address {address}: {exc.strerror or exc}; {hint}") from None
+    deadline = monotonic() + grace
+    while True:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, int(port)))
+                return
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or monotonic() > deadline:
+                    hint = _BIND_HINTS.get(exc.errno or 0, "check the address")
+                    raise RaftError(
+                        f"cannot listen on raft address {address}: {exc.strerror or exc}; {hint}"
+                    ) from None
+        time.sleep(0.02)
 
 
 class _Notifier:

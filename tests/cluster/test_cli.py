@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,34 @@ def test_without_a_majority_commands_say_there_is_no_leader_and_what_to_do(clust
     status = caravan(cluster, "cluster", "status", "--dir", directory, "--json")
     assert sorted(s["Healthy"] for s in json.loads(status.stdout)) == [False, True, True]
     assert "no leader" not in status.stderr
+
+
+def _bound(sock: socket.socket, host: str, port: int) -> bool:
+    try:
+        sock.bind((host, port))
+    except OSError:
+        return False
+    return True
+
+
+def test_restart_of_a_server_that_cannot_start_says_why(cluster: ClusterHandle) -> None:
+    """Its raft port taken while it was down: 'restart' used to print 'Started' regardless."""
+    node = cluster.cluster.nodes[0]
+    cluster.kill(node)
+    host, port = node.raft_addr.rsplit(":", 1)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # The killed server's connections hold the port for a few ms while they close.
+        wait_until(lambda: _bound(squatter, host, int(port)), 10, "the killed server's raft port to be free")
+        squatter.listen()
+        out = caravan(cluster, "cluster", "restart", node.id, "--dir", cluster.cluster.dir)
+    assert out.returncode == 1 and "Started" not in out.stdout
+    assert out.stderr.startswith(
+        f"Error: {node.id} exited as it started: caravan agent: cannot start: cannot listen on raft address "
+        f"{node.raft_addr}: Address already in use"
+    ), out.stderr
+    out = caravan(cluster, "cluster", "restart", node.id, "--dir", cluster.cluster.dir)  # the port is free again
+    assert out.returncode == 0 and out.stdout.startswith(f"Started {node.id}"), out.stderr
 
 
 class _Dev:
