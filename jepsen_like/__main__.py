@@ -7,6 +7,7 @@ decide), 3 the run could not be carried out (bad options, no cluster).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -183,7 +184,13 @@ def campaign_cmd(seeds: str, rotate: bool, out: str, **kw: object) -> None:
     sys.exit(worst)
 
 
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (a CI timeout, ``kill``) stops a run as Ctrl-C does, so its teardown stops the cluster."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     try:
         cli.main(args=argv, prog_name="python -m jepsen_like", standalone_mode=False)
     except click.UsageError as exc:

@@ -10,16 +10,23 @@ nothing.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from jepsen_like.runner import EXIT_ANOMALY, EXIT_OK
+from node.cluster import Cluster, alive
+from tests.conditions import wait_until
 from tests.jepsen.support import short_run
 
 pytestmark = pytest.mark.cluster
 
 UNSAFE_REAPPLY = "CARAVAN_UNSAFE_SKIP_APPLIED_INDEX_CHECK"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -68,3 +75,30 @@ def test_campaign_reports_broken_exactly_once(tmp_path: Path) -> None:
     control = tmp_path / "control"  # the same campaign without the bug is clean
     r = short_run(control, 21, ["kill"], time=12.0)
     assert r.code == EXIT_OK, r.explain()
+
+
+def test_sigterm_stops_a_run_and_every_server_it_started(tmp_path: Path) -> None:
+    """A CI timeout or ``kill`` used to end the harness and leave its three servers running."""
+    out = tmp_path / "run"
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "jepsen_like", "run", "--out", str(out), "--time", "60", "--nemesis", "kill"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        state = out / "cluster" / "cluster.json"
+        wait_until(lambda: state.exists() and all(alive(n.pid) for n in Cluster.load(str(state.parent)).nodes),
+                   60, "the run's cluster to be up")
+        pids = [n.pid for n in Cluster.load(str(state.parent)).nodes]
+        harness.send_signal(signal.SIGTERM)
+        _, err = harness.communicate(timeout=60)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    assert harness.returncode != 0, err
+    assert "Traceback" not in err
+    try:
+        wait_until(lambda: not any(alive(pid) for pid in pids), 10, "the run's servers to stop")
+    finally:
+        for pid in pids:  # on failure, do not leave them to the rest of the suite
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
