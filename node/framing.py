@@ -141,9 +141,29 @@ def unpack_body(body: bytes) -> Any:
         ) from None
 
 
-def _check_length(header: bytes, max_frame: int) -> int:
-    (length,) = HEADER.unpack(header)
+# The first four bytes of an HTTP answer or request, read as a length prefix,
+# are a frame of about 1 GiB: name the mix-up instead of the size.
+_HTTP_ANSWER = b"HTTP"
+_HTTP_REQUESTS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC")
+
+
+def check_length(header: bytes | bytearray | memoryview, max_frame: int) -> int:
+    """The body length a frame header announces; an error for one over ``max_frame`` (or HTTP)."""
+    (length,) = HEADER.unpack_from(header)
     if length > max_frame:
+        prefix = bytes(header[: HEADER.size])
+        if prefix == _HTTP_ANSWER:
+            raise RPCError(
+                MALFORMED,
+                "the server answered in HTTP: that is its HTTP API address (NOMAD_ADDR), not its RPC "
+                "address; use the RPC address (CARAVAN_ADDRESS, printed by 'caravan cluster up')",
+            )
+        if prefix in _HTTP_REQUESTS:
+            raise RPCError(
+                MALFORMED,
+                "an HTTP request reached the msgpack RPC port; HTTP clients (nomad, curl) use the "
+                "server's http_addr",
+            )
         raise frame_too_large(length, max_frame, "frame")
     return length
 
@@ -156,7 +176,7 @@ async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> bytes | No
         if not exc.partial:
             return None
         raise ConnectionLost("connection closed inside a frame header") from None
-    length = _check_length(header, max_frame)
+    length = check_length(header, max_frame)
     try:
         return await reader.readexactly(length)
     except asyncio.IncompleteReadError:
@@ -180,7 +200,7 @@ def recv_frame(sock: socket.socket, max_frame: int) -> bytes | None:
     header = _recv_exactly(sock, HEADER.size)
     if header is None:
         return None
-    length = _check_length(header, max_frame)
+    length = check_length(header, max_frame)
     if length == 0:
         return b""
     body = _recv_exactly(sock, length)

@@ -46,7 +46,7 @@ from node.framing import (
     DEFAULT_MAX_FRAME,
     HEADER,
     ConnectionLost,
-    frame_too_large,
+    check_length,
     pack_frame,
     parse_address,
     read_frame,
@@ -630,7 +630,7 @@ class _AsyncConnection(asyncio.Protocol):
         while size - pos >= HEADER.size:
             (length,) = HEADER.unpack_from(chunk, pos)
             if length > self.max_frame:
-                raise frame_too_large(length, self.max_frame, "frame")
+                check_length(chunk[pos : pos + HEADER.size], self.max_frame)  # raises: too large, or HTTP
             start = pos + HEADER.size
             if start + length > size:
                 self._need = start + length - pos

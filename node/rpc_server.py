@@ -418,8 +418,8 @@ class RPCServer:
             while True:
                 try:
                     body = await read_frame(reader, self.max_frame)
-                except RPCError as err:  # frame_too_large: answer, then close
-                    self.log.warning("rpc frame too large", peer=peer, **err.details)
+                except RPCError as err:  # too large, or HTTP on this port: answer, then close
+                    self.log.warning("rpc frame rejected", peer=peer, code=err.code, error=err.message, **err.details)
                     with contextlib.suppress(ConnectionError, RPCError):
                         await conn.send(_error(None, err))
                     return

@@ -63,6 +63,15 @@ def test_malformed_msgpack_frame(settled: tuple[ClusterHandle, str]) -> None:
     _unchanged(cluster, digest)
 
 
+def test_an_http_request_on_the_rpc_port_is_told_where_http_goes(settled: tuple[ClusterHandle, str]) -> None:
+    cluster, digest = settled
+    with _raw(cluster.addresses[0]) as sock:
+        sock.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = _read_frame(sock)
+    assert reply["error"]["code"] == "malformed" and "http_addr" in reply["error"]["message"]
+    _unchanged(cluster, digest)
+
+
 def test_oversized_frame(settled: tuple[ClusterHandle, str]) -> None:
     cluster, digest = settled
     with _raw(cluster.addresses[0]) as sock:

@@ -138,6 +138,16 @@ def test_without_a_majority_commands_say_there_is_no_leader_and_what_to_do(clust
     assert "no leader" not in status.stderr
 
 
+def test_the_http_address_given_as_the_rpc_address_is_named_as_such(cluster: ClusterHandle) -> None:
+    """NOMAD_ADDR's host:port in CARAVAN_ADDRESS used to end in 'frame of 1213486160 bytes exceeds...'."""
+    out = caravan(cluster, "job", "status", "--address", cluster.cluster.http_addresses[0])
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: the server answered in HTTP: that is its HTTP API address (NOMAD_ADDR), not its RPC address; "
+        "use the RPC address (CARAVAN_ADDRESS, printed by 'caravan cluster up')"
+    )
+
+
 def _bound(sock: socket.socket, host: str, port: int) -> bool:
     try:
         sock.bind((host, port))

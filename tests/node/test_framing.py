@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node.errors import RPCError
-from node.framing import HEADER, SharedItem, pack_stream_frame, unpack_body
+from node.framing import HEADER, SharedItem, check_length, pack_stream_frame, unpack_body
 
 records = st.lists(st.tuples(st.sampled_from(["Job", "Node"]), st.text(max_size=8), st.binary(max_size=40)), max_size=5)
 
@@ -52,3 +52,23 @@ def test_an_oversized_stream_item_is_refused_by_size() -> None:
     with pytest.raises(RPCError) as info:
         pack_stream_frame("r", SharedItem(index=1, raw=b"x" * 2000), 1000)
     assert info.value.code == "frame_too_large"
+
+
+@pytest.mark.parametrize(
+    ("header", "code", "fragment"),
+    [
+        (b"HTTP", "malformed", "that is its HTTP API address (NOMAD_ADDR)"),  # an answer, read by a client
+        (b"GET ", "malformed", "HTTP clients (nomad, curl) use the server's http_addr"),  # a request, read by a server
+        (b"POST", "malformed", "HTTP clients (nomad, curl) use the server's http_addr"),
+        (HEADER.pack(1 << 30), "frame_too_large", "exceeds the frame limit"),
+    ],
+)
+def test_an_impossible_length_names_http_when_that_is_what_it_is(header: bytes, code: str, fragment: str) -> None:
+    """Read as a length, "HTTP" is a frame of 1.2 GB: the mix-up of ports, not the size, is the news."""
+    with pytest.raises(RPCError) as info:
+        check_length(header, 1 << 22)
+    assert info.value.code == code and fragment in info.value.message
+
+
+def test_a_length_within_the_limit_is_returned() -> None:
+    assert check_length(HEADER.pack(1234), 1 << 22) == 1234
