@@ -20,9 +20,10 @@ import click
 from tabulate import tabulate
 
 from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node.rpc_client import DEFAULT_TIMEOUT, RPCClient
 
 DEFAULT_ADDRESS = "127.0.0.1:4647"
+REFUSED_GRACE = 2.0  # seconds of nothing but refused connections before a command gives up
 
 
 # -- plumbing -----------------------------------------------------------------
@@ -34,9 +35,11 @@ class Ctx:
         self.stale = stale
 
     def client(self, timeout: float | None = None) -> RPCClient:
-        if timeout is None:
-            return RPCClient(self.addresses, token=self.token)
-        return RPCClient(self.addresses, token=self.token, timeout=timeout)
+        # A person at a terminal: when nothing listens at all, say so in a couple
+        # of seconds (as nomad does) instead of retrying for the whole timeout.
+        return RPCClient(
+            self.addresses, token=self.token, timeout=timeout or DEFAULT_TIMEOUT, refused_grace=REFUSED_GRACE
+        )
 
     def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         args = dict(args or {})

@@ -122,9 +122,14 @@ class _Attempt:
     # A server's no_leader answer this pass (it already waited for an
     # election); final unless a later server in the pass does better.
     no_leader: RPCError | None = None
+    # Give up once every try for this long was a refused connection (nothing
+    # listens: a cluster not started, a wrong address); None: retry to the deadline.
+    refused_grace: float | None = None
+    only_refused: bool = True
 
     def __post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.timeout
+        self.started = time.monotonic()
+        self.deadline = self.started + self.timeout
         if not self.order:
             raise RPCError(UNAVAILABLE, "no server address given; pass at least one host:port")
 
@@ -153,11 +158,25 @@ class _Attempt:
 
     def connect_failed(self, exc: BaseException) -> None:
         self.failures[self.address] = _describe(exc)
+        if not isinstance(exc, ConnectionRefusedError):
+            self.only_refused = False
         self._next_address()
+        if (
+            self.wait
+            and self.only_refused
+            and self.refused_grace is not None
+            and time.monotonic() - self.started >= self.refused_grace
+        ):
+            raise RPCError(
+                UNAVAILABLE,
+                f"no server is listening at {', '.join(self.order)} (connection refused): start the cluster "
+                "('make run' or 'caravan cluster up') or check --address / CARAVAN_ADDRESS",
+            )
 
     def lost(self, exc: BaseException) -> None:
         """The exchange broke after the request went out: resend if idempotent, else raise."""
         self.failures[self.address] = _describe(exc)
+        self.only_refused = False
         self.maybe_executed = True
         self.no_leader = None  # this server may yet answer otherwise
         if not self.idempotent:
@@ -171,6 +190,7 @@ class _Attempt:
 
     def answered(self, err: RPCError) -> None:
         """Decide on an error answer: return to retry, raise to give up."""
+        self.only_refused = False
         if err.code == UNKNOWN_OUTCOME and self.idempotent:
             # Ask the same server again: it may learn the outcome.
             self.maybe_executed = True
@@ -251,11 +271,13 @@ class _Client:
         token: str | None,
         timeout: float,
         max_frame: int,
+        refused_grace: float | None = None,
     ) -> None:
         self.addresses = _addresses(addresses)
         self.token = token
         self.timeout = timeout
         self.max_frame = max_frame
+        self.refused_grace = refused_grace
         self._preferred = 0
 
     def __repr__(self) -> str:  # keep the token out of reprs and tracebacks
@@ -284,6 +306,7 @@ class _Client:
             idempotent,
             self.timeout if timeout is None else timeout,
             order,
+            refused_grace=self.refused_grace,
         )
         token = self.token if token is DEFAULT_TOKEN else token
         frame = pack_frame(
@@ -314,8 +337,9 @@ class RPCClient(_Client):
         timeout: float = DEFAULT_TIMEOUT,
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
+        refused_grace: float | None = None,
     ) -> None:
-        super().__init__(addresses, token, timeout, max_frame)
+        super().__init__(addresses, token, timeout, max_frame, refused_grace)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._sock_address: str | None = None

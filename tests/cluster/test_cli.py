@@ -148,6 +148,20 @@ def test_the_http_address_given_as_the_rpc_address_is_named_as_such(cluster: Clu
     )
 
 
+def test_a_command_with_no_server_listening_says_so_and_how_to_start_one(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if k not in ("CARAVAN_ADDRESS", "CARAVAN_TOKEN")}
+    out = subprocess.run([sys.executable, "-m", "node.cli", "job", "status", "--address", address],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"Error: no server is listening at {address} (connection refused): start the cluster "
+        "('make run' or 'caravan cluster up') or check --address / CARAVAN_ADDRESS"
+    )
+
+
 def _bound(sock: socket.socket, host: str, port: int) -> bool:
     try:
         sock.bind((host, port))

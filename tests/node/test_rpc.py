@@ -579,6 +579,27 @@ def test_no_server_reachable_is_unavailable_naming_each_address() -> None:
         assert address in info.value.message
 
 
+def test_with_a_refused_grace_nothing_listening_is_reported_before_the_deadline() -> None:
+    dead = [free_address(), free_address()]
+    with RPCClient(dead, timeout=60, refused_grace=0.2) as c:
+        with pytest.raises(RPCError) as info:
+            c.call("echo")
+    assert info.value.code == "unavailable"
+    assert info.value.message.startswith(f"no server is listening at {dead[0]}, {dead[1]} (connection refused)")
+
+
+def test_the_refused_grace_does_not_cut_short_a_server_that_listens(harness: Harness) -> None:
+    """One address refuses, the other accepts but is slow: that is not 'nothing listening'."""
+    silent = start_server(harness)
+    try:
+        with RPCClient([free_address(), silent.server.address], timeout=0.5, refused_grace=0.01) as c:
+            with pytest.raises(RPCError) as info:
+                c.call("wait", {"gate": "never"})
+    finally:
+        silent.stop()
+    assert info.value.code == "timeout"
+
+
 def test_retry_after_a_lost_reply_uses_the_same_request_id(
     client: RPCClient, harness: Harness
 ) -> None:
