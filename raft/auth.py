@@ -126,15 +126,14 @@ class CheckedLink:
         return self._auth.encrypt_at_time(data, current_time)
 
     def extract_timestamp(self, token: bytes) -> int:
-        try:
-            return self._auth.extract_timestamp(token)
-        except InvalidTag as exc:
-            self._report(self._peer, str(exc))
-            raise
+        return self._checked(self._auth.extract_timestamp, token)
 
     def decrypt(self, token: bytes) -> bytes:
+        return self._checked(self._auth.decrypt, token)
+
+    def _checked(self, read: Callable[[bytes], Any], token: bytes) -> Any:
         try:
-            return self._auth.decrypt(token)
+            return read(token)
         except InvalidTag as exc:
             self._report(self._peer, str(exc))
             raise
