@@ -316,10 +316,8 @@ def cluster_status(directory: str, as_json: bool) -> None:
 
     c = cl.Cluster.load(directory)
     out = []
-    leaders = 0
     for node in c.nodes:
         st = cl.status_of(node.rpc_addr) if cl.alive(node.pid) else None
-        leaders += bool(st and st.get("Role") == "leader")
         out.append(
             {
                 "Node": node.id,
@@ -334,7 +332,7 @@ def cluster_status(directory: str, as_json: bool) -> None:
         )
     c2 = make_ctx("", None, as_json)
     emit(c2, out, lambda d: rows(d, [(k, k) for k in ("Node", "Address", "PID", "Role", "Term", "AppliedIndex", "Healthy")]))
-    if not leaders:
+    if not any(row["Role"] == "leader" for row in out):
         up = sum(1 for row in out if row["Role"] != "down")
         click.echo(
             f"Warning: no leader, so writes fail until one is elected; {up} of {len(out)} servers are up "
