@@ -76,7 +76,7 @@ from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 from raft.auth import LinkAuthenticator
 from raft.catchup import filter_reply
-from raft.config import RaftConfig
+from raft.config import RaftConfig, _split_host_port
 from raft.errors import (
     EntryTooLargeError,
     FatalApplyError,
@@ -760,7 +760,7 @@ def _check_bindable(address: str, grace: float = 2.0) -> None:
     server is killed its accepted connections still hold the port for a few
     milliseconds (measured: up to 10 ms) while they close.
     """
-    host, _, port = address.rpartition(":")
+    host, port = _split_host_port(address, "raft bind address")  # validated with the config: cannot fail here
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     deadline = monotonic() + grace
@@ -768,7 +768,7 @@ def _check_bindable(address: str, grace: float = 2.0) -> None:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                probe.bind((host, int(port)))
+                probe.bind((host, port))
                 return
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE or monotonic() > deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node.cluster import alive
+from node.cluster import alive, free_port
 from node.rpc_client import RPCClient
 from tests.cluster.conftest import ClusterHandle
 from tests.conditions import wait_until
@@ -149,9 +149,7 @@ def test_the_http_address_given_as_the_rpc_address_is_named_as_such(cluster: Clu
 
 
 def test_a_command_with_no_server_listening_says_so_and_how_to_start_one(tmp_path: Path) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"  # nothing listens on it
     env = {k: v for k, v in os.environ.items() if k not in ("CARAVAN_ADDRESS", "CARAVAN_TOKEN")}
     out = subprocess.run([sys.executable, "-m", "node.cli", "job", "status", "--address", address],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
