@@ -550,7 +550,10 @@ class Server:
             if isinstance(error, raft_errors.OverloadedError):
                 exc = RPCError(UNAVAILABLE, str(error))
             elif isinstance(error, raft_errors.NotLeaderError):
-                exc = RPCError(UNKNOWN_OUTCOME, "leadership changed while the write was in flight; retry with the same request id")
+                # raft says so only for an entry that can never be applied
+                # (discarded by a new leader, or refused before its append):
+                # the writer may send it anywhere again, even without its id.
+                exc = RPCError.not_leader(self.rpc_of_raft.get(error.leader_address or ""))
             else:
                 exc = RPCError(UNKNOWN_OUTCOME, f"write outcome unknown ({error}); retry with the same request id")
             self._fail_items(items, exc)

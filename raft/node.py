@@ -485,6 +485,30 @@ class _Replica(SyncObj):
             self._tstats.on_append_processed(
                 message.get("commit_index", 0), self._view.last_index()
             )
+        if self._SyncObj__commandsWaitingCommit and not self._isLeader():
+            self._answer_lost_writes()
+
+    def _answer_lost_writes(self) -> None:
+        """Answer the writes this ex-leader's log no longer holds, instead of never.
+
+        pysyncobj answers a write it appended only when it applies that
+        index. A conflict truncates the tail this node appended as leader;
+        until the new leader's log grows past it (an idle cluster: never)
+        its writers hear nothing, and a server's client waits out its
+        timeout. With the truncation fix a deletion is always a real
+        conflict, so by log matching a dropped entry can never commit: its
+        writer is told it was discarded (safe to retry anywhere). An index
+        a snapshot install skipped over was never applied here, and may or
+        may not be committed: its writer gets an unknown outcome.
+        """
+        waiting = self._SyncObj__commandsWaitingCommit
+        last = self._view.last_index()
+        applied = self.raftLastApplied
+        lost = [i for i in waiting if (i > last and self._fix_enabled) or i <= applied]
+        for idx in sorted(lost):
+            reason = FAIL_REASON.DISCARDED if idx > last else FAIL_REASON.LEADER_CHANGED
+            for _term, callback in waiting.pop(idx):
+                callback(None, reason)
 
     def _caravan_on_send(
         self, node: Any, message: dict[str, Any], send: Callable[..., bool]

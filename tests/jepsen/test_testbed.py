@@ -158,3 +158,58 @@ def test_isolated_leader_is_replaced_and_rejoins(testbed_factory: Callable[..., 
             assert client.call("job.get", {"job_id": "p1", "stale": True})["data"]["ID"] == "p1"
         except RPCError as exc:  # pragma: no cover - message for the failure report
             raise AssertionError(f"healed server does not have the write: {exc}") from None
+
+
+@pytest.mark.cluster
+def test_writes_on_a_cut_off_leader_are_answered_when_it_rejoins(testbed_factory: Callable[..., Testbed]) -> None:
+    """Writes a cut-off leader appended but never committed are discarded when it rejoins.
+
+    raft reports such an entry as discarded, which means it can never be
+    applied, so the server answers ``not_leader`` and even a caller that does
+    not resend on an unknown outcome sends the write on to the new leader.
+    Before, the server answered ``unknown_outcome`` and such a caller could
+    not tell whether its write had happened.
+    """
+    tb = testbed_factory(3)
+    tb.start_all()
+    old = tb.wait_for_leader(30)
+    old_term = tb.status(old)["Term"]  # type: ignore[index]
+    majority = [n for n in tb.names if n != old]
+    addresses = [tb.node(n).rpc_addr for n in [old, *majority]]
+    results: dict[str, Any] = {}
+
+    def register(job_id: str) -> None:
+        job = {"ID": job_id, "Type": "service", "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+        try:
+            with RPCClient(addresses, timeout=40) as client:
+                results[job_id] = client.call("job.register", {"job": job}, idempotent=False)
+        except RPCError as exc:
+            results[job_id] = exc
+
+    def last_log_index() -> int:
+        return int((tb.status(old) or {}).get("LastLogIndex", 0))
+
+    tb.partition([[old], majority])
+    threads = []
+    for job_id in ("cut-1", "cut-2"):  # two entries in flight on the cut-off leader
+        before = last_log_index()
+        threads.append(threading.Thread(target=register, args=(job_id,), daemon=True))
+        threads[-1].start()
+        wait_until(lambda b=before: last_log_index() > b, 5, f"the cut-off leader to append {job_id}")
+
+    def new_leader() -> str | None:
+        for name in majority:
+            st = tb.status(name)
+            if st and st.get("Role") == "leader" and st["Term"] > old_term:
+                return name
+        return None
+
+    leader = wait_until(new_leader, 30, "the majority to elect a new leader")
+    tb.heal_network()
+    for t in threads:
+        t.join(45)
+    assert {k: v for k, v in results.items() if isinstance(v, RPCError)} == {}
+    assert set(results) == {"cut-1", "cut-2"}
+    with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
+        for job_id in results:
+            assert client.call("job.get", {"job_id": job_id})["data"]["Version"] == 0  # applied once

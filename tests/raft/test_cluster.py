@@ -238,6 +238,40 @@ def transfer_to(c: Cluster, leader: int, target: int, attempts: int = 3) -> None
     raise AssertionError(f"leadership did not reach {c.addrs[target]} in {attempts} transfers")
 
 
+def test_a_truncated_tail_fails_its_callbacks_without_waiting_for_new_entries(cluster: Any) -> None:
+    """Entries a cut-off leader appended are dropped when it rejoins; their writers hear so at once.
+
+    pysyncobj fails a waiting write only when the log reaches its index
+    again. A new leader that gets no writes never grows its log past the
+    dropped tail, so without raft/node.py's discard those writers waited
+    forever (a server's client until its timeout, as "unknown outcome").
+    This also was the cause of a rare hang in the leadership-transfer test.
+    """
+    c = cluster()
+    old = c.wait_leader()
+    run_load(c, old, n=200, window=50, tag="a")
+    assert c.call(old, "isolate", on=True)["ok"]
+    healed = False
+    try:
+        tail = LoadStream(c, old, n=300, window=300, size=64, tag="x")
+        wait_for(
+            lambda: (lambda st: st["last_log_index"] - st["commit_index"] >= 290)(c.status(old)),
+            60,
+            "the cut-off leader to append an uncommitted tail",
+        )
+        new = c.wait_leader(timeout=30, among=followers(c, old))
+        assert c.call(old, "isolate", on=False)["ok"]
+        healed = True
+    finally:
+        if not healed:
+            c.call(old, "isolate", on=False)
+    wait_for(tail.finished, 20, "every write of the dropped tail to get its answer")
+    tail.join(5)
+    assert tail.done is not None and not tail.acks, tail.done
+    assert set(tail.done["errors"]) == {"NotLeaderError"}, tail.done
+    converge(c, list(range(3)), new)
+
+
 def test_leadership_transfer_to_a_chosen_peer(cluster: Any) -> None:
     c = cluster()
     leader = c.wait_leader()
