@@ -48,6 +48,11 @@ pysyncobj defects handled here (numbers from shared/reference/pysyncobj.md)
    before the dump): :mod:`raft.journal` rewrites the journal into a temp
    file renamed into place, after syncing the dump, and at restart keeps the
    entries after the dump (Raft's InstallSnapshot rule).
+
+Not in pysyncobj.md: pysyncobj answers a leader's write only when it applies
+that index, so writes in a tail a rejoining ex-leader truncates waited until
+the new log grew past them (on an idle cluster, forever);
+``_Replica._answer_lost_writes`` answers them as discarded at once.
 """
 
 from __future__ import annotations

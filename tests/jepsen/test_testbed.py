@@ -28,6 +28,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def wait_for_new_leader(tb: Testbed, majority: list[str], old_term: int) -> str:
+    def new_leader() -> str | None:
+        for name in majority:
+            st = tb.status(name)
+            if st and st.get("Role") == "leader" and st["Term"] > old_term:
+                return name
+        return None
+
+    return wait_until(new_leader, 30, "the majority to elect a new leader")
+
+
 @pytest.fixture
 def testbed_factory(tmp_path: Path) -> Iterator[Callable[..., Testbed]]:
     made: list[Testbed] = []
@@ -132,14 +143,7 @@ def test_isolated_leader_is_replaced_and_rejoins(testbed_factory: Callable[..., 
     majority = [n for n in tb.names if n != old]
     tb.partition([[old], majority])
 
-    def new_leader() -> str | None:
-        for name in majority:
-            st = tb.status(name)
-            if st and st.get("Role") == "leader" and st["Term"] > old_term:
-                return name
-        return None
-
-    leader = wait_until(new_leader, 30, "the majority to elect a new leader")
+    leader = wait_for_new_leader(tb, majority, old_term)
     job = {"ID": "p1", "Type": "service", "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
     with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
         index = client.call("job.register", {"job": job})["Index"]
@@ -197,14 +201,7 @@ def test_writes_on_a_cut_off_leader_are_answered_when_it_rejoins(testbed_factory
         threads[-1].start()
         wait_until(lambda b=before: last_log_index() > b, 5, f"the cut-off leader to append {job_id}")
 
-    def new_leader() -> str | None:
-        for name in majority:
-            st = tb.status(name)
-            if st and st.get("Role") == "leader" and st["Term"] > old_term:
-                return name
-        return None
-
-    leader = wait_until(new_leader, 30, "the majority to elect a new leader")
+    leader = wait_for_new_leader(tb, majority, old_term)
     tb.heal_network()
     for t in threads:
         t.join(45)

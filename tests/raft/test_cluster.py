@@ -51,6 +51,26 @@ def converge(c: Cluster, nodes: list[int], leader: int) -> int:
     return idx
 
 
+def cut_off_with_tail(c: Cluster, old: int, n: int, size: int) -> tuple[LoadStream, int]:
+    """Cut the leader ``old`` off, have it append ``n`` entries nobody else gets, and wait for a new leader.
+
+    Returns the tail's load stream and the new leader; the caller heals the
+    cut (``isolate`` off) when it is done with the partition.
+    """
+    assert c.call(old, "isolate", on=True)["ok"]
+    try:
+        tail = LoadStream(c, old, n=n, window=n, size=size, tag="x")
+        wait_for(
+            lambda: (lambda st: st["last_log_index"] - st["commit_index"] >= n - n // 15)(c.status(old)),
+            60,
+            "the cut-off leader to append an uncommitted tail",
+        )
+        return tail, c.wait_leader(timeout=30, among=followers(c, old))
+    except BaseException:
+        c.call(old, "isolate", on=False)
+        raise
+
+
 def test_replication_group_commit_and_status(cluster: Any) -> None:
     c = cluster()
     leader = c.wait_leader()
@@ -250,21 +270,8 @@ def test_a_truncated_tail_fails_its_callbacks_without_waiting_for_new_entries(cl
     c = cluster()
     old = c.wait_leader()
     run_load(c, old, n=200, window=50, tag="a")
-    assert c.call(old, "isolate", on=True)["ok"]
-    healed = False
-    try:
-        tail = LoadStream(c, old, n=300, window=300, size=64, tag="x")
-        wait_for(
-            lambda: (lambda st: st["last_log_index"] - st["commit_index"] >= 290)(c.status(old)),
-            60,
-            "the cut-off leader to append an uncommitted tail",
-        )
-        new = c.wait_leader(timeout=30, among=followers(c, old))
-        assert c.call(old, "isolate", on=False)["ok"]
-        healed = True
-    finally:
-        if not healed:
-            c.call(old, "isolate", on=False)
+    tail, new = cut_off_with_tail(c, old, n=300, size=64)
+    assert c.call(old, "isolate", on=False)["ok"]
     wait_for(tail.finished, 20, "every write of the dropped tail to get its answer")
     tail.join(5)
     assert tail.done is not None and not tail.acks, tail.done
@@ -304,22 +311,11 @@ def test_cut_off_leader_with_a_long_uncommitted_tail_catches_up(cluster: Any) ->
     c = cluster()
     old = c.wait_leader()
     run_load(c, old, n=2000, window=500, tag="a")
-    assert c.call(old, "isolate", on=True)["ok"]
-    healed = False
+    tail, new = cut_off_with_tail(c, old, n=1500, size=128)
     try:
-        tail = LoadStream(c, old, n=1500, window=1500, size=128, tag="x")
-        wait_for(
-            lambda: (lambda st: st["last_log_index"] - st["commit_index"] >= 1400)(c.status(old)),
-            60,
-            "the cut-off leader to append an uncommitted tail",
-        )
-        new = c.wait_leader(timeout=30, among=followers(c, old))
         run_load(c, new, n=5000, window=1000, tag="b")  # many batches past the tail
-        assert c.call(old, "isolate", on=False)["ok"]
-        healed = True
     finally:
-        if not healed:
-            c.call(old, "isolate", on=False)
+        c.call(old, "isolate", on=False)
     idx = c.call(new, "barrier", timeout=10)["index"]
     c.wait_applied(old, idx, timeout=45)
     converge(c, list(range(3)), new)
