@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsm.structs import EVAL_BLOCKED, Evaluation
+from node.wakeup import wait_event
 
 MAX_EXPECTED = 10_000
 Clock = Callable[[], float]  # monotonic seconds
@@ -195,10 +196,7 @@ class EvalBroker:
                 if left <= 0:
                     return None
                 wait = left if wait is None else min(wait, left)
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, wait)
 
     def ack(self, eval_id: str, token: str) -> None:
         """The eval's plan committed: forget it and let the job's next eval go."""

@@ -34,6 +34,7 @@ from fsm.structs import (
 )
 from node.errors import RPCError
 from node.heartbeat import job_eval
+from node.wakeup import wait_event
 
 if TYPE_CHECKING:
     from node.lifecycle import Lifecycle
@@ -110,10 +111,7 @@ class DeploymentWatcher:
 
     async def run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self.poke.wait(), WATCH_INTERVAL)
-            except TimeoutError:
-                pass
+            await wait_event(self.poke, WATCH_INTERVAL)
             self.poke.clear()
             ids = sorted(self.lc.active_deployments)
             if not ids:

@@ -77,6 +77,7 @@ from node.heartbeat import (
 from node.ids import new_uuid
 from node.plan_apply import PlanApplier
 from node.rpc_server import RequestContext
+from node.wakeup import wait_event
 from node.workers import Worker, WorkerStats
 
 if TYPE_CHECKING:
@@ -270,10 +271,7 @@ class Lifecycle:
             if event is None:
                 await asyncio.sleep(0.05)
                 continue
-            try:
-                await asyncio.wait_for(event.wait(), TAIL_IDLE_WAKE)
-            except TimeoutError:
-                pass
+            await wait_event(event, TAIL_IDLE_WAKE)
 
     async def follow(self) -> None:
         """Catch up with the journal and act on what changed."""

@@ -224,23 +224,31 @@ class PlanApplier:
         return await future
 
     async def run(self) -> None:
+        current: asyncio.Future[PlanResult] | None = None
         try:
             while True:
-                plan, future = await self.queue.get()
-                if future.cancelled():
+                plan, current = await self.queue.get()
+                if current.cancelled():
                     continue
                 await self._slots.acquire()
                 try:
-                    started = await self._start(plan, future)
+                    started = await self._start(plan, current)
                 except Exception as exc:  # noqa: BLE001 - handed to the worker, which nacks
                     started = False
-                    if not future.done():
-                        future.set_exception(exc)
+                    if not current.done():
+                        current.set_exception(exc)
                 if not started:
                     self._slots.release()
         finally:
             for task in list(self._tasks):
                 task.cancel()
+            # The plan being checked and those still queued will never
+            # commit: their workers must not wait for them.
+            if current is not None:
+                current.cancel()
+            while not self.queue.empty():
+                _plan, future = self.queue.get_nowait()
+                future.cancel()
 
     async def _start(self, plan: Plan, future: asyncio.Future[PlanResult]) -> bool:
         """Check ``plan`` and start committing what fits; False if nothing was proposed."""

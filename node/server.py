@@ -46,7 +46,7 @@ from node.errors import (
 from node.ids import new_uuid
 from node.rpc_client import AsyncRPCClient
 from node.rpc_server import RequestContext, RPCServer
-from node.wakeup import CoalescedWake
+from node.wakeup import CoalescedWake, wait_event
 from raft import errors as raft_errors
 from raft.node import RaftNode
 
@@ -62,6 +62,8 @@ FORWARDED = "forwarded"  # a request's marker that a follower already forwarded 
 # Leader-side coalescing: while this many raft entries of writes are in flight,
 # new writes wait and go out together as one Batch entry (fsm/messages.py).
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
+#: Seconds a cancelled leader loop may take to end before it is reported.
+LEADER_LOOP_STOP_WARN = 10.0
 # Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
 BATCH_OVERHEAD = 256
 ITEM_OVERHEAD = 16
@@ -123,6 +125,9 @@ class Server:
         self._commit_wanted = False  # someone took the commit event since the last commit woke it
         self._heartbeats: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[Any]] = []
+        # Cancelled leader loops until they end: asyncio holds tasks only
+        # weakly, and a loop that never finished would be collected unseen.
+        self._retiring: set[asyncio.Task[Any]] = set()
         self._service_stops: list[features.ServiceStop] = []
         self._stopping = threading.Event()
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
@@ -329,11 +334,27 @@ class Server:
 
     def _leadership_changed(self, is_leader: bool) -> None:
         for task in self._leader_tasks:
-            task.cancel()
+            self._retire(task)
         self._leader_tasks = []
         if is_leader and not self._stopping.is_set():
             self._heartbeats.clear()
             self._leader_tasks = [asyncio.ensure_future(self._run_leader_loop(loop)) for loop in self.leader_loops]
+
+    def _retire(self, task: asyncio.Task[Any]) -> None:
+        """Cancel a leader loop, and say so if it has not ended LEADER_LOOP_STOP_WARN later."""
+        task.cancel()
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+        def check() -> None:
+            if not task.done():
+                self.log.error(
+                    "leader loop did not stop after leadership was lost; it is a bug, please report it",
+                    task=repr(task)[:300],
+                    waited_s=LEADER_LOOP_STOP_WARN,
+                )
+
+        asyncio.get_running_loop().call_later(LEADER_LOOP_STOP_WARN, check)
 
     async def _run_leader_loop(self, loop: features.LeaderLoop) -> None:
         """Run one leader loop; a crash is logged and the loop restarted, never silently lost."""
@@ -644,9 +665,7 @@ class Server:
             remaining = deadline - time.monotonic()
             if index > min_index or remaining <= 0:
                 return
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
+            if not await wait_event(event, remaining):
                 return
 
     def fsm_digest(self) -> tuple[str, int]:

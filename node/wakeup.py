@@ -44,3 +44,23 @@ class CoalescedWake:
         with self._lock:
             self._scheduled = False
         self._fn()
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout`` passes (False).
+
+    Not ``asyncio.wait_for``: on Python 3.11 it returns normally when a
+    cancel lands after the event was set but before it resumed, so the
+    cancel is lost (CPython gh-86296), and a leader loop told to stop on
+    losing leadership ran on and hung. ``asyncio.timeout`` always lets a
+    cancel through.
+    """
+    if timeout is None:
+        await event.wait()
+        return True
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -229,3 +229,35 @@ def test_untrack_when_the_job_placed_everything() -> None:
     t.block(ev("b1", status="blocked"))
     assert t.untrack("default", "j", keep="b1") is None
     assert t.untrack("default", "j").id == "b1" and len(t) == 0
+
+
+@pytest.mark.parametrize("yields", [0, 1, 2, 3])
+def test_a_dequeue_cancelled_as_an_eval_arrives_never_loses_the_cancel(yields: int) -> None:
+    """A leader loop's worker must stop when leadership is lost, whatever else is happening.
+
+    asyncio.wait_for (Python 3.11) returns the inner result when the cancel
+    lands after the inner wait finished but before wait_for resumed, dropping
+    the cancel: the worker then took the eval and waited forever on a plan
+    applier that had stopped ("Task was destroyed but it is pending!").
+    Each interleaving: the waiter either finished before the cancel, with
+    the eval, or is cancelled and leaves the eval queued.
+    """
+    c = Clock()
+    b = broker(c)
+
+    async def scenario() -> None:
+        waiter = asyncio.create_task(b.dequeue(timeout=30))
+        await asyncio.sleep(0)  # waiter now waits for a wake-up
+        b.enqueue(ev("e1"))
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        if waiter.done():
+            got, _token = waiter.result()
+            assert got.id == "e1" and drain(b) == []
+            return
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert drain(b) == ["e1"]  # still queued for the next leader's workers
+
+    asyncio.run(scenario())
