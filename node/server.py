@@ -177,7 +177,12 @@ class Server:
         maybe_ran = False  # an attempt whose outcome is unknown: giving up must not say "not executed"
         while True:
             if self.raft.is_leader:
-                return await fn(self, ctx, args)
+                try:
+                    return await fn(self, ctx, args)
+                except _Forward as again:
+                    # Leadership moved on while it ran (a barrier found this
+                    # server deposed): it did nothing, so send it on as well.
+                    leader = again.leader
             remaining = deadline - time.monotonic()
             if leader is not None and leader != self.rpc.address:
                 try:
