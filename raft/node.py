@@ -49,7 +49,12 @@ pysyncobj defects handled here (numbers from shared/reference/pysyncobj.md)
    file renamed into place, after syncing the dump, and at restart keeps the
    entries after the dump (Raft's InstallSnapshot rule).
 
-Not in pysyncobj.md: pysyncobj answers a leader's write only when it applies
+Not in pysyncobj.md: a follower advances its commit index to its own log
+end on every snapshot-install chunk, so a rejoining ex-leader applied (and
+acknowledged) its own discarded tail before the snapshot replaced it;
+:func:`raft.truncation.hold_commit_during_snapshot` keeps the commit index
+still until an ordinary append_entries proves the log matches.
+Also: pysyncobj answers a leader's write only when it applies
 that index, so writes in a tail a rejoining ex-leader truncates waited until
 the new log grew past them (on an idle cluster, forever);
 ``_Replica._answer_lost_writes`` answers them as discarded at once.
@@ -97,7 +102,7 @@ from raft.errors import (
 )
 from raft.journal import AtomicFileJournal, fsync_path
 from raft.transport import CaravanTransport
-from raft.truncation import TruncationStats, rewrite_append_entries
+from raft.truncation import TruncationStats, hold_commit_during_snapshot, rewrite_append_entries
 
 #: Message type of a barrier entry in fsm/messages.py (never reused).
 BARRIER_MESSAGE_TYPE = 19
@@ -469,6 +474,7 @@ class _Replica(SyncObj):
         if mtype != "append_entries":
             deliver(node, message)
             return
+        message = hold_commit_during_snapshot(message, self.raftCurrentTerm, self.raftCommitIndex)
         if self._fix_enabled:
             rw = rewrite_append_entries(
                 message, self._view, self.raftCurrentTerm, self.raftCommitIndex

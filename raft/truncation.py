@@ -115,6 +115,29 @@ class TruncationStats:
             self.worst_commit_gap = max(self.worst_commit_gap, leader_commit - log_end)
 
 
+def hold_commit_during_snapshot(message: dict[str, Any], current_term: int, commit_index: int) -> dict[str, Any]:
+    """A snapshot-install message must not move this follower's commit index.
+
+    pysyncobj sets a follower's commit index to ``min(leader commit, own log
+    end)`` after *every* append_entries message, including the chunks of a
+    snapshot install (the only ones without ``prevLogIdx``). Before the last
+    chunk is loaded, the follower's log still ends with whatever it had: for
+    a rejoining ex-leader, a tail of its own uncommitted entries that the
+    cluster replaced. It then applied that tail, answered its writers
+    "success" and served reads from it until the snapshot overwrote its
+    state: acknowledged writes lost (jepsen_like seeds 132 and 135). Raft
+    commits on a follower only up to the last entry known to match the
+    leader; during a snapshot install that is nothing new, so the commit
+    index stays where it is and the next ordinary append_entries (anchored
+    at the snapshot's index) moves it.
+    """
+    if "prevLogIdx" in message or message.get("term", -1) < current_term:
+        return message
+    if message.get("commit_index", 0) <= commit_index:
+        return message
+    return dict(message, commit_index=commit_index)
+
+
 def rewrite_append_entries(
     message: dict[str, Any], log: LogView, current_term: int, commit_index: int = 0
 ) -> Rewrite:

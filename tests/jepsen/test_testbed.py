@@ -43,8 +43,8 @@ def wait_for_new_leader(tb: Testbed, majority: list[str], old_term: int) -> str:
 def testbed_factory(tmp_path: Path) -> Iterator[Callable[..., Testbed]]:
     made: list[Testbed] = []
 
-    def make(count: int = 3) -> Testbed:
-        tb = Testbed.create(tmp_path / f"cluster{len(made)}", count)
+    def make(count: int = 3, **options: Any) -> Testbed:
+        tb = Testbed.create(tmp_path / f"cluster{len(made)}", count, **options)
         made.append(tb)
         return tb
 
@@ -210,3 +210,83 @@ def test_writes_on_a_cut_off_leader_are_answered_when_it_rejoins(testbed_factory
     with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
         for job_id in results:
             assert client.call("job.get", {"job_id": job_id})["data"]["Version"] == 0  # applied once
+
+
+@pytest.mark.cluster
+def test_a_cut_off_leader_caught_up_by_snapshot_never_acknowledges_its_dropped_tail(
+    testbed_factory: Callable[..., Testbed],
+) -> None:
+    """An ex-leader's uncommitted tail is never applied while a snapshot brings it up to date.
+
+    Found by a fault campaign (seeds 132 and 135: partition + snapshot-lag):
+    an acknowledged job registration was missing from every server. The
+    cut-off leader appended it; the new leader had compacted past that
+    index, so it sent a snapshot. pysyncobj advances a follower's commit
+    index to ``min(leader commit, own log end)`` on every append_entries
+    message, snapshot chunks included; the ex-leader's log end was its own
+    unproven tail, so it applied those entries, answered their writers
+    "ok" and served reads from them, until the snapshot replaced its state.
+    """
+    tb = testbed_factory(3, compaction_entries=50)
+    tb.start_all()
+    old = tb.wait_for_leader(30)
+    with RPCClient([tb.node(old).rpc_addr], timeout=15) as client:
+        for k in range(120):  # state of about 1 MB: the snapshot goes out in many chunks
+            client.call("job.register", {"job": {"ID": f"state-{k}", "Type": "batch", "Meta": {"pad": "p" * 2000},
+                        "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}})
+
+        def scheduler_idle() -> bool:
+            # The leader's own writes (eval updates) in flight would hold the test's writes in its queue.
+            evals = client.call("eval.list", {})["data"]
+            st = tb.status(old) or {}
+            return all(e["Status"] == "complete" for e in evals) and st.get("CommitIndex") == st.get("LastLogIndex")
+
+        wait_until(scheduler_idle, 30, "the scheduler to finish the state jobs' evaluations")
+    assert tb.wait_for_leader(30) == old
+    old_term = tb.status(old)["Term"]  # type: ignore[index]
+    majority = [n for n in tb.names if n != old]
+    results: dict[str, Any] = {}
+
+    def register(job_id: str) -> None:
+        job = {"ID": job_id, "Type": "service", "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+        try:  # the cut-off leader only: a resend elsewhere would hide what it answers
+            with RPCClient([tb.node(old).rpc_addr], timeout=40) as client:
+                results[job_id] = client.call("job.register", {"job": job}, idempotent=False)
+        except RPCError as exc:
+            results[job_id] = exc
+
+    def last_log_index(name: str) -> int:
+        return int((tb.status(name) or {}).get("LastLogIndex", 0))
+
+    tb.partition([[old], majority])
+    before = last_log_index(old)
+    threads = [threading.Thread(target=register, args=(job_id,), daemon=True) for job_id in ("tail-1", "tail-2")]
+    for t in threads:
+        t.start()
+    # Both writes may go into one Batch entry (leader-side coalescing).
+    wait_until(lambda: last_log_index(old) > before, 10, "the cut-off leader to append the writes")
+    tail_end = last_log_index(old)
+
+    leader = wait_for_new_leader(tb, majority, old_term)
+    with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
+        filler = 0
+        while min(int((tb.status(n) or {}).get("FirstLogIndex", 0)) for n in majority) <= tail_end + 5:
+            client.call("job.register", {"job": {"ID": f"fill-{filler}", "Type": "batch", "TaskGroups": [
+                {"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}})
+            filler += 1
+            assert filler < 2000, "the majority never compacted its log past the cut-off leader's tail"
+    installs = int(tb.status(old)["SnapshotInstalls"])  # type: ignore[index]
+    tb.heal_network()
+    wait_until(lambda: int((tb.status(old) or {}).get("SnapshotInstalls", 0)) > installs, 30,
+               "the ex-leader to be caught up by a snapshot")
+    for t in threads:
+        t.join(45)
+    assert set(results) == {"tail-1", "tail-2"}
+    with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
+        for job_id, result in results.items():
+            if isinstance(result, RPCError):
+                continue  # an honest failure or unknown outcome
+            try:
+                client.call("job.get", {"job_id": job_id})
+            except RPCError as exc:
+                raise AssertionError(f"{job_id} was acknowledged ({result}) but is not on the leader: {exc}") from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raft.truncation import TruncationStats, rewrite_append_entries
+from raft.truncation import TruncationStats, hold_commit_during_snapshot, rewrite_append_entries
 
 
 class FakeLog:
@@ -136,3 +136,28 @@ def test_stats_count_same_term_ack_regressions_only() -> None:
     assert st.ack_regressions == 1
     st.on_append_processed(leader_commit=85, log_end=80)
     assert st.commit_past_end == 1 and st.worst_commit_gap == 5
+
+
+def snapshot_chunk(term: int, commit: int, last: bool) -> dict:
+    """What pysyncobj's leader sends to install a snapshot: no prevLogIdx."""
+    return {"type": "append_entries", "term": term, "commit_index": commit, "serialized": (b"chunk", False, last)}
+
+
+def test_a_snapshot_chunk_never_advances_the_commit_index() -> None:
+    """pysyncobj would commit min(leader commit, own log end): an unproven tail of an ex-leader."""
+    for last in (False, True):
+        msg = snapshot_chunk(term=9, commit=4600, last=last)
+        held = hold_commit_during_snapshot(msg, current_term=6, commit_index=3984)
+        assert held["commit_index"] == 3984 and held["serialized"] == msg["serialized"]
+        assert msg["commit_index"] == 4600  # the caller's message is not changed in place
+    waiting = {"type": "append_entries", "term": 9, "commit_index": 4600, "serialized": None}
+    assert hold_commit_during_snapshot(waiting, 9, 3984)["commit_index"] == 3984
+
+
+def test_ordinary_appends_and_stale_terms_keep_their_commit_index() -> None:
+    msg = ae(5, 2, [(6, 2)], commit=6)
+    assert hold_commit_during_snapshot(msg, 2, 3) is msg  # anchored: the rewrite above handles it
+    stale = snapshot_chunk(term=1, commit=50, last=False)
+    assert hold_commit_during_snapshot(stale, 2, 3) is stale  # pysyncobj ignores an older term
+    behind = snapshot_chunk(term=2, commit=2, last=False)
+    assert hold_commit_during_snapshot(behind, 2, 3) is behind
