@@ -65,6 +65,21 @@ def fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a Go CLI (nomad) killed by SIGPIPE
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader of stdout went away (``caravan ... | head``): stop without an error line.
+
+    stdout is pointed at /dev/null first, so the interpreter's final flush of
+    what is still buffered cannot raise a second time on the way out.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(EXIT_BROKEN_PIPE)
+
+
 class CaravanGroup(click.Group):
     """Turns our errors into one line and an exit code."""
 
@@ -73,6 +88,8 @@ class CaravanGroup(click.Group):
 
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except RPCError as exc:
             fail(exc.message, 2 if exc.code == "not_found" else 1)
         except ClusterError as exc:
@@ -841,8 +858,6 @@ def event_stream(index: int, topics: tuple[str, ...], heartbeat: float, show_pro
                 click.echo(json.dumps({"Progress": item["progress"]}))
             if no_follow and "progress" in item:
                 return
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (| head): not an error
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -70,6 +70,25 @@ def test_errors_are_one_line_and_non_zero(cluster: ClusterHandle, tmp_path: Path
     assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
 
 
+@pytest.mark.parametrize("args", [["job", "run", "examples/service.json"], ["event", "stream", "--index", "1"]])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(cluster: ClusterHandle, args: list[str]) -> None:
+    """`caravan ... | head -1`: no error line, and the exit status a shell reports for SIGPIPE (as nomad's)."""
+    env = {**os.environ, "CARAVAN_ADDRESS": ",".join(cluster.addresses)}
+    env.pop("CARAVAN_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # the first line arrives; then the reader goes away, as head does
+    proc.stdout.close()
+    try:
+        status = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.stderr.read() == b""
+    assert status == 128 + signal.SIGPIPE
+
+
 def test_acl_commands(cluster: ClusterHandle) -> None:
     boot = json.loads(caravan(cluster, "acl", "bootstrap", "--json").stdout)
     token = boot["SecretID"]
