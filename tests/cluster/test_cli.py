@@ -70,7 +70,14 @@ def test_errors_are_one_line_and_non_zero(cluster: ClusterHandle, tmp_path: Path
     assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
 
 
-@pytest.mark.parametrize("args", [["job", "run", "examples/service.json"], ["event", "stream", "--index", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["job", "run", "examples/service.json"],
+        # a quiet stream writes again at its next progress line (every 0.2 s here)
+        ["event", "stream", "--index", "1", "--progress", "--heartbeat", "0.2"],
+    ],
+)
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(cluster: ClusterHandle, args: list[str]) -> None:
     """`caravan ... | head -1`: no error line, and the exit status a shell reports for SIGPIPE (as nomad's)."""
     env = {**os.environ, "CARAVAN_ADDRESS": ",".join(cluster.addresses)}
