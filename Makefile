@@ -32,9 +32,13 @@ JEPSEN_SEEDS ?= 1:12
 JEPSEN_NEMESIS ?= kill,kill-all,pause,partition,snapshot-lag,clock
 JEPSEN_TIME ?= 60
 JEPSEN_WORKLOAD ?= register,set,journal
+# Further campaign options, e.g. JEPSEN_ARGS="--mixed --overlap --think 0": every
+# fault in every run, sometimes two at once, clients back to back (a bigger state,
+# so snapshot installs take several chunks).
+JEPSEN_ARGS ?=
 jepsen: $(STAMP)
 	$(BIN)/python -m jepsen_like campaign --seeds $(JEPSEN_SEEDS) --rotate --nemesis $(JEPSEN_NEMESIS) \
-		--time $(JEPSEN_TIME) --workload $(JEPSEN_WORKLOAD) --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
+		--time $(JEPSEN_TIME) --workload $(JEPSEN_WORKLOAD) $(JEPSEN_ARGS) --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
