@@ -7,6 +7,7 @@ failure is one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -65,6 +66,27 @@ def fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
+class _TTL(click.ParamType):
+    """Whole seconds from a Go duration ("30m", "1h30m", as `nomad acl token create -ttl`) or a bare number."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from node.config import parse_duration
+
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        try:
+            seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+        except ValueError as exc:
+            self.fail(f"{exc} (or a number of seconds)", param, ctx)
+        if seconds < 0:
+            self.fail(f"{text!r} is negative; use 0 for a token that never expires", param, ctx)
+        return math.ceil(seconds)
+
+
+TTL = _TTL()
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a Go CLI (nomad) killed by SIGPIPE
 
 
@@ -749,7 +771,7 @@ def acl_token() -> None:
 @click.option("--name", default="")
 @click.option("--type", "kind", type=click.Choice(["client", "management"]), default="client", show_default=True)
 @click.option("--policy", "policies", multiple=True, type=click.Choice(["read", "write"]))
-@click.option("--ttl", "ttl", type=int, default=0, help="Expire after this many seconds (0: never).")
+@click.option("--ttl", "ttl", type=TTL, default="0", help="Expire after this long: a duration (30m, 24h) or seconds; 0: never.")
 @client_options
 def acl_token_create(name: str, kind: str, policies: tuple[str, ...], ttl: int, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json)

@@ -367,8 +367,7 @@ async def acl_bootstrap(server: Server, ctx: RequestContext, args: dict[str, Any
     result = await server.write(ctx, Need.NONE, m.ACLTokenBootstrap(token=token))
     if result.get("duplicate"):
         raise RPCError("conflict", "ACL bootstrap already done by an earlier attempt of this request")
-    token.create_index = token.modify_index = result["index"]
-    return _token_view(token, secret)
+    return await _created_token_view(server, token, secret)
 
 
 @method("acl.token.create")
@@ -394,8 +393,22 @@ async def acl_token_create(server: Server, ctx: RequestContext, args: dict[str, 
         expiration_time=time.time_ns() + ttl * SECOND if ttl else 0,
     )
     result = await server.write(ctx, Need.MANAGEMENT, m.ACLTokenUpsert(tokens=[token]))
-    token.create_index = token.modify_index = result["index"]
-    return _token_view(token, secret)
+    if result.get("duplicate"):
+        # A resend of a request that already committed: this attempt's secret
+        # was never stored, and the first one's is known only to its hash.
+        first = ((result.get("value") or {}).get("accessor_ids") or ["?"])[0]
+        raise RPCError(
+            "conflict",
+            f"token {first} was created by an earlier attempt of this request and its secret is shown only once; "
+            f"delete it (caravan acl token delete {first}) and create another",
+        )
+    return await _created_token_view(server, token, secret)
+
+
+async def _created_token_view(server: Server, token: ACLToken, secret: str) -> dict[str, Any]:
+    """The token as stored (with the leader's create time and index), and its secret this once."""
+    stored = await server.local(lambda r: r.token(token.accessor_id))
+    return _token_view(stored if stored is not None else token, secret)
 
 
 @method("acl.token.list")

@@ -173,7 +173,12 @@ class TestACL:
             assert err.value.code == "permission_denied"
         mgmt = cluster.client(token=management)
         reader = mgmt.call("acl.token.create", {"name": "r", "policies": ["read"]})["SecretID"]
-        writer = mgmt.call("acl.token.create", {"name": "w", "policies": ["write"]})["SecretID"]
+        writer = mgmt.call("acl.token.create", {"name": "w", "policies": ["write"]}, request_id="create-w")["SecretID"]
+        # A resend of that create (its answer lost) must not hand out a secret that was never stored.
+        with pytest.raises(RPCError) as err:
+            mgmt.call("acl.token.create", {"name": "w", "policies": ["write"]}, request_id="create-w")
+        assert err.value.code == "conflict" and "shown only once" in err.value.message
+        assert [t["Name"] for t in mgmt.call("acl.token.list", {})["data"]].count("w") == 1
         # A read token reads but cannot write; a write token writes but cannot manage tokens.
         assert cluster.client(token=reader).call("job.get", {"job_id": "keep"})["data"]["ID"] == "keep"
         with pytest.raises(RPCError) as err:

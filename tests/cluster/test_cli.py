@@ -106,6 +106,14 @@ def test_acl_commands(cluster: ClusterHandle) -> None:
     listing = caravan(cluster, "acl", "token", "list", token=token)
     assert "ci" in listing.stdout and created["SecretID"] not in listing.stdout
     assert caravan(cluster, "acl", "token", "delete", created["AccessorID"], token=token).returncode == 0
+    # --ttl takes a Go duration, as `nomad acl token create -ttl`, or seconds
+    for ttl, seconds in (("1h30m", 5400), ("90", 90)):
+        out = caravan(cluster, "acl", "token", "create", "--name", "t", "--policy", "read", "--ttl", ttl, "--json", token=token)
+        made = json.loads(out.stdout)
+        assert abs(made["ExpirationTime"] - made["CreateTime"] - seconds * 10**9) < 10**9, (ttl, made)
+    for bad in ("5x", "-5m"):
+        out = caravan(cluster, "acl", "token", "create", "--name", "t", "--policy", "read", "--ttl", bad, token=token)
+        assert out.returncode == 2 and "--ttl" in out.stderr and "Traceback" not in out.stderr
     peers = json.loads(caravan(cluster, "operator", "raft", "list-peers", "--json", token=token).stdout)
     assert len(peers) == 3 and sum(p["Leader"] for p in peers) == 1
 
