@@ -72,6 +72,19 @@ class Fault:
         raise NotImplementedError
 
 
+#: How long a fault aimed at the leader waits for one (an election after a
+#: kill, or the other fault of an overlapping pair, leaves none for a moment).
+LEADER_WAIT = 10.0
+
+
+def _await_leader(testbed: Testbed, purpose: str) -> str:
+    """The leader, waiting up to LEADER_WAIT for an election; TestbedError naming ``purpose`` if none."""
+    try:
+        return testbed.wait_for_leader(LEADER_WAIT)
+    except TestbedError:
+        raise TestbedError(f"no leader within {LEADER_WAIT:g}s {purpose}") from None
+
+
 def _pick_target(testbed: Testbed, rng: random.Random) -> tuple[str, str]:
     """(server, why): the leader half of the time, else a random server."""
     if rng.random() < 0.5:
@@ -212,9 +225,7 @@ class SnapshotLag(Fault):
         return None
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
-        leader = testbed.leader()
-        if leader is None:
-            raise TestbedError("no leader to lag a follower behind")
+        leader = _await_leader(testbed, "to lag a follower behind")
         followers = sorted(n for n in testbed.names if n != leader and testbed.status(n))
         if not followers:
             raise TestbedError("no live follower to lag")
@@ -323,9 +334,7 @@ class ClockJump(Fault):
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
         seconds = rng.choice(self.JUMPS) * rng.choice((1, -1))
-        target = testbed.leader()
-        if target is None:
-            raise TestbedError("no leader whose clock to jump")
+        target = _await_leader(testbed, "whose clock to jump")
         offset = int(seconds * 1e9)
         if not testbed.set_clock_offset(target, offset):
             testbed.set_clock_offset(target, 0, timeout=0.5)

@@ -11,12 +11,14 @@ nemesis stays VALID (raft's timers are monotonic, so elections do not care).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from jepsen_like.nemesis import ClockJump
 from jepsen_like.runner import (
     CLOCK_FILE,
     EXIT_OK,
@@ -78,3 +80,18 @@ def test_short_run_under_clock_jumps_is_valid(tmp_path: Path) -> None:
     assert r.code == EXIT_OK, r.explain()
     clock = [f for f in r.faults if f["kind"] == "clock"]
     assert clock and all("wall clock" in f["detail"] and "restored" in f["detail"] for f in clock), r.faults
+
+
+def test_a_clock_jump_right_after_the_leader_dies_waits_for_the_next_leader(clock_testbed: Testbed) -> None:
+    """Overlapping faults (kill the leader, then jump the leader's clock) hit the newly elected leader.
+
+    The nemesis used to give up at once ("no leader whose clock to jump"),
+    which left the run UNKNOWN without any anomaly.
+    """
+    old = clock_testbed.wait_for_leader(30.0)
+    clock_testbed.kill(old)
+    undo, targets, what = ClockJump().inject(clock_testbed, random.Random(7))
+    try:
+        assert targets != [old] and clock_testbed.leader() in targets, what
+    finally:
+        undo()
