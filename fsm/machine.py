@@ -49,6 +49,13 @@ _BATCH = MessageType.BATCH
 log = structlog.get_logger("caravan.fsm")
 
 DEFAULT_REQUEST_TTL = 10 * 60 * 1_000_000_000  # how long a retried request id is remembered
+#: ...and for at least this many raft indices, whatever the entries' times
+#: say: a leader's wall clock that steps forward by more than the TTL would
+#: otherwise expire every remembered id at once, and the retries that follow
+#: a leader change (exactly when clients resend) would apply a second time.
+#: 100k indices cover a client's 10 s retry window at raw pysyncobj's peak
+#: entry rate; on an idle cluster they cost about 15 MB of request rows.
+DEFAULT_REQUEST_MIN_ENTRIES = 100_000
 
 #: TEST ONLY -- a deliberate bug for jepsen_like's must-fail campaign
 #: (tests/jepsen/test_must_fail.py). With ``=1`` in the environment of a
@@ -109,12 +116,14 @@ class FSM:
         map_size: int = DEFAULT_MAP_SIZE,
         retention: journal.Retention | None = None,
         request_ttl: int = DEFAULT_REQUEST_TTL,
+        request_min_entries: int = DEFAULT_REQUEST_MIN_ENTRIES,
         on_fatal: Callable[[BaseException], Any] = _exit_on_fatal,
         sync: bool = False,
     ) -> None:
         self.store = StateStore(path, map_size=map_size, sync=sync)
         self.retention = retention or journal.Retention()
         self.request_ttl = request_ttl
+        self.request_min_entries = request_min_entries
         self.on_fatal = on_fatal
         self._txn: lmdb.Transaction | None = None
         self._tracker: WriteTracker | None = None  # the open transaction's, shared by its entries
@@ -130,7 +139,7 @@ class FSM:
         # is at or after the expiry cutoff nothing can expire, so ``_remember``
         # skips its scan. Reset whenever the store may hold rows it did not see
         # go in (abort, rollback, reopen).
-        self._oldest_request: int | None = None
+        self._oldest_request: tuple[int, int] | None = None  # (time, index) of the oldest remembered id
         with self.store.read() as r:
             self._applied = r.applied_index
             self._last_time = r.last_time
@@ -312,7 +321,7 @@ class FSM:
         self._last_time = max(self._last_time, item.now)
         rid = decode_entry(item.entry).rid
         if rid:
-            self._remember(self._txn, rid, item.now, item.result)
+            self._remember(self._txn, rid, index, item.now, item.result)
         self._consume(index, item.entry, item.result, item.now)
         self._batch.items[-1].undone = True  # type: ignore[union-attr]
 
@@ -375,7 +384,7 @@ class FSM:
             txn = self._rollback()
             self._last_time = max(self._last_time, decoded.time)
         if decoded.rid:
-            self._remember(txn, decoded.rid, now, result)
+            self._remember(txn, decoded.rid, index, now, result)
         self._consume(index, entry, result, now)
         if rolled_back:
             if self._batch is None:
@@ -412,23 +421,31 @@ class FSM:
             self.commit()
         return result
 
-    def _remember(self, txn: lmdb.Transaction, rid: str, now: int, result: ApplyResult) -> None:
-        """Keep a request's result for ``request_ttl`` so a retry returns it instead of re-applying."""
+    def _remember(self, txn: lmdb.Transaction, rid: str, index: int, now: int, result: ApplyResult) -> None:
+        """Keep a request's result so a retry returns it instead of re-applying.
+
+        An id is forgotten once it is both older than ``request_ttl`` (by the
+        entries' times) and more than ``request_min_entries`` indices old.
+        Rows are ordered by time, which never goes back along the log, so
+        the oldest row by time is also the oldest by index.
+        """
         dbs = self.store.dbs
         rid_key = rid.encode()
         txn.put(rid_key, codec.pack(result.to_wire()), db=dbs["requests"])
-        txn.put(u64(now) + SEP + rid_key, b"", db=dbs["requests_by_time"])  # key(now, rid)
+        txn.put(u64(now) + SEP + rid_key, u64(index), db=dbs["requests_by_time"])  # key(now, rid) -> index
         cutoff = now - self.request_ttl
+        young_from = index - self.request_min_entries
         oldest = self._oldest_request
-        if oldest is not None and cutoff <= oldest <= now:
-            return  # still a lower bound (rows since are at ``now``), and nothing is old enough to expire
+        if oldest is not None and (cutoff <= oldest[0] <= now or oldest[1] > young_from):
+            return  # still a lower bound (rows since are newer), and nothing is old enough to expire
         self._oldest_request = None
         cursor = txn.cursor(db=dbs["requests_by_time"])
         while cursor.first():
             k = cursor.key()
             since = int.from_bytes(k[:8], "big")
-            if since >= cutoff:
-                self._oldest_request = since
+            at = int.from_bytes(cursor.value(), "big")  # 0 in rows written before the index was kept
+            if since >= cutoff or at > young_from:
+                self._oldest_request = (since, at)
                 break
             txn.delete(k[9:], db=dbs["requests"])
             cursor.delete()

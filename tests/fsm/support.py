@@ -144,6 +144,7 @@ class Harness:
     path: str
     retention: Retention | None = None
     request_ttl: int | None = None
+    request_min_entries: int | None = None
     fsm: FSM = field(init=False)
     index: int = 0
     time: int = T0
@@ -158,6 +159,8 @@ class Harness:
             kw["retention"] = self.retention
         if self.request_ttl is not None:
             kw["request_ttl"] = self.request_ttl
+        if self.request_min_entries is not None:
+            kw["request_min_entries"] = self.request_min_entries
         return FSM(self.path, **kw)
 
     @classmethod

@@ -1139,7 +1139,7 @@ def test_request_id_dedupe_returns_first_result(h: Harness) -> None:
 
 
 def test_request_id_is_forgotten_after_ttl() -> None:
-    h = Harness.temp(request_ttl=MINUTE)
+    h = Harness.temp(request_ttl=MINUTE, request_min_entries=0)
     try:
         h.apply(m.JobRegister(job=make_job("web")), rid="r")
         h.time += 2 * MINUTE
@@ -1152,9 +1152,32 @@ def test_request_id_is_forgotten_after_ttl() -> None:
         h.destroy()
 
 
+def test_a_leader_clock_step_past_the_ttl_does_not_forget_recent_request_ids() -> None:
+    """Found by jepsen_like (seed 162): a write retried after a leader change was applied twice.
+
+    The new leader's wall clock had jumped a day ahead; its first entry made
+    every remembered id older than the TTL. Ids stay for at least
+    ``request_min_entries`` indices, whatever the times say.
+    """
+    h = Harness.temp(request_ttl=MINUTE, request_min_entries=5)
+    try:
+        h.apply(m.JobRegister(job=make_job("web")), rid="before-the-step")
+        h.time += 86_400 * SECOND  # the next leader's clock is a day ahead
+        h.ok(m.Barrier(), rid="after-the-step")
+        retry = h.apply(m.JobRegister(job=make_job("web")), rid="before-the-step")
+        assert retry.duplicate and retry.value["version"] == 0, "the retry must not apply again"
+        for k in range(5):  # once the id is more than 5 indices old too, it goes
+            h.ok(m.Barrier(), rid=f"later-{k}")
+        with h.reader() as r:
+            assert r.request_result("before-the-step") is None
+            assert r.request_result("after-the-step") is not None
+    finally:
+        h.destroy()
+
+
 def test_request_expiry_after_a_rollback_brings_old_rows_back() -> None:
     """A rollback restores rows an undone entry had expired; the replay must expire them again."""
-    h = Harness.temp(request_ttl=MINUTE)
+    h = Harness.temp(request_ttl=MINUTE, request_min_entries=0)
     try:
         h.ok(m.Barrier(), rid="old")
         h.time += 2 * MINUTE
@@ -1171,7 +1194,7 @@ def test_request_expiry_after_a_rollback_brings_old_rows_back() -> None:
 
 def test_request_expiry_after_an_aborted_group() -> None:
     """An aborted group leaves the committed rows, which later requests still expire."""
-    h = Harness.temp(request_ttl=MINUTE)
+    h = Harness.temp(request_ttl=MINUTE, request_min_entries=0)
     try:
         h.ok(m.Barrier(), rid="old")
         h.time += 2 * MINUTE
