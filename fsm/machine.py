@@ -135,11 +135,11 @@ class FSM:
         self._group_start = (0, 0)
         self._batch: _Batch | None = None  # the Batch entry being applied
         self._listeners: list[Callable[[int], None]] = []
-        # A time <= the oldest remembered request's (None: unknown). While it
-        # is at or after the expiry cutoff nothing can expire, so ``_remember``
-        # skips its scan. Reset whenever the store may hold rows it did not see
-        # go in (abort, rollback, reopen).
-        self._oldest_request: tuple[int, int] | None = None  # (time, index) of the oldest remembered id
+        # (time, index) <= the oldest remembered request's (None: unknown).
+        # While either is still young enough nothing can expire, so
+        # ``_remember`` skips its scan. Reset whenever the store may hold rows
+        # it did not see go in (abort, rollback, reopen).
+        self._oldest_request: tuple[int, int] | None = None
         with self.store.read() as r:
             self._applied = r.applied_index
             self._last_time = r.last_time
