@@ -13,6 +13,7 @@ import pytest
 
 from jepsen_like.proxy import LinkProxies
 from jepsen_like.testbed import Testbed
+from jepsen_like.workloads import _job
 from node.config import load_config
 from node.errors import RPCError
 from node.rpc_client import RPCClient
@@ -144,7 +145,7 @@ def test_isolated_leader_is_replaced_and_rejoins(testbed_factory: Callable[..., 
     tb.partition([[old], majority])
 
     leader = wait_for_new_leader(tb, majority, old_term)
-    job = {"ID": "p1", "Type": "service", "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+    job = _job("p1", {})
     with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
         index = client.call("job.register", {"job": job})["Index"]
     assert (tb.digest(old) or {}).get("index", 0) < index  # the isolated server cannot have it
@@ -183,7 +184,7 @@ def test_writes_on_a_cut_off_leader_are_answered_when_it_rejoins(testbed_factory
     results: dict[str, Any] = {}
 
     def register(job_id: str) -> None:
-        job = {"ID": job_id, "Type": "service", "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+        job = _job(job_id, {})
         try:
             with RPCClient(addresses, timeout=40) as client:
                 results[job_id] = client.call("job.register", {"job": job}, idempotent=False)
@@ -232,8 +233,7 @@ def test_a_cut_off_leader_caught_up_by_snapshot_never_acknowledges_its_dropped_t
     old = tb.wait_for_leader(30)
     with RPCClient([tb.node(old).rpc_addr], timeout=15) as client:
         for k in range(120):  # state of about 1 MB: the snapshot goes out in many chunks
-            client.call("job.register", {"job": {"ID": f"state-{k}", "Type": "batch", "Meta": {"pad": "p" * 2000},
-                        "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}})
+            client.call("job.register", {"job": _job(f"state-{k}", {"pad": "p" * 2000})})
 
         def scheduler_idle() -> bool:
             # The leader's own writes (eval updates) in flight would hold the test's writes in its queue.
@@ -248,7 +248,7 @@ def test_a_cut_off_leader_caught_up_by_snapshot_never_acknowledges_its_dropped_t
     results: dict[str, Any] = {}
 
     def register(job_id: str) -> None:
-        job = {"ID": job_id, "Type": "service", "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+        job = _job(job_id, {})
         try:  # the cut-off leader only: a resend elsewhere would hide what it answers
             with RPCClient([tb.node(old).rpc_addr], timeout=40) as client:
                 results[job_id] = client.call("job.register", {"job": job}, idempotent=False)
@@ -271,8 +271,7 @@ def test_a_cut_off_leader_caught_up_by_snapshot_never_acknowledges_its_dropped_t
     with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
         filler = 0
         while min(int((tb.status(n) or {}).get("FirstLogIndex", 0)) for n in majority) <= tail_end + 5:
-            client.call("job.register", {"job": {"ID": f"fill-{filler}", "Type": "batch", "TaskGroups": [
-                {"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}})
+            client.call("job.register", {"job": _job(f"fill-{filler}", {})})
             filler += 1
             assert filler < 2000, "the majority never compacted its log past the cut-off leader's tail"
     installs = int(tb.status(old)["SnapshotInstalls"])  # type: ignore[index]
