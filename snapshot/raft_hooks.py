@@ -282,8 +282,14 @@ class BackgroundSnapshotter:
             err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
             if proc.stderr:
                 proc.stderr.close()
-            self._ok = proc.returncode == 0 and not self._cancel.is_set()
-            if not self._ok:
+            cancelled = self._cancel.is_set()
+            self._ok = proc.returncode == 0 and not cancelled
+            if cancelled:
+                # cancel() killed it on purpose (a leader's snapshot is being
+                # installed, or the server is stopping): not a failure.
+                self.last_error = "cancelled"
+                log.info("raft dump cancelled; its state is being replaced or the server is stopping")
+            elif not self._ok:
                 self.last_error = err.splitlines()[-1] if err else f"exit status {proc.returncode}"
                 log.warning("raft dump not written", error=self.last_error)
             else:

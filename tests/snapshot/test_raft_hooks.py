@@ -170,6 +170,7 @@ def test_cancelled_background_write_reports_failure_and_leaves_no_file(tmp_path)
     bg.serializer(dump + ".tmp", RAFT)
     bg.cancel()
     assert bg.serialize_checker() == SERIALIZER_STATE.FAILED
+    assert bg.last_error == "cancelled"  # said as such, not as a failed write ("exit status -9")
     assert bg.serialize_checker() == SERIALIZER_STATE.NOT_SERIALIZING
     assert not os.path.exists(dump) and not os.path.exists(bg.partial)
 
