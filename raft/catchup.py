@@ -59,21 +59,34 @@ class TermLog(Protocol):
     def term_at(self, index: int) -> int: ...
 
 
-def filter_reply(message: dict[str, Any], next_index: int | None) -> dict[str, Any] | None:
-    """The leader's rule for a ``next_node_idx`` reply: failures only lower nextIndex.
+def filter_reply(message: dict[str, Any], next_index: int | None, match_index: int = 0) -> dict[str, Any] | None:
+    """The leader's rule for a ``next_node_idx`` reply: failures only lower nextIndex, never to matchIndex.
 
     Returns a replacement message for pysyncobj's handler, or ``None`` to
     deliver ``message`` unchanged. A failed ``reset`` reply pointing above
     ``next_index`` (the leader's current nextIndex for that follower) loses
     its ``reset`` flag, so pysyncobj keeps nextIndex (and still records the
     reply as a sign of life).
+
+    One pointing at or below ``match_index`` is stale too: the follower has
+    since acknowledged entries up to ``match_index`` in this term, and its
+    log never loses them (the truncation fix; a restart reconnects, which
+    resets matchIndex). etcd's raft ignores such rejections the same way
+    (``Progress.MaybeDecrTo``). Obeying it sent the follower a snapshot it
+    did not need, and pysyncobj's install dropped the entries it held past
+    the snapshot -- acknowledged ones among them (seed 172: three installs
+    in 3 s, the last older than what the follower had applied). Such a
+    reply lowers nextIndex only to ``match_index + 1``.
     """
     if next_index is None or message.get("success") or not message.get("reset"):
         return None
     hint = message.get("next_node_idx")
-    if not isinstance(hint, int) or hint <= next_index:
+    if not isinstance(hint, int):
         return None
-    return dict(message, reset=False)
+    floor = max(hint, match_index + 1)
+    if floor >= next_index:
+        return None if hint == next_index else dict(message, reset=False)
+    return None if floor == hint else dict(message, next_node_idx=floor)
 
 
 def conflict_hint(log: TermLog, prev_idx: int, commit_index: int) -> int:

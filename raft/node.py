@@ -433,6 +433,19 @@ class _Replica(SyncObj):
             self._unsent = 0
         SyncObj._SyncObj__sendAppendEntries(self)
 
+    def _SyncObj__onNodeConnected(self, node: Any) -> None:  # noqa: N802 - overrides pysyncobj's private callback
+        """A peer (re)connected: forget what it had acknowledged.
+
+        It may have restarted with a shorter log; the leader's catch-up rule
+        never lowers nextIndex to matchIndex (raft/catchup.py), so a stale
+        matchIndex would keep it from ever being sent what it lost. Lowering
+        matchIndex is always safe: the commit index only moves up.
+        """
+        SyncObj._SyncObj__onNodeConnected(self, node)
+        match = self._SyncObj__raftMatchIndex
+        if node in match:
+            match[node] = 0
+
     def _SyncObj__changeCluster(self, request: Any) -> bool:  # noqa: N802 - overrides pysyncobj's private guard
         """Defect 4: pysyncobj never sets its "one change at a time" guard.
         Refuse a change until the leader's no-op and every earlier membership
@@ -465,7 +478,11 @@ class _Replica(SyncObj):
         if mtype == "next_node_idx":
             # Leader: a failed reply only lowers nextIndex (raft/catchup.py).
             if self._SyncObj__raftState == _RAFT_STATE.LEADER:
-                replaced = filter_reply(message, self._SyncObj__raftNextIndex.get(node))
+                replaced = filter_reply(
+                    message,
+                    self._SyncObj__raftNextIndex.get(node),
+                    self._SyncObj__raftMatchIndex.get(node, 0),
+                )
                 if replaced is not None:
                     self._cstats["stale_rejects_ignored"] += 1
                     message = replaced

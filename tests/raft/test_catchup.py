@@ -190,6 +190,14 @@ def test_filter_reply_only_lets_failures_lower_next_index() -> None:
     assert filter_reply(_reply(900), None) is None  # unknown follower: pysyncobj decides
 
 
+def test_filter_reply_never_lowers_next_index_to_what_the_follower_acknowledged() -> None:
+    """A late reject from before the follower acknowledged up to 2260 (seed 172: an unneeded snapshot)."""
+    assert filter_reply(_reply(1255), 2300, match_index=2260) == _reply(2261)  # back to match + 1 only
+    assert filter_reply(_reply(1255), 2261, match_index=2260) == _reply(1255, reset=False)  # already there
+    assert filter_reply(_reply(2270), 2300, match_index=2260) is None  # above matchIndex: a real reject
+    assert filter_reply(_reply(1255), 2300) is None  # matchIndex 0 (just elected or reconnected)
+
+
 class _Terms:
     def __init__(self, first: int, terms: list[int]) -> None:
         self.first, self.terms = first, terms
