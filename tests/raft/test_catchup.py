@@ -154,6 +154,24 @@ def test_ex_leader_with_an_old_term_tail_catches_up_in_a_few_rounds(wire: Wire, 
     assert len(rounds) == 3 and all(r["success"] for r in rounds[2])
 
 
+def test_a_late_reject_cannot_rewind_a_caught_up_follower_until_it_reconnects(wire: Wire) -> None:
+    """Seed 172: a reject sent before the follower caught up, arriving after, made the leader resend
+    from far back (there, below its compacted log: an unneeded snapshot that dropped acked entries)."""
+    _setup(wire, 1)
+    ld = wire.leader
+    while wire.log_of(wire.follower) != wire.log_of(ld):
+        wire.round()
+    assert ld._SyncObj__raftMatchIndex[wire.fnode] == 1000
+    late = {"type": "next_node_idx", "next_node_idx": 550, "success": False, "reset": True}
+    wire.deliver(0, wire.fnode, [late])
+    assert ld._SyncObj__raftNextIndex[wire.fnode] == 1001  # not 550: the follower acked up to 1000
+    # A reconnect may be a restart with a shorter log: what it acked is forgotten, rejects count again.
+    ld._SyncObj__transport._onNodeConnected(wire.fnode)
+    assert ld._SyncObj__raftMatchIndex[wire.fnode] == 0
+    wire.deliver(0, wire.fnode, [late])
+    assert ld._SyncObj__raftNextIndex[wire.fnode] == 550
+
+
 def test_pysyncobj_alone_applies_the_replies_in_order_and_livelocks(wire: Wire) -> None:
     """The same replies through pysyncobj's handler without the leader's rule:
     nextIndex ends at the follower's log end + 1 every round, above 548."""
