@@ -750,8 +750,14 @@ def acl_group() -> None:
 
 
 def _token_table(d: dict[str, Any]) -> str:
-    return kv(d, [("Accessor ID", "AccessorID"), ("Secret ID", "SecretID"), ("Name", "Name"), ("Type", "Type"),
-                  ("Policies", "Policies"), ("Expires", "ExpirationTime"), ("Create Index", "CreateIndex")])
+    """Nomad's token layout; the secret only where the server returned it
+    (create and bootstrap: it is stored hashed, so later reads cannot)."""
+    shown = {**d, "Create Time": when(d.get("CreateTime") or 0),
+             "Expiry Time": when(d.get("ExpirationTime") or 0) or "<none>"}
+    fields = [("Accessor ID", "AccessorID"), ("Secret ID", "SecretID"), ("Name", "Name"), ("Type", "Type"),
+              ("Policies", "Policies"), ("Create Time", "Create Time"), ("Expiry Time", "Expiry Time"),
+              ("Create Index", "CreateIndex")]
+    return kv(shown, [f for f in fields if f[1] != "SecretID" or d.get("SecretID")])
 
 
 @acl_group.command("bootstrap")

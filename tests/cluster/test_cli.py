@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,13 @@ def test_acl_commands(cluster: ClusterHandle) -> None:
     for bad in ("5x", "-5m"):
         out = caravan(cluster, "acl", "token", "create", "--name", "t", "--policy", "read", "--ttl", bad, token=token)
         assert out.returncode == 2 and "--ttl" in out.stderr and "Traceback" not in out.stderr
+    # tables: times as dates, "<none>" for a token that never expires, and no
+    # empty Secret ID line where the server cannot return it (stored hashed)
+    made = caravan(cluster, "acl", "token", "create", "--name", "t", "--policy", "read", "--ttl", "1h", token=token).stdout
+    assert re.search(r"^Secret ID +[0-9a-f-]{36}$", made, re.M) and re.search(r"^Expiry Time +\d{4}-\d\d-\d\dT", made, re.M)
+    me = caravan(cluster, "acl", "token", "self", token=token).stdout
+    assert re.search(r"^Expiry Time +<none>$", me, re.M) and re.search(r"^Create Time +\d{4}-", me, re.M)
+    assert "Secret ID" not in me and boot["AccessorID"] in me
     peers = json.loads(caravan(cluster, "operator", "raft", "list-peers", "--json", token=token).stdout)
     assert len(peers) == 3 and sum(p["Leader"] for p in peers) == 1
 
