@@ -495,8 +495,10 @@ def monitor_eval(c: Ctx, eval_id: str, index: int = 0) -> int:
         allocs = c.call("alloc.list", {"job_id": ev["JobID"]})["data"]
         for a in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
             if a.get("EvalID") == eval_id:
-                click.echo(f'    Allocation "{short(a["ID"])}" created: node "{short(a["NodeID"])}", group "{a["TaskGroup"]}"')
-        deployment = next((a.get("DeploymentID") for a in allocs if a.get("EvalID") == eval_id and a.get("DeploymentID")), "")
+                # As Nomad's monitor: an alloc older than the eval was updated in place by it.
+                verb = "modified" if a.get("CreateIndex", 0) < ev.get("CreateIndex", 0) else "created"
+                click.echo(f'    Allocation "{short(a["ID"])}" {verb}: node "{short(a["NodeID"])}", group "{a["TaskGroup"]}"')
+        deployment = ev.get("DeploymentID") or ""
         if deployment:
             click.echo(f'    Evaluation within deployment: "{short(deployment)}"')
         failures = ev.get("FailedTGAllocs") or {}

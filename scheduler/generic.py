@@ -204,7 +204,9 @@ def schedule_generic(
     if plan.deployment is not None and not any(a.deployment_id == plan.deployment.id for a in plan.place):
         plan.deployment = None  # nothing placed: the eval that places them later starts the rollout
     next_eval = _followups(plan, snap, plans)
-    _finish_eval(plan, snap, failures, queued, next_eval)
+    # As Nomad's eval.DeploymentID: the rollout this eval's placements belong to.
+    within = plan.deployment.id if plan.deployment is not None else (dep.id if dep is not None and dep.active() else "")
+    _finish_eval(plan, snap, failures, queued, next_eval, within)
     return plan
 
 
@@ -284,10 +286,14 @@ def _followups(plan: Plan, snap: Snapshot, plans: dict[str, GroupPlan]) -> str:
     return first
 
 
-def _finish_eval(plan: Plan, snap: Snapshot, failures: dict[str, str], queued: dict[str, int], next_eval: str = "") -> None:
+def _finish_eval(
+    plan: Plan, snap: Snapshot, failures: dict[str, str], queued: dict[str, int], next_eval: str = "", deployment_id: str = ""
+) -> None:
     """The processed eval's new status, plus a blocked eval when placements are missing."""
     ev, job = snap.eval, snap.job
     done = copy.deepcopy(ev)
+    if deployment_id:
+        done.deployment_id = deployment_id
     if next_eval:
         done.next_eval = next_eval
     done.queued_allocations = dict(queued)

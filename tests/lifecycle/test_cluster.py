@@ -96,6 +96,22 @@ def test_a_new_version_rolls_out_through_a_successful_deployment(lifecycle_env: 
     env.call("job.stop", {"job_id": "roll"})
 
 
+def test_job_run_names_updated_allocs_modified_and_the_new_deployment(lifecycle_env: Env) -> None:
+    """A count-only change updates the running allocs in place: `job run` says "modified" for
+    them and "created" for the new one, and names the new version's deployment (as nomad)."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 100_000_000}
+    first = env.cli("job", "run", write_spec(env, "grow", spec("grow", count=2, update=update)))
+    assert first.returncode == 0 and first.stdout.count('" created: node') == 2, first.stdout + first.stderr
+    wait_until(lambda: len(env.read("deployment.list", {"job_id": "grow"})) == 1, 30, "the first deployment")
+    out = env.cli("job", "run", write_spec(env, "grow", spec("grow", count=3, update=update)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count('" modified: node') == 2 and out.stdout.count('" created: node') == 1, out.stdout
+    v1 = next(d for d in env.read("deployment.list", {"job_id": "grow"}) if d["JobVersion"] == 1)
+    assert f'Evaluation within deployment: "{v1["ID"][:8]}"' in out.stdout, (v1["ID"], out.stdout)
+    env.call("job.stop", {"job_id": "grow"})
+
+
 def test_a_killed_client_loses_its_allocs_and_they_are_replaced(lifecycle_env: Env) -> None:
     env = lifecycle_env
     victim = env.start_sim(2, "victim")

@@ -368,10 +368,12 @@ def test_a_service_version_rolls_out_through_a_deployment() -> None:
     dep = plan.deployment
     assert dep is not None and dep.job_version == 1 and dep.task_groups["g"].desired_total == 4
     assert len(plan.place) == 2 and all(a.deployment_id == dep.id for a in plan.place)
+    assert plan.evals[0].deployment_id == dep.id  # as Nomad's eval.DeploymentID (what `job run` prints)
     assert len([s for s in plan.stop if s.desired_status == "stop"]) == 2
     # A first version of a service job gets a deployment too; a batch job never does.
     assert schedule(snapshot(job(count=2), [node("a")])).deployment is not None
-    assert schedule(snapshot(job(type="batch", count=2), [node("a")])).deployment is None
+    batch = schedule(snapshot(job(type="batch", count=2), [node("a")]))
+    assert batch.deployment is None and batch.evals[0].deployment_id == ""
 
 
 def test_failed_alloc_later_gets_a_followup_eval_and_annotation() -> None:
