@@ -365,13 +365,20 @@ _TOP_KEYS = (
     "scheduler",
 )
 _SERVER_KEYS = ("id", "rpc_addr", "raft_addr")
+# What Nomad, Consul and etcd call their peer lists: said to mean [[server]].
+_PEER_KEYS = ("peers", "servers", "retry_join", "start_join", "initial_cluster")
 
 
 def _check_keys(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:
     for key in table:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+            if key in _PEER_KEYS and "server" in known:
+                hint = 'list every server (this one too) as a [[server]] table with id, rpc_addr and raft_addr'
+            elif close:
+                hint = f"did you mean {close[0]!r}?"
+            else:
+                hint = f"known keys: {', '.join(known)}"
             raise ConfigError(f"unknown key {key!r}{where}; {hint}")
 
 

@@ -239,6 +239,9 @@ def test_password_file_contents_never_in_errors(tmp_path: Path) -> None:
         ({"max_entry_size": "5MiB"}, "max_entry_size (5242880 bytes) must be below rpc_max_frame"),
         ({"rpc_max_frame": "lots"}, "rpc_max_frame: expected a size"),
         ({"raft_pasword": "x"}, "unknown key 'raft_pasword'; did you mean 'raft_password'?"),
+        # another tool's peer list: say how this config names its servers
+        ({"peers": ["10.0.0.2:4648"]}, "unknown key 'peers'; list every server (this one too) as a [[server]] table"),
+        ({"retry_join": ["10.0.0.2"]}, "unknown key 'retry_join'; list every server (this one too) as a [[server]]"),
         (
             {"gc": {"job_threshold": 14400}},
             'gc.job_threshold must be a duration string like "5m", not 14400',
