@@ -12,10 +12,11 @@ import hashlib
 import hmac
 import uuid
 from enum import Enum
+from typing import Any
 
 from fsm.store import StateReader
 from fsm.structs import TOKEN_MANAGEMENT, ACLToken
-from node.errors import PERMISSION_DENIED, RPCError
+from node.errors import PERMISSION_DENIED, TOKEN_HINT, RPCError
 
 POLICY_READ, POLICY_WRITE = "read", "write"
 POLICIES = (POLICY_READ, POLICY_WRITE)
@@ -36,8 +37,8 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _denied(message: str) -> RPCError:
-    return RPCError(PERMISSION_DENIED, message)
+def _denied(message: str, **details: Any) -> RPCError:
+    return RPCError(PERMISSION_DENIED, message, **details)
 
 
 def authorize(reader: StateReader, secret: str | None, need: Need, now: int) -> ACLToken | None:
@@ -45,10 +46,10 @@ def authorize(reader: StateReader, secret: str | None, need: Need, now: int) -> 
     if need is Need.NONE or not reader.acl_bootstrap_index():
         return None
     if not secret:
-        raise _denied("ACLs are enabled: pass a token with --token or CARAVAN_TOKEN")
+        raise _denied("ACLs are enabled: pass a token", **{TOKEN_HINT: True})
     token = reader.token_by_secret_hash(hash_secret(secret))
     if token is None or not hmac.compare_digest(token.secret_hash, hash_secret(secret)):
-        raise _denied("token not found: check --token / CARAVAN_TOKEN")
+        raise _denied("token not found: no token has this secret", **{TOKEN_HINT: True})
     if token.expired(now):
         raise _denied(f"token {token.accessor_id} has expired; create a new one")
     if token.type == TOKEN_MANAGEMENT:

@@ -20,7 +20,7 @@ from typing import Any
 import click
 from tabulate import tabulate
 
-from node.errors import RPCError
+from node.errors import TOKEN_HINT, RPCError
 from node.rpc_client import DEFAULT_TIMEOUT, RPCClient
 
 DEFAULT_ADDRESS = "127.0.0.1:4647"
@@ -113,7 +113,8 @@ class CaravanGroup(click.Group):
         except BrokenPipeError:
             _quiet_broken_pipe()
         except RPCError as exc:
-            fail(exc.message, 2 if exc.code == "not_found" else 1)
+            hint = " (--token or CARAVAN_TOKEN)" if exc.details.get(TOKEN_HINT) else ""
+            fail(exc.message + hint, 2 if exc.code == "not_found" else 1)
         except ClusterError as exc:
             fail(str(exc))
         except (OSError, ValueError) as exc:

@@ -33,7 +33,7 @@ from fsm.structs import (
     Node,
 )
 from node.acl import POLICIES, Need, hash_secret, new_secret
-from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
+from node.errors import BAD_REQUEST, NOT_FOUND, TOKEN_HINT, RPCError
 from node.ids import new_uuid
 from node.jobspec import JobSpecError, parse_job
 from node.nomadjson import from_nomad, to_nomad
@@ -432,7 +432,7 @@ async def acl_token_get(server: Server, ctx: RequestContext, args: dict[str, Any
 @method("acl.token.self")
 async def acl_token_self(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     if not ctx.token:
-        raise _bad("pass the token to look up with --token or CARAVAN_TOKEN")
+        raise RPCError(BAD_REQUEST, "pass the token to look up", **{TOKEN_HINT: True})
 
     def get(r: StateReader) -> Any:
         token = r.token_by_secret_hash(hash_secret(ctx.token or ""))

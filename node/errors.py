@@ -46,6 +46,10 @@ CODES: frozenset[str] = frozenset(
     }
 )
 
+#: Detail of an error that a (different) token would fix: each client adds
+#: where its users put one (the CLI: --token / CARAVAN_TOKEN; HTTP: X-Nomad-Token).
+TOKEN_HINT = "token_hint"
+
 # Codes whose request was certainly not executed: a client may resend them
 # (to another server) without risking a double write.
 NOT_EXECUTED: frozenset[str] = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE})

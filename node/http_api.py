@@ -53,6 +53,7 @@ from node.errors import (
     PERMISSION_DENIED,
     RESET_REQUIRED,
     TIMEOUT,
+    TOKEN_HINT,
     UNAVAILABLE,
     UNKNOWN_METHOD,
     UNKNOWN_OUTCOME,
@@ -345,7 +346,8 @@ class HTTPAPI:
                 self.log.warning(
                     "http request failed", path=request.path, code=exc.code, error=exc.message
                 )
-            return web.Response(status=status, text=exc.message, headers=_error_headers(exc))
+            hint = " (X-Nomad-Token header)" if exc.details.get(TOKEN_HINT) else ""
+            return web.Response(status=status, text=exc.message + hint, headers=_error_headers(exc))
         except (
             web.HTTPException
         ) as exc:  # aiohttp's own: unknown path (404), method not allowed (405)

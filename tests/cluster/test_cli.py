@@ -101,7 +101,9 @@ def test_acl_commands(cluster: ClusterHandle) -> None:
     boot = json.loads(caravan(cluster, "acl", "bootstrap", "--json").stdout)
     token = boot["SecretID"]
     denied = caravan(cluster, "job", "status")
-    assert denied.returncode != 0 and "token" in denied.stderr
+    assert denied.returncode != 0 and denied.stderr == "Error: ACLs are enabled: pass a token (--token or CARAVAN_TOKEN)\n"
+    wrong = caravan(cluster, "job", "run", "--detach", "examples/batch.json", token="not-a-token")
+    assert wrong.returncode == 1 and wrong.stderr.endswith("no token has this secret (--token or CARAVAN_TOKEN)\n")
     created = json.loads(caravan(cluster, "acl", "token", "create", "--name", "ci", "--policy", "write", "--json", token=token).stdout)
     assert created["Name"] == "ci" and created["SecretID"]
     listing = caravan(cluster, "acl", "token", "list", token=token)
