@@ -30,6 +30,7 @@ cannot tell us which); it always returns the raft data tuple.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -51,6 +52,19 @@ if TYPE_CHECKING:
     from fsm.machine import FSM
 
 log = structlog.get_logger("caravan.snapshot")
+
+
+def _not_pysyncobj_dump_warning(record: logging.LogRecord) -> bool:
+    """Drop pysyncobj's bare "Failed to store full dump": every failed or
+    cancelled dump is already logged here, with its cause and level (a
+    dump cancelled on purpose is info, not a warning)."""
+    return record.getMessage() != "Failed to store full dump"
+
+
+def _quiet_pysyncobj_dump_warning() -> None:
+    logger = logging.getLogger("pysyncobj.syncobj")
+    if _not_pysyncobj_dump_warning not in logger.filters:
+        logger.addFilter(_not_pysyncobj_dump_warning)
 
 # pysyncobj.config.SERIALIZER_STATE, without importing pysyncobj at module load
 NOT_SERIALIZING, SERIALIZING, SUCCESS, FAILED = 0, 1, 2, 3
@@ -164,6 +178,7 @@ class BackgroundSnapshotter:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.partial)  # left by a crash mid-write
         self._deserialize = make_deserializer(fsm, before_load=self.cancel)
+        _quiet_pysyncobj_dump_warning()
 
     # -- pysyncobj hooks ---------------------------------------------------------
     def serializer(self, file_name: str, raft_data: tuple) -> None:
@@ -196,8 +211,9 @@ class BackgroundSnapshotter:
                 pinned.wait(timeout=10.0)
         except BaseException as exc:
             self.last_error = repr(exc)
+            log.warning("raft dump not started", error=self.last_error)
             with self._lock:
-                self._state = FAILED
+                self._state = FAILED  # the checker reports it, once
             self._done.set()
             raise
         finally:
@@ -206,6 +222,13 @@ class BackgroundSnapshotter:
     def serialize_checker(self) -> int:
         """SERIALIZING while the write runs; then installs the file and reports SUCCESS or FAILED once."""
         with self._lock:
+            if self._state == FAILED:
+                # The serializer raised. pysyncobj holds its own "dump running"
+                # mark until it hears SUCCESS or FAILED, and starts no other
+                # dump meanwhile: answering NOT_SERIALIZING would end log
+                # compaction for good.
+                self._state = NOT_SERIALIZING
+                return FAILED
             if self._state != SERIALIZING:
                 return NOT_SERIALIZING
         if not self._finished():

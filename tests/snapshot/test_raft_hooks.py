@@ -7,6 +7,7 @@ single-node ``SyncObj`` that compacts, restarts from its dump and replays.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -175,6 +176,17 @@ def test_cancelled_background_write_reports_failure_and_leaves_no_file(tmp_path)
     assert not os.path.exists(dump) and not os.path.exists(bg.partial)
 
 
+def test_pysyncobj_bare_dump_warning_is_dropped_as_ours_says_why(tmp_path, caplog) -> None:
+    """pysyncobj warns "Failed to store full dump" after any FAILED, cancelled ones too;
+    ours already logged the cause at its level, so only its other lines get through."""
+    BackgroundSnapshotter(new_fsm(str(tmp_path / "src")), str(tmp_path / "dump.bin"), mode="process")
+    pysyncobj_log = logging.getLogger("pysyncobj.syncobj")
+    with caplog.at_level(logging.INFO):
+        pysyncobj_log.warning("Failed to store full dump")
+        pysyncobj_log.warning("some other pysyncobj warning")
+    assert [r.getMessage() for r in caplog.records if r.name == "pysyncobj.syncobj"] == ["some other pysyncobj warning"]
+
+
 def test_background_write_failure_is_reported(tmp_path) -> None:
     fsm = new_fsm(str(tmp_path / "src"))
     dump = str(tmp_path / "no-such-dir" / "dump.bin")
@@ -183,6 +195,31 @@ def test_background_write_failure_is_reported(tmp_path) -> None:
     assert bg.wait(60)
     assert bg.serialize_checker() == SERIALIZER_STATE.FAILED
     assert "raft dump failed" in bg.last_error and "\n" not in bg.last_error
+
+
+def test_a_dump_that_fails_to_start_is_reported_once_and_the_next_one_runs(tmp_path, monkeypatch) -> None:
+    """The serializer raising (no process could be spawned) must end in FAILED, not in a state
+    pysyncobj never leaves: it keeps its own 'dump running' mark until the checker says
+    SUCCESS or FAILED, and never starts another dump (log compaction stops for good)."""
+    fsm = new_fsm(str(tmp_path / "src"))
+    apply_entries(fsm, example_entries())
+    dump = str(tmp_path / "dump.bin")
+    bg = BackgroundSnapshotter(fsm, dump, mode="process")
+    ser = Serializer(dump, 1 << 16, False, bg.serializer, bg.deserializer, bg.serialize_checker)
+
+    def no_process(_raft: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(bg, "_spawn", no_process)
+    ser.serialize((None, LAST, PREV, CLUSTER), LAST[1])
+    assert ser.checkSerializing()[0] == SERIALIZER_STATE.FAILED
+    assert "Too many open files" in bg.last_error
+    assert ser.checkSerializing()[0] == SERIALIZER_STATE.NOT_SERIALIZING
+    monkeypatch.undo()
+    ser.serialize((None, LAST, PREV, CLUSTER), LAST[1])  # the next compaction gets its dump
+    assert bg.wait(60)
+    assert ser.checkSerializing() == (SERIALIZER_STATE.SUCCESS, LAST[1]), bg.last_error
+    assert inspect(dump).raft_index == LAST[1]
 
 
 def test_cancel_stops_a_write_and_removes_the_file(tmp_path, monkeypatch) -> None:
