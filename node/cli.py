@@ -422,7 +422,11 @@ def job() -> None:
 
 
 def _read_spec(path: str) -> Any:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        fail(f"{path}: cannot read the jobspec: {reason}")
     from node.hcl import HCLError, looks_like_hcl, parse_hcl
 
     if looks_like_hcl(path, text):  # Nomad HCL2 (FILE.nomad.hcl): parsed here, sent as API JSON
@@ -471,6 +475,27 @@ def job_run(spec: str, check_index: int | None, detach: bool, address: str, toke
     code = monitor_eval(c, out["EvalID"], out["Index"])
     if code:
         sys.exit(code)
+
+
+@job.command("validate")
+@click.argument("spec")
+def job_validate(spec: str) -> None:
+    """Check a jobspec (JSON or Nomad HCL2; - for stdin) without a cluster, as ``nomad job validate``.
+
+    Runs the parser and checks the servers run on ``job run``, so a spec
+    that passes here is refused there only by cluster state (for example
+    ``--check-index``). Exit 0 when valid, 1 with the first problem otherwise.
+    """
+    from node.jobspec import JobSpecError, parse_job
+
+    try:
+        job, warnings = parse_job(_read_spec(spec))
+    except JobSpecError as exc:
+        fail(f"invalid jobspec: {exc}")
+    for warning in warnings:
+        click.echo(f"Warning: {warning}", err=True)
+    groups = ", ".join(f"{g.name} x{g.count}" for g in job.task_groups)
+    click.echo(f'Job validation successful: {job.type} job "{job.id}" ({groups})')
 
 
 MONITOR_WAIT = 30.0  # seconds per blocking read while monitoring an evaluation

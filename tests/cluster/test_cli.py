@@ -192,6 +192,26 @@ def test_the_http_address_given_as_the_rpc_address_is_named_as_such(cluster: Clu
     )
 
 
+def test_job_validate_checks_a_spec_with_the_servers_rules_and_no_cluster(tmp_path: Path) -> None:
+    env = {**os.environ, "CARAVAN_ADDRESS": "127.0.0.1:1"}  # nothing listens: validate must not need it
+    run = lambda *a, stdin=None: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "node.cli", "job", "validate", *a], capture_output=True, text=True, env=env, cwd=ROOT,
+        input=stdin, timeout=60,
+    )
+    good = run("examples/service.json")
+    assert good.returncode == 0 and good.stdout == 'Job validation successful: service job "web" (frontend x2)\n', good
+    bad = {"Job": {"ID": "x", "TaskGroups": [{"Name": "g", "Count": -1, "Tasks": [{"Name": "t", "Driver": "sim"}]}]}}
+    out = run("-", stdin=json.dumps(bad))
+    assert out.returncode == 1 and out.stderr == "Error: invalid jobspec: job x: group g: count -1 must be >= 0\n", out
+    hcl = tmp_path / "j.nomad.hcl"
+    hcl.write_text('job "h" {\n  group "g" {\n    count = "x"\n    task "t" { driver = "sim" }\n  }\n}\n')
+    out = run(str(hcl))
+    assert out.returncode == 1 and out.stderr.strip() == f"Error: {hcl}:3: count: must be a whole number, not 'x'", out
+    for path, reason in ((tmp_path, "Is a directory"), (tmp_path / "none.json", "No such file or directory")):
+        out = run(str(path))
+        assert out.returncode == 1 and out.stderr == f"Error: {path}: cannot read the jobspec: {reason}\n", out
+
+
 def test_a_command_with_no_server_listening_says_so_and_how_to_start_one(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"  # nothing listens on it
     env = {k: v for k, v in os.environ.items() if k not in ("CARAVAN_ADDRESS", "CARAVAN_TOKEN")}
