@@ -125,6 +125,9 @@ class Testbed:
                     data_dir=str(root / name / "data"),
                     log_file=str(root / name / "server.log"),
                     config_file=str(root / name / "server.toml"),
+                    # a port of its own: by default every server would race for 4646 (and take
+                    # a developer's), the losers logging a warning per start
+                    http_address=f"{RPC_HOST}:{cl.free_port(RPC_HOST)}",
                 )
             )
         net = LinkProxies(PROXY_HOST) if proxies else None
