@@ -89,6 +89,65 @@ def filter_reply(message: dict[str, Any], next_index: int | None, match_index: i
     return None if floor == hint else dict(message, next_node_idx=floor)
 
 
+#: How long a leader trusts a snapshot it sent to reach the follower before
+#: that follower confirms it (see :class:`SnapshotFloors`). A stale reject
+#: is already on the wire when the last chunk leaves, so it arrives within
+#: a round trip; the bound only matters if the follower never confirms.
+SNAPSHOT_ACK_WAIT = 10.0
+
+
+class SnapshotFloors:
+    """Per follower: the log index a snapshot the leader just sent brings it to.
+
+    Seed 233: a follower paused far behind is sent a snapshot; a reject it
+    sent *before* it got the snapshot (for an append of the previous round)
+    reaches the leader after the last chunk left but before the follower's
+    confirmation, while matchIndex is still the old, low value.
+    :func:`filter_reply` then lets it lower nextIndex below the leader's
+    compacted log, and the leader sends the same snapshot again. The second
+    install cleared the follower's raft log back to the snapshot's index,
+    dropping entries after it that the follower had since received and
+    acknowledged.
+
+    Until the follower confirms (a success reply at or above the floor), a
+    failed reply may lower nextIndex no further than the snapshot's index +
+    1, as if the follower had acknowledged the snapshot: over one TCP
+    connection the follower installs it before it answers anything sent
+    later. The floor is dropped when the follower reconnects (the snapshot
+    may not have arrived), in a new term, and after
+    :data:`SNAPSHOT_ACK_WAIT` seconds without a confirmation (a follower
+    that could not install it gets a fresh one).
+    """
+
+    def __init__(self, wait: float = SNAPSHOT_ACK_WAIT) -> None:
+        self.wait = wait
+        self._floors: dict[Any, tuple[int, int, float]] = {}  # node -> (floor, term, sent at)
+
+    def sent(self, node: Any, floor: int, term: int, now: float) -> None:
+        """The last chunk of a snapshot covering the log up to ``floor - 1`` left for ``node``."""
+        self._floors[node] = (floor, term, now)
+
+    def match_index(self, node: Any, match_index: int, term: int, now: float) -> int:
+        """What the leader may treat ``node`` as having acknowledged when filtering a reply."""
+        entry = self._floors.get(node)
+        if entry is None:
+            return match_index
+        floor, sent_term, at = entry
+        if sent_term != term or now - at > self.wait:
+            del self._floors[node]
+            return match_index
+        return max(match_index, floor - 1)
+
+    def on_reply(self, node: Any, message: dict[str, Any]) -> None:
+        """A success at or above the floor is the follower's confirmation: matchIndex covers it now."""
+        entry = self._floors.get(node)
+        if entry is not None and message.get("success") and message.get("next_node_idx", 0) >= entry[0]:
+            del self._floors[node]
+
+    def forget(self, node: Any) -> None:
+        self._floors.pop(node, None)
+
+
 def conflict_hint(log: TermLog, prev_idx: int, commit_index: int) -> int:
     """Where the leader should resume after a term mismatch at ``prev_idx``.
 

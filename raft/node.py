@@ -85,7 +85,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 from raft.auth import LinkAuthenticator
-from raft.catchup import filter_reply
+from raft.catchup import SnapshotFloors, filter_reply
 from raft.config import RaftConfig, _split_host_port
 from raft.errors import (
     EntryTooLargeError,
@@ -239,6 +239,7 @@ class _Replica(SyncObj):
         self._ack_override: int | None = None
         self._reject_hint: int | None = None
         self._cstats = {"stale_rejects_ignored": 0, "conflict_hints": 0}
+        self._snapshot_floors = SnapshotFloors()
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._pending_commit = False
@@ -445,6 +446,7 @@ class _Replica(SyncObj):
         match = self._SyncObj__raftMatchIndex
         if node in match:
             match[node] = 0
+        self._snapshot_floors.forget(node)  # a snapshot sent on the old link may never have arrived
 
     def _SyncObj__changeCluster(self, request: Any) -> bool:  # noqa: N802 - overrides pysyncobj's private guard
         """Defect 4: pysyncobj never sets its "one change at a time" guard.
@@ -478,14 +480,14 @@ class _Replica(SyncObj):
         if mtype == "next_node_idx":
             # Leader: a failed reply only lowers nextIndex (raft/catchup.py).
             if self._SyncObj__raftState == _RAFT_STATE.LEADER:
-                replaced = filter_reply(
-                    message,
-                    self._SyncObj__raftNextIndex.get(node),
-                    self._SyncObj__raftMatchIndex.get(node, 0),
+                match = self._snapshot_floors.match_index(
+                    node, self._SyncObj__raftMatchIndex.get(node, 0), self.raftCurrentTerm, monotonic()
                 )
+                replaced = filter_reply(message, self._SyncObj__raftNextIndex.get(node), match)
                 if replaced is not None:
                     self._cstats["stale_rejects_ignored"] += 1
                     message = replaced
+                self._snapshot_floors.on_reply(node, message)
             deliver(node, message)
             return
         if mtype != "append_entries":
@@ -542,7 +544,12 @@ class _Replica(SyncObj):
         self, node: Any, message: dict[str, Any], send: Callable[..., bool]
     ) -> bool:
         mtype = message.get("type")
-        if mtype == "next_node_idx":
+        if mtype == "append_entries" and "serialized" in message:
+            chunk = message["serialized"]
+            if chunk is not None and chunk[2]:  # the last chunk: pysyncobj now sets nextIndex past it
+                floor = self._SyncObj__raftLog[1][1] + 1  # the same index pysyncobj's sender uses
+                self._snapshot_floors.sent(node, floor, self.raftCurrentTerm, monotonic())
+        elif mtype == "next_node_idx":
             if self._ack_override is not None and message.get("success"):
                 message = dict(message, next_node_idx=self._ack_override)
             elif (

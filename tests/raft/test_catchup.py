@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pysyncobj.node import TCPNode
 
 from raft import RaftConfig
-from raft.catchup import conflict_hint, filter_reply
+from raft.catchup import SnapshotFloors, conflict_hint, filter_reply
 from raft.node import _Replica
 from tests.raft.cluster import free_ports
 from tests.raft.conftest import MemTarget
@@ -172,6 +172,56 @@ def test_a_late_reject_cannot_rewind_a_caught_up_follower_until_it_reconnects(wi
     assert ld._SyncObj__raftNextIndex[wire.fnode] == 550
 
 
+def _send_snapshot(wire: Wire, compacted_to: int) -> list[dict[str, Any]]:
+    """The leader compacted its log to ``compacted_to`` and has a dump: a round to a follower
+    behind that sends the snapshot (one chunk: a small file)."""
+    ld = wire.leader
+    if ld._SyncObj__raftLog[0][1] < compacted_to:
+        ld._SyncObj__raftLog.deleteEntriesTo(compacted_to)
+    Path(ld._SyncObj__conf.fullDumpFile).write_bytes(b"dump")
+    wire.out[0].clear()
+    ld._SyncObj__sendAppendEntries()
+    return [m for node, m in wire.out[0] if node == wire.fnode and "serialized" in m]
+
+
+def test_a_reject_sent_before_a_snapshot_arrives_cannot_make_the_leader_send_it_again(
+    wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 233: a follower paused far behind; the leader sends a snapshot; a reject the follower
+    sent before it got the snapshot arrives after the last chunk left (matchIndex still low),
+    lowered nextIndex below the compacted log, and the follower got the same snapshot again --
+    whose install dropped the entries it had received and acknowledged since."""
+    _setup(wire, 1)
+    ld, f = wire.leader, wire.fnode
+    late = {"type": "next_node_idx", "next_node_idx": 550, "success": False, "reset": True}
+    wire.deliver(0, f, [late])  # matchIndex 0: a real reject, nextIndex 550
+    chunks = _send_snapshot(wire, compacted_to=900)  # the log now starts at 900: 550 needs the snapshot
+    assert chunks and chunks[-1]["serialized"][2]  # through its last chunk
+    floor = ld._SyncObj__raftLog[1][1] + 1  # the snapshot brings the follower to floor - 1
+    assert ld._SyncObj__raftNextIndex[f] > floor  # entries after it were pipelined at once
+    wire.deliver(0, f, [late])  # the stale reject, from before the snapshot
+    assert ld._SyncObj__raftNextIndex[f] == floor  # without the floor: 550, and a second snapshot
+    assert not _send_snapshot(wire, compacted_to=900)  # the next round sends entries, not the snapshot
+    # The follower confirms: from then on matchIndex carries the rule (filter_reply).
+    wire.deliver(0, f, [{"type": "next_node_idx", "next_node_idx": floor, "success": True, "reset": False}])
+    assert ld._SyncObj__raftMatchIndex[f] == floor - 1 and not ld._snapshot_floors._floors
+
+    # A reconnect drops the floor (the snapshot may not have arrived): rejects count again.
+    ld._SyncObj__transport._onNodeConnected(f)  # (also forgets matchIndex)
+    wire.deliver(0, f, [late])
+    assert _send_snapshot(wire, compacted_to=900)
+    ld._SyncObj__transport._onNodeConnected(f)
+    wire.deliver(0, f, [late])
+    assert ld._SyncObj__raftNextIndex[f] == 550
+    # So does a follower that never confirms: after the wait, a reject counts again.
+    assert _send_snapshot(wire, compacted_to=900)
+    wire.deliver(0, f, [late])
+    assert ld._SyncObj__raftNextIndex[f] == floor
+    monkeypatch.setattr(ld._snapshot_floors, "wait", 0.0)
+    wire.deliver(0, f, [late])
+    assert ld._SyncObj__raftNextIndex[f] == 550
+
+
 def test_pysyncobj_alone_applies_the_replies_in_order_and_livelocks(wire: Wire) -> None:
     """The same replies through pysyncobj's handler without the leader's rule:
     nextIndex ends at the follower's log end + 1 every round, above 548."""
@@ -214,6 +264,22 @@ def test_filter_reply_never_lowers_next_index_to_what_the_follower_acknowledged(
     assert filter_reply(_reply(1255), 2261, match_index=2260) == _reply(1255, reset=False)  # already there
     assert filter_reply(_reply(2270), 2300, match_index=2260) is None  # above matchIndex: a real reject
     assert filter_reply(_reply(1255), 2300) is None  # matchIndex 0 (just elected or reconnected)
+
+
+def test_a_snapshot_floor_holds_in_its_term_until_confirmed_or_stale() -> None:
+    floors = SnapshotFloors(wait=10.0)
+    floors.sent("f", 902, term=3, now=100.0)
+    assert floors.match_index("f", 500, term=3, now=101.0) == 901
+    assert floors.match_index("f", 950, term=3, now=101.0) == 950  # acknowledged beyond it already
+    assert floors.match_index("g", 500, term=3, now=101.0) == 500  # another follower
+    floors.on_reply("f", _reply(901, success=True, reset=False))  # below the floor: not the confirmation
+    assert floors.match_index("f", 0, term=3, now=101.0) == 901
+    assert floors.match_index("f", 0, term=4, now=101.0) == 0  # a new term drops it
+    floors.sent("f", 902, term=4, now=100.0)
+    assert floors.match_index("f", 0, term=4, now=111.0) == 0  # unconfirmed past the wait: dropped
+    floors.sent("f", 902, term=4, now=100.0)
+    floors.on_reply("f", _reply(902, success=True, reset=False))
+    assert floors.match_index("f", 0, term=4, now=101.0) == 0
 
 
 class _Terms:
