@@ -240,6 +240,7 @@ class _Replica(SyncObj):
         self._reject_hint: int | None = None
         self._cstats = {"stale_rejects_ignored": 0, "conflict_hints": 0}
         self._snapshot_floors = SnapshotFloors()
+        self._snapshot_installs_retained = 0  # installs that kept the log after the snapshot (Raft's rule)
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._pending_commit = False
@@ -447,6 +448,52 @@ class _Replica(SyncObj):
         if node in match:
             match[node] = 0
         self._snapshot_floors.forget(node)  # a snapshot sent on the old link may never have arrived
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802,N803 - overrides pysyncobj's private loader
+        """pysyncobj's dump loader, with Raft's InstallSnapshot rule for the log.
+
+        pysyncobj clears the log on every install. The Raft paper (Figure
+        13, step 6): "If existing log entry has same index and term as
+        snapshot's last included entry, retain log entries following it".
+        A follower that already holds the snapshot's last entry (a snapshot
+        sent twice, or one it has overtaken) keeps the entries after it --
+        acknowledged ones among them -- instead of dropping them and
+        answering with a nextIndex below what it acknowledged. The state
+        machine is loaded as before (the store keeps itself when it is
+        newer); the applied index never moves back.
+        """
+        try:
+            data = self._SyncObj__serializer.deserialize()
+            if data[0] is not None:  # pysyncobj's own pickled state (no custom serializer)
+                consumers = self._SyncObj__consumers
+                own, rest = (data[0][0], data[0][1:]) if consumers else (data[0], [])
+                for k, v in own.items():
+                    self.__dict__[k] = v
+                for i, consumer in enumerate(consumers):
+                    consumer._deserialize(rest[i])
+            journal = self._SyncObj__raftLog
+            last, prev = data[1], data[2]
+            retained = clearJournal and _holds_entry(journal, last)
+            if retained:
+                self._snapshot_installs_retained += 1
+                self._SyncObj__raftLastApplied = max(self._SyncObj__raftLastApplied, last[1])
+            else:
+                if clearJournal or len(journal) < 2 or journal[0] != prev or journal[1] != last:
+                    journal.clear()
+                    journal.add(*prev)
+                    journal.add(*last)
+                self._SyncObj__raftLastApplied = last[1]
+            end = journal[-1][1]
+            if self._SyncObj__raftCommitIndex > end:
+                self._log.warning("raft_commit_index_clamped_after_dump", commit_index=self._SyncObj__raftCommitIndex, journal_end=end)
+                self._SyncObj__raftCommitIndex = end
+                journal.setRaftCommitIndex(end)
+            if self._SyncObj__conf.dynamicMembershipChange:
+                self_node = self._SyncObj__selfNode
+                self._SyncObj__updateClusterConfiguration([n for n in data[3] if n != self_node])
+            self._SyncObj__onSetCodeVersion(0)
+        except Exception:  # noqa: BLE001 - as pysyncobj: a dump that cannot be loaded is logged, not raised
+            self._log.exception("raft_dump_load_failed")
 
     def _SyncObj__changeCluster(self, request: Any) -> bool:  # noqa: N802 - overrides pysyncobj's private guard
         """Defect 4: pysyncobj never sets its "one change at a time" guard.
@@ -807,6 +854,14 @@ _BIND_HINTS = {
     "stop it or choose another raft_addr",
     errno.EADDRNOTAVAIL: "the host is not an address of this machine: use one of its own addresses",
 }
+
+
+def _holds_entry(journal: Any, entry: tuple[Any, int, int]) -> bool:
+    """Whether the log holds an entry with ``entry``'s index and term (Raft's log matching)."""
+    if len(journal) == 0:
+        return False
+    pos = entry[1] - journal[0][1]
+    return 0 <= pos < len(journal) and journal[pos][1] == entry[1] and journal[pos][2] == entry[2]
 
 
 def _check_bindable(address: str, grace: float = 2.0) -> None:

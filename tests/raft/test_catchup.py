@@ -222,6 +222,33 @@ def test_a_reject_sent_before_a_snapshot_arrives_cannot_make_the_leader_send_it_
     assert ld._SyncObj__raftNextIndex[f] == 550
 
 
+def _install(follower: _Replica, last: tuple[int, int], prev: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower installs a snapshot whose last entries are ``last``/``prev`` (index, term)."""
+    dump = (None, (CMD, *last), (CMD, *prev), set())
+    monkeypatch.setattr(follower._SyncObj__serializer, "deserialize", lambda: dump)
+    follower._SyncObj__loadDumpFile(clearJournal=True)
+
+
+def test_an_install_keeps_the_log_after_an_entry_the_follower_already_holds(
+    wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raft's InstallSnapshot rule (Figure 13, step 6), which pysyncobj lacks: a follower that
+    holds the snapshot's last entry (same index and term) keeps the entries after it -- seed 233's
+    second install of the same snapshot cut the follower back to 5352 from 5482."""
+    _setup(wire, 1)
+    f = wire.follower
+    while wire.log_of(f) != wire.log_of(wire.leader):
+        wire.round()
+    f._SyncObj__raftLastApplied = 950
+    _install(f, last=(900, 3), prev=(899, 3), monkeypatch=monkeypatch)
+    assert wire.log_of(f)[-1] == (1000, 3) and len(wire.log_of(f)) == len(wire.log_of(wire.leader))
+    assert f.raftLastApplied == 950 and f._snapshot_installs_retained == 1  # never moves back
+    # A snapshot whose last entry the log does not hold (another term): the log is replaced.
+    _install(f, last=(900, 2), prev=(899, 2), monkeypatch=monkeypatch)
+    assert wire.log_of(f) == [(899, 2), (900, 2)] and f.raftLastApplied == 900
+    assert f.raftCommitIndex <= 900
+
+
 def test_pysyncobj_alone_applies_the_replies_in_order_and_livelocks(wire: Wire) -> None:
     """The same replies through pysyncobj's handler without the leader's rule:
     nextIndex ends at the follower's log end + 1 every round, above 548."""
