@@ -238,9 +238,9 @@ class _Replica(SyncObj):
         self._tstats = TruncationStats()
         self._ack_override: int | None = None
         self._reject_hint: int | None = None
-        self._cstats = {"stale_rejects_ignored": 0, "conflict_hints": 0}
+        # installs_retained: snapshot installs that kept the log after the snapshot (Raft's rule)
+        self._cstats = {"stale_rejects_ignored": 0, "conflict_hints": 0, "installs_retained": 0}
         self._snapshot_floors = SnapshotFloors()
-        self._snapshot_installs_retained = 0  # installs that kept the log after the snapshot (Raft's rule)
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._pending_commit = False
@@ -475,7 +475,7 @@ class _Replica(SyncObj):
             last, prev = data[1], data[2]
             retained = clearJournal and _holds_entry(journal, last)
             if retained:
-                self._snapshot_installs_retained += 1
+                self._cstats["installs_retained"] += 1
                 self._SyncObj__raftLastApplied = max(self._SyncObj__raftLastApplied, last[1])
             else:
                 if clearJournal or len(journal) < 2 or journal[0] != prev or journal[1] != last:

@@ -242,7 +242,7 @@ def test_an_install_keeps_the_log_after_an_entry_the_follower_already_holds(
     f._SyncObj__raftLastApplied = 950
     _install(f, last=(900, 3), prev=(899, 3), monkeypatch=monkeypatch)
     assert wire.log_of(f)[-1] == (1000, 3) and len(wire.log_of(f)) == len(wire.log_of(wire.leader))
-    assert f.raftLastApplied == 950 and f._snapshot_installs_retained == 1  # never moves back
+    assert f.raftLastApplied == 950 and f._cstats["installs_retained"] == 1  # never moves back
     # A snapshot whose last entry the log does not hold (another term): the log is replaced.
     _install(f, last=(900, 2), prev=(899, 2), monkeypatch=monkeypatch)
     assert wire.log_of(f) == [(899, 2), (900, 2)] and f.raftLastApplied == 900
