@@ -241,6 +241,7 @@ class _Replica(SyncObj):
         # installs_retained: snapshot installs that kept the log after the snapshot (Raft's rule)
         self._cstats = {"stale_rejects_ignored": 0, "conflict_hints": 0, "installs_retained": 0}
         self._snapshot_floors = SnapshotFloors()
+        self._install_ack: int | None = None  # next_node_idx of the confirmation of an install that kept the log
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._pending_commit = False
@@ -477,6 +478,10 @@ class _Replica(SyncObj):
             if retained:
                 self._cstats["installs_retained"] += 1
                 self._SyncObj__raftLastApplied = max(self._SyncObj__raftLastApplied, last[1])
+                # The entries after the snapshot may not be the leader's (log matching
+                # holds only up to a shared entry): the confirmation claims the
+                # snapshot, and appends then check the rest as usual.
+                self._install_ack = last[1] + 1
             else:
                 if clearJournal or len(journal) < 2 or journal[0] != prev or journal[1] != last:
                     journal.clear()
@@ -597,7 +602,10 @@ class _Replica(SyncObj):
                 floor = self._SyncObj__raftLog[1][1] + 1  # the same index pysyncobj's sender uses
                 self._snapshot_floors.sent(node, floor, self.raftCurrentTerm, monotonic())
         elif mtype == "next_node_idx":
-            if self._ack_override is not None and message.get("success"):
+            if self._install_ack is not None and message.get("success"):
+                message = dict(message, next_node_idx=self._install_ack)  # sent right after the install
+                self._install_ack = None
+            elif self._ack_override is not None and message.get("success"):
                 message = dict(message, next_node_idx=self._ack_override)
             elif (
                 self._reject_hint is not None

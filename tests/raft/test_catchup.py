@@ -243,6 +243,12 @@ def test_an_install_keeps_the_log_after_an_entry_the_follower_already_holds(
     _install(f, last=(900, 3), prev=(899, 3), monkeypatch=monkeypatch)
     assert wire.log_of(f)[-1] == (1000, 3) and len(wire.log_of(f)) == len(wire.log_of(wire.leader))
     assert f.raftLastApplied == 950 and f._cstats["installs_retained"] == 1  # never moves back
+    # Its confirmation claims the snapshot only: the kept tail is checked by appends, as any log.
+    wire.out[1].clear()
+    f._SyncObj__sendNextNodeIdx(wire.lnode, success=True)  # what pysyncobj sends after an install
+    assert [m["next_node_idx"] for _, m in wire.out[1]] == [901]
+    f._SyncObj__sendNextNodeIdx(wire.lnode, success=True)  # later acks are the log's end again
+    assert wire.out[1][-1][1]["next_node_idx"] == 1001
     # A snapshot whose last entry the log does not hold (another term): the log is replaced.
     _install(f, last=(900, 2), prev=(899, 2), monkeypatch=monkeypatch)
     assert wire.log_of(f) == [(899, 2), (900, 2)] and f.raftLastApplied == 900
