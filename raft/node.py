@@ -218,6 +218,10 @@ class _JournalView:
         j = self._r._SyncObj__raftLog
         return j[index - j[0][1]][2]
 
+    def holds(self, index: int, term: int) -> bool:
+        """Whether the log has an entry at ``index`` of ``term`` (Raft's log matching)."""
+        return self.first_index() <= index <= self.last_index() and self.term_at(index) == term
+
 
 class _Replica(SyncObj):
     """The SyncObj subclass. Everything here runs on pysyncobj's tick thread
@@ -474,7 +478,7 @@ class _Replica(SyncObj):
                     consumer._deserialize(rest[i])
             journal = self._SyncObj__raftLog
             last, prev = data[1], data[2]
-            retained = clearJournal and _holds_entry(journal, last)
+            retained = clearJournal and self._view.holds(last[1], last[2])
             if retained:
                 self._cstats["installs_retained"] += 1
                 self._SyncObj__raftLastApplied = max(self._SyncObj__raftLastApplied, last[1])
@@ -862,14 +866,6 @@ _BIND_HINTS = {
     "stop it or choose another raft_addr",
     errno.EADDRNOTAVAIL: "the host is not an address of this machine: use one of its own addresses",
 }
-
-
-def _holds_entry(journal: Any, entry: tuple[Any, int, int]) -> bool:
-    """Whether the log holds an entry with ``entry``'s index and term (Raft's log matching)."""
-    if len(journal) == 0:
-        return False
-    pos = entry[1] - journal[0][1]
-    return 0 <= pos < len(journal) and journal[pos][1] == entry[1] and journal[pos][2] == entry[2]
 
 
 def _check_bindable(address: str, grace: float = 2.0) -> None:
