@@ -107,6 +107,8 @@ class Run:
     task: asyncio.Task[Any] | None = None
     started: float = 0.0
     healthy_reported: str = ""  # deployment id whose health was reported
+    joined: float = 0.0  # when an in-place update moved it into its deployment (monotonic)
+    moved: asyncio.Event = field(default_factory=asyncio.Event)  # set on such a move
     finished: bool = False
     quiet_stop: bool = False  # stopped without a report: marked lost, or resumed by the next run
     shutdown: bool = False  # stopped because this client is shutting down
@@ -330,7 +332,13 @@ class SimClient:
             self._stop(run, quiet=False)
         else:
             run.job_version = int(alloc.get("job_version", run.job_version))
-            run.deployment_id = alloc.get("deployment_id") or ""
+            deployment_id = alloc.get("deployment_id") or ""
+            if deployment_id != run.deployment_id:
+                # Updated in place into a new rollout: its health is judged
+                # anew, from now (Nomad's client restarts its health watcher).
+                run.deployment_id = deployment_id
+                run.joined = time.monotonic()
+                run.moved.set()
 
     def _stop(self, run: Run, *, quiet: bool) -> None:
         if run.finished:
@@ -415,16 +423,27 @@ class SimClient:
             self.runs.pop(run.alloc_id, None)
 
     async def _health(self, run: Run, job: dict[str, Any], group: dict[str, Any]) -> None:
-        """Report the alloc healthy once it ran ``min_healthy_time`` (deployment allocs only)."""
-        if job.get("Type") != "service":
-            return
-        update = group.get("Update") or {}
-        min_healthy = update.get("MinHealthyTime")
-        wait = DEFAULT_MIN_HEALTHY if min_healthy is None else float(min_healthy) / 1e9
-        await asyncio.sleep(max(0.0, wait - (time.monotonic() - run.started)))
-        if run.deployment_id and run.healthy_reported != run.deployment_id:
-            run.healthy_reported = run.deployment_id
-            self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": True, "Timestamp": time.time_ns()}})
+        """Report the alloc healthy once it ran ``min_healthy_time`` in its deployment (service allocs only).
+
+        Again after an in-place update moves it into a new deployment, with
+        that version's ``min_healthy_time``.
+        """
+        while True:
+            if job.get("Type") != "service":
+                return
+            wait = _min_healthy(group)
+            while (left := wait - (time.monotonic() - max(run.started, run.joined))) > 0:
+                await asyncio.sleep(left)
+            if run.deployment_id and run.healthy_reported != run.deployment_id:
+                run.healthy_reported = run.deployment_id
+                self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": True, "Timestamp": time.time_ns()}})
+            run.moved.clear()
+            await run.moved.wait()
+            try:
+                job = await self.job_spec(run.job_id, run.job_version)
+            except (DriverError, RPCError):
+                return  # the version is gone: the server is stopping this alloc anyway
+            group = next((g for g in job.get("TaskGroups") or [] if g.get("Name") == run.task_group), {})
 
     # -- reporting ------------------------------------------------------------------------
     def _report(self, run: Run, status: str, description: str, states: dict[str, Any], *, failed: bool = False) -> None:
@@ -460,6 +479,12 @@ class SimClient:
                 for item in batch:  # put back unless something newer came meanwhile
                     self.pending.setdefault(item["ID"], item)
                 return
+
+
+def _min_healthy(group: dict[str, Any]) -> float:
+    """The group's ``update.min_healthy_time`` in seconds (Nomad's default without one)."""
+    min_healthy = (group.get("Update") or {}).get("MinHealthyTime")
+    return DEFAULT_MIN_HEALTHY if min_healthy is None else float(min_healthy) / 1e9
 
 
 def load_nodes(path: str) -> list[SimNode]:

@@ -9,6 +9,7 @@ entry changes nothing.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from fsm.structs import (
     SERVER_TERMINAL,
     TOKEN_MANAGEMENT,
     Allocation,
+    Deployment,
     Evaluation,
     Job,
     JobSummary,
@@ -382,7 +384,6 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
             check_client_status(stop.id, stop.client_status)
     if msg.deployment is not None:
         check_deployment(msg.deployment)
-        w.put_deployment(msg.deployment, w.deployment(msg.deployment.id), "DeploymentStatusUpdate")
     stopped = []
     for stop in msg.allocs_to_stop:
         alloc = w.alloc(stop.id)
@@ -400,6 +401,7 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
         w.put_alloc(alloc, old, "PlanResult")
         stopped.append(alloc.id)
     placed = []
+    joined: Counter[tuple[str, str]] = Counter()  # (deployment, group) -> allocs new to that rollout
     plan_evals = {ev.id: ev.job_id for ev in msg.evals}
     for alloc in msg.allocs_to_place:
         if w.job(alloc.job_id) is None:
@@ -426,7 +428,10 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
             alloc.client_status = old.client_status
             alloc.client_description = old.client_description
             alloc.task_states = old.task_states
-            alloc.deployment_status = old.deployment_status
+            if alloc.deployment_id == old.deployment_id:
+                alloc.deployment_status = old.deployment_status
+        if alloc.deployment_id and (old is None or old.deployment_id != alloc.deployment_id):
+            joined[alloc.deployment_id, alloc.task_group] += 1
         alloc.alloc_modify_index = w.index
         w.put_alloc(alloc, old, "PlanResult")
         if old is None:
@@ -437,8 +442,30 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
             # The summaries count allocs per job and group: move this one.
             _move_count(w, old, alloc)
         placed.append(alloc.id)
+    _put_rollouts(w, msg.deployment, joined)
     eval_ids = _upsert_evals(w, msg.evals)
     return {"placed": placed, "stopped": stopped, "eval_ids": eval_ids}
+
+
+def _put_rollouts(w: StateWriter, new: Deployment | None, joined: Counter[tuple[str, str]]) -> None:
+    """Store the plan's new deployment and count the allocs each rollout gained (Nomad's PlacedAllocs).
+
+    An alloc joins a rollout when it is placed with its id, or when an
+    in-place update moves it there from an older one.
+    """
+    rollouts: dict[str, tuple[Deployment, Deployment | None]] = {}
+    if new is not None:
+        rollouts[new.id] = (new, w.deployment(new.id))
+    for dep_id in sorted({dep_id for dep_id, _ in joined} - set(rollouts)):
+        stored = w.deployment(dep_id)
+        if stored is not None:
+            rollouts[dep_id] = (copy.deepcopy(stored), stored)
+    for dep_id, (dep, old) in rollouts.items():
+        for (of, group), n in sorted(joined.items()):
+            if of == dep_id and group in dep.task_groups:
+                dep.task_groups[group].placed_allocs += n
+        if dep != old:
+            w.put_deployment(dep, old, "DeploymentStatusUpdate")
 
 
 def _link_previous(w: StateWriter, alloc: Allocation) -> None:

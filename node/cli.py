@@ -572,6 +572,14 @@ def job_status(job_id: str | None, address: str, token: str | None, as_json: boo
     groups = [{"Group": g, **s} for g, s in sorted(summary.get("Summary", {}).items())]
     click.echo("\nSummary")
     click.echo(rows(groups, [(k, k) for k in ("Group", "Queued", "Starting", "Running", "Failed", "Complete", "Lost")]))
+    deployments = c.read("deployment.list", {"job_id": job_id})
+    if deployments:
+        latest = max(deployments, key=lambda d: d.get("CreateIndex", 0))
+        click.echo("\nLatest Deployment")
+        click.echo(kv({**latest, "ID": short(latest["ID"])},
+                      [("ID", "ID"), ("Status", "Status"), ("Description", "StatusDescription")]))
+        click.echo("\nDeployed")
+        click.echo(_deployed_rows(latest))
     allocs = c.read("alloc.list", {"job_id": job_id})
     click.echo("\nAllocations")
     click.echo(_alloc_rows(allocs))
@@ -703,8 +711,24 @@ def deployment_list(job_id: str | None, address: str, token: str | None, as_json
 def deployment_status(deployment_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
     data = c.read("deployment.get", {"deployment_id": deployment_id})
-    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status"),
-                                    ("Description", "StatusDescription")]))
+    emit(c, data, _deployment_table)
+
+
+def _deployment_table(d: dict[str, Any]) -> str:
+    """As ``nomad deployment status``: the rollout, then each group's progress."""
+    head = kv(d, [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status"),
+                  ("Description", "StatusDescription")])
+    return head + "\n\nDeployed\n" + _deployed_rows(d)
+
+
+def _deployed_rows(d: dict[str, Any]) -> str:
+    groups = sorted((d.get("TaskGroups") or {}).items())
+    columns = [("Task Group", "Group")]
+    if any(s.get("AutoRevert") for _, s in groups):
+        columns.append(("Auto Revert", "AutoRevert"))
+    columns += [("Desired", "DesiredTotal"), ("Placed", "PlacedAllocs"), ("Healthy", "HealthyAllocs"),
+                ("Unhealthy", "UnhealthyAllocs"), ("Progress Deadline", "Deadline")]
+    return rows([{**s, "Group": g, "Deadline": when(s.get("RequireProgressBy", 0)) or "<none>"} for g, s in groups], columns)
 
 
 @main.group()

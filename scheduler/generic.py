@@ -155,6 +155,7 @@ def schedule_generic(
     if deployment is not None and deployment is not dep:
         plan.deployment = deployment
     dep_id = deployment.id if deployment is not None and deployment.active() else ""
+    _join_rollout(plans, groups, job, dep_id)
     for name, gp in plans.items():
         group = groups.get(name)
         if group is None or job is None:
@@ -225,7 +226,7 @@ def _deployment_for(
         gp = plans.get(name)
         if strategy is None or strategy.max_parallel <= 0 or gp is None:
             continue
-        if gp.place or gp.pending_updates:
+        if gp.place or gp.pending_updates or gp.inplace:
             rolling[name] = (strategy, gp)
     if not rolling:
         return None
@@ -233,7 +234,7 @@ def _deployment_for(
     states = {}
     for name, (strategy, gp) in sorted(rolling.items()):
         states[name] = DeploymentState(
-            desired_total=len(gp.place) + gp.pending_updates,
+            desired_total=len(gp.place) + gp.pending_updates + len(gp.inplace),
             placed_allocs=0,
             auto_revert=strategy.auto_revert,
             progress_deadline=strategy.progress_deadline,
@@ -250,6 +251,25 @@ def _deployment_for(
         status_description="Deployment is running",
         task_groups=states,
     )
+
+
+def _join_rollout(plans: dict[str, GroupPlan], groups: dict[str, TaskGroup], job: Job | None, dep_id: str) -> None:
+    """Allocs updated in place join the rollout of their new version, health unknown again.
+
+    As Nomad's scheduler: the deployment then counts every alloc of the
+    version, and the client reports each one's health anew before the
+    rollout can succeed.
+    """
+    if not dep_id or job is None:
+        return
+    for name, gp in plans.items():
+        group = groups.get(name)
+        if group is None or update_strategy(job, group) is None:
+            continue
+        for updated in gp.inplace:
+            if updated.deployment_id != dep_id:
+                updated.deployment_id = dep_id
+                updated.deployment_status = None
 
 
 def _followups(plan: Plan, snap: Snapshot, plans: dict[str, GroupPlan]) -> str:

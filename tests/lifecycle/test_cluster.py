@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import uuid
@@ -91,7 +92,7 @@ def test_a_new_version_rolls_out_through_a_successful_deployment(lifecycle_env: 
     assert dep["Status"] == "successful", dep
     rows = live(allocs(env, "roll"))
     assert len(rows) == 3 and all(a["JobVersion"] == 1 and a["DeploymentID"] == dep["ID"] for a in rows)
-    assert dep["TaskGroups"]["g"]["HealthyAllocs"] >= 3
+    assert dep["TaskGroups"]["g"]["HealthyAllocs"] >= 3 and dep["TaskGroups"]["g"]["PlacedAllocs"] == 3
     # Old allocs were replaced at most one at a time: never more than count + max_parallel live.
     env.call("job.stop", {"job_id": "roll"})
 
@@ -109,6 +110,17 @@ def test_job_run_names_updated_allocs_modified_and_the_new_deployment(lifecycle_
     assert out.stdout.count('" modified: node') == 2 and out.stdout.count('" created: node') == 1, out.stdout
     v1 = next(d for d in env.read("deployment.list", {"job_id": "grow"}) if d["JobVersion"] == 1)
     assert f'Evaluation within deployment: "{v1["ID"][:8]}"' in out.stdout, (v1["ID"], out.stdout)
+    # The two allocs updated in place joined the new rollout, and the client judged their health
+    # anew: it succeeds with all three counted (Nomad's Desired/Placed/Healthy).
+    v1 = wait_until(lambda: (d := env.read("deployment.get", {"deployment_id": v1["ID"]}))["Status"] != "running" and d,
+                    60, "the second deployment finished")
+    state = v1["TaskGroups"]["g"]
+    assert v1["Status"] == "successful" and (state["DesiredTotal"], state["PlacedAllocs"], state["HealthyAllocs"]) == (3, 3, 3), v1
+    assert all(a["DeploymentID"] == v1["ID"] for a in live(allocs(env, "grow")))
+    shown = env.cli("deployment", "status", v1["ID"])
+    assert shown.returncode == 0 and re.search(r"^g\s+3\s+3\s+3\s+0\s+\S+$", shown.stdout, re.M), shown.stdout
+    status = env.cli("job", "status", "grow")
+    assert "Latest Deployment" in status.stdout and v1["ID"][:8] in status.stdout, status.stdout
     env.call("job.stop", {"job_id": "grow"})
 
 

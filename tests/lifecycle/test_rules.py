@@ -13,6 +13,7 @@ from fsm.structs import (
     HOUR,
     SECOND,
     Constraint,
+    DeploymentStatus,
     RescheduleEvent,
     ReschedulePolicy,
     RescheduleTracker,
@@ -374,6 +375,30 @@ def test_a_service_version_rolls_out_through_a_deployment() -> None:
     assert schedule(snapshot(job(count=2), [node("a")])).deployment is not None
     batch = schedule(snapshot(job(type="batch", count=2), [node("a")]))
     assert batch.deployment is None and batch.evals[0].deployment_id == ""
+
+
+def test_allocs_updated_in_place_join_the_new_rollout_with_health_unknown() -> None:
+    """As Nomad's scheduler: an in-place update moves the alloc into the new version's
+    deployment, which then counts every alloc of the version."""
+    strategy = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND)
+    v0 = job(count=2, update=strategy)
+    v1 = job(count=3, update=strategy, version=1)  # only the count changed
+    allocs = [alloc(v0, i, f"n{i}", deployment_id="d0", deployment_status=DeploymentStatus(healthy=True)) for i in range(2)]
+    plan = schedule(snapshot(v1, [node(f"n{i}") for i in range(3)], allocs, versions={0: v0, 1: v1}))
+    dep = plan.deployment
+    assert dep is not None and dep.task_groups["g"].desired_total == 3
+    moved = [a for a in plan.place if a.id in plan.inplace]
+    assert len(moved) == 2 and len(plan.place) == 3
+    assert all(a.deployment_id == dep.id and a.deployment_status is None for a in plan.place)
+    # A version changed only in place still gets a deployment of its own.
+    v1_same = job(count=2, update=strategy, version=1)
+    plan = schedule(snapshot(v1_same, [node("n0"), node("n1")], allocs, versions={0: v0, 1: v1_same}))
+    assert plan.deployment is not None and plan.deployment.task_groups["g"].desired_total == 2
+    assert len(plan.place) == 2 and all(a.deployment_id == plan.deployment.id for a in plan.place)
+    # A batch job has no rollout: its allocs keep what they had.
+    b0, b1 = job(type="batch", count=2), job(type="batch", count=2, version=1)
+    plan = schedule(snapshot(b1, [node("n0"), node("n1")], [alloc(b0, i, f"n{i}") for i in range(2)], versions={0: b0, 1: b1}))
+    assert plan.deployment is None and all(a.deployment_id == "" for a in plan.place)
 
 
 def test_failed_alloc_later_gets_a_followup_eval_and_annotation() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from fsm import messages as m
 from fsm.caches import NodeUsageCache
-from fsm.structs import SECOND, Evaluation, Job, TaskState
+from fsm.structs import SECOND, DeploymentStatus, Evaluation, Job, TaskState, UpdateStrategy
 from node.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
@@ -105,6 +106,32 @@ def test_in_place_update_of_a_changed_alloc_is_rejected(h: Harness) -> None:
     with h.reader() as r:
         _, rejected = check_plan(r, plan, NodeUsageCache())
     assert "n" in rejected
+
+
+def test_a_rollout_counts_placed_and_moved_allocs_and_their_fresh_health(h: Harness) -> None:
+    """Nomad's PlacedAllocs: an alloc counts once per rollout it joins, placed or moved there in
+    place; a moved alloc's health from the old rollout is not carried over."""
+    for i in range(3):
+        h.ok(m.NodeRegister(node=node(f"n{i}")))
+    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND)
+    run_eval(h, register(h, job("s", count=2, update=update)))
+    with h.reader() as r:
+        (d0,) = r.deployments_by_job("s")
+        ids = r.alloc_ids_by_job("s")
+    assert d0.task_groups["g"].placed_allocs == 2
+    healthy = m.AllocClientState(id="", client_status="running", deployment_status=DeploymentStatus(healthy=True, timestamp=1))
+    h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=i) for i in ids]))
+    run_eval(h, register(h, job("s", count=3, update=update)))  # count only: two in place, one new
+    with h.reader() as r:
+        d1 = next(d for d in r.deployments_by_job("s") if d.id != d0.id)
+        allocs = [r.alloc(i) for i in r.alloc_ids_by_job("s")]
+        assert r.deployment(d0.id).task_groups["g"].placed_allocs == 2  # unchanged by the move
+    state = d1.task_groups["g"]
+    assert (state.desired_total, state.placed_allocs, state.healthy_allocs) == (3, 3, 0)
+    assert all(a.deployment_id == d1.id and a.deployment_status is None for a in allocs)
+    h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=a.id) for a in allocs]))
+    with h.reader() as r:
+        assert r.deployment(d1.id).task_groups["g"].healthy_allocs == 3
 
 
 @settings(max_examples=25, deadline=None)
