@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -184,9 +185,15 @@ def test_lifecycle_never_runs_more_than_count(steps, kind, seed) -> None:
                     got = r.job("p")
                     lv = [a for a in r.allocs_by_job("p") if not a.terminal()]
                     down = {n.id for n in r.nodes() if n.status == "down"}
+                    rollouts = r.deployments_by_job("p")
+                    members = Counter(a.deployment_id for a in r.allocs_by_job("p") if a.deployment_id)
                 want = 0 if got.stop else got.task_groups[0].count
                 assert len(lv) <= max(want, 0)
                 assert not [a for a in lv if a.node_id in down]
+                # Every alloc of a rollout was counted into it when it joined (placed or moved in).
+                for d in rollouts:
+                    assert members[d.id] <= sum(s.placed_allocs for s in d.task_groups.values()), (d, members)
+                assert set(members) <= {d.id for d in rollouts}
                 if not plan.place and not plan.stop:
                     break
                 ev = Evaluation(id=f"ev-{h.index}-x", job_id="p", type=kind, status="pending")
