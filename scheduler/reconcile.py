@@ -204,7 +204,19 @@ def reconcile_group(
         plan.place.append(Placement(alloc_name(job.id, group.name, next_free)))
     plan.place.extend(replace)
 
+    # As Nomad: a failed service alloc of an older version that keeps its slot
+    # (waiting for its reschedule delay, or out of attempts) is updated like a
+    # live one, so a new version replaces it now, first; a crash-looping
+    # service is fixed by a new version at once, not after its backoff.
     destructive: list[Allocation] = []
+    if not batch:
+        for alloc in sorted(held, key=lambda a: (name_index(a.name), a.id)):
+            if (
+                alloc.client_status == CLIENT_FAILED
+                and alloc.job_version != job.version
+                and not can_update_in_place(job, group, versions.get(alloc.job_version))
+            ):
+                destructive.append(alloc)
     for alloc in sorted(live, key=lambda a: (name_index(a.name), a.id)):
         if alloc.job_version == job.version:
             continue
@@ -219,6 +231,8 @@ def reconcile_group(
     for alloc in destructive[:allowed]:
         plan.stop.append(Stop(alloc, STOP_UPDATE))
         plan.place.append(Placement(alloc.name, previous=alloc, destructive=True))
+    replaced = {a.id for a in destructive[:allowed]}
+    plan.followups = [f for f in plan.followups if f.alloc.id not in replaced]  # no later reschedule of what is replaced now
     plan.pending_updates = len(destructive) - allowed
     plan.running = len(live)
     return plan

@@ -250,6 +250,23 @@ def test_new_version_updates_destructively_up_to_the_limit_or_in_place() -> None
     assert len(gp.inplace) == 3 and all(a.job_version == 1 for a in gp.inplace) and len(gp.place) == 1 and not gp.stop
 
 
+def test_a_new_version_replaces_failed_service_allocs_at_once_instead_of_after_their_backoff() -> None:
+    """As Nomad: a failed alloc of an older version waiting for its reschedule (or out of
+    attempts) is updated destructively, failed ones first; its later reschedule is dropped."""
+    policy = ReschedulePolicy(attempts=1, interval=HOUR, delay=HOUR, delay_function="constant", unlimited=False)
+    v0 = job(count=3, config={"v": 0}, reschedule_policy=policy)
+    v1 = job(count=3, config={"v": 1}, reschedule_policy=policy, version=1)
+    waiting = _failed(v0, 2, finished=NOW - SECOND)
+    given_up = _failed(v0, 1, finished=NOW - SECOND, events=[RescheduleEvent(NOW - 60 * SECOND, "x", "a", HOUR)])
+    running = alloc(v0, 0, "a")
+    versions = {0: v0, 1: v1}
+    gp = reconcile_group(v0, v0.task_groups[0], "g", [running, waiting, given_up], {"a": node("a")}, NOW, "e1", versions=versions)
+    assert not gp.place and [f.alloc.id for f in gp.followups] == [waiting.id]  # the same version waits
+    gp = reconcile_group(v1, v1.task_groups[0], "g", [running, waiting, given_up], {"a": node("a")}, NOW, "e1", versions=versions, limit=2)
+    assert [s.alloc.id for s in gp.stop] == [given_up.id, waiting.id] and not gp.followups
+    assert [p.previous.id for p in gp.place] == [given_up.id, waiting.id] and gp.pending_updates == 1
+
+
 def test_a_stopped_job_stops_everything() -> None:
     j = job(count=2)
     j.stop = True
