@@ -23,6 +23,7 @@ from fsm.store import META_ACL_BOOTSTRAP
 from fsm.structs import (
     CLIENT_PENDING,
     CLIENT_TERMINAL,
+    DEPLOYMENT_SUCCESSFUL,
     EVAL_TERMINAL,
     JOB_DEAD,
     JOB_PENDING,
@@ -87,7 +88,12 @@ def conflict(message: str) -> ApplyRejected:
     return ApplyRejected("conflict", message)
 
 
-def _spec(job: Job) -> dict[str, Any]:
+def job_spec(job: Job) -> dict[str, Any]:
+    """What a user wrote: the job without the fields the state keeps for it.
+
+    Two registrations with the same spec are the same version; auto-revert
+    only goes back to a stable version whose spec differs from the failed one.
+    """
     data = codec.to_wire(job)
     for name in _JOB_BOOKKEEPING:
         data.pop(name, None)
@@ -237,7 +243,7 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
                 f"job {job.id}: enforce index {msg.enforce_index} does not match the current "
                 f"job modify index {current}; read the job again and retry"
             )
-    changed = old is None or _spec(old) != _spec(job)
+    changed = old is None or job_spec(old) != job_spec(job)
     job.create_index = old.create_index if old is not None else w.index
     job.create_time = old.create_time if old is not None else w.now
     job.modify_index = w.index
@@ -566,9 +572,31 @@ def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> d
     dep.status_description = msg.status_description
     w.put_deployment(dep, old, "DeploymentStatusUpdate")
     result: dict[str, Any] = {"deployment_id": dep.id}
-    if msg.eval is not None:
+    if msg.status == DEPLOYMENT_SUCCESSFUL:
+        _mark_stable(w, dep.job_id, dep.job_version)
+    if msg.job is not None:
+        if msg.job.id != dep.job_id:
+            raise bad(f"rollback job {msg.job.id} is not deployment {dep.id}'s job {dep.job_id}")
+        # Only over the version that failed: a version registered since wins.
+        rollback = job_register(w, m.JobRegister(job=msg.job, eval=msg.eval, enforce_index=dep.job_modify_index))
+        result["rollback_version"] = rollback["version"]
+        result["eval_ids"] = [rollback["eval_id"]] if "eval_id" in rollback else []
+    elif msg.eval is not None:
         result["eval_ids"] = _upsert_evals(w, [msg.eval])
     return result
+
+
+def _mark_stable(w: StateWriter, job_id: str, version: int) -> None:
+    """A successful rollout makes its job version stable: what auto-revert goes back to (as Nomad)."""
+    kept = w.job_version(job_id, version)
+    if kept is not None and not kept.stable:
+        kept.stable = True
+        w.put_job_version(kept)
+    job = w.job(job_id)
+    if job is not None and job.version == version and not job.stable:
+        job.stable = True
+        job.modify_index, job.modify_time = w.index, w.now
+        w.record_packed(TOPIC_JOB, "DeploymentStatusUpdate", job.id, w.put_job(job))
 
 
 def deployment_reap(w: StateWriter, msg: m.DeploymentReap) -> dict[str, Any]:

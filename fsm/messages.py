@@ -148,6 +148,9 @@ class DeploymentStatusUpdate:
     status: str
     status_description: str = ""
     eval: Evaluation | None = None
+    # A failed rollout's auto-revert: this stable version's spec registered
+    # again as a new version (``eval`` places it), in the same entry.
+    job: Job | None = None
 
 
 @dataclass

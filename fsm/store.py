@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from fsm import codec
-from fsm.keys import from_u64, key, last_part, prefix, u64
+from fsm.keys import from_u64, key, key_at, last_part, prefix, u64
 from fsm.structs import (
     EVAL_TERMINAL,
     ACLToken,
@@ -201,6 +201,9 @@ class StateReader:
         """Newest first, as Nomad lists them."""
         rows = [codec.load(Job, v) for _, v in self._scan("job_versions", prefix(job_id))]
         return sorted(rows, key=lambda j: j.version, reverse=True)
+
+    def job_version(self, job_id: str, version: int) -> Job | None:
+        return self._get("job_versions", key_at(job_id, version), Job)
 
     def job_summary(self, job_id: str) -> JobSummary | None:
         return self._get("job_summary", job_id.encode(), JobSummary)

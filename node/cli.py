@@ -606,7 +606,8 @@ def job_history(job_id: str, address: str, token: str | None, as_json: bool, sta
     data = c.read("job.versions", {"job_id": job_id})
     emit(c, data, lambda d: rows(
         [{**v, "Submitted": when(v.get("SubmitTime", 0))} for v in d["Versions"]],
-        [("Version", "Version"), ("Stop", "Stop"), ("Submitted", "Submitted"), ("JobModifyIndex", "JobModifyIndex")]))
+        [("Version", "Version"), ("Stable", "Stable"), ("Stop", "Stop"), ("Submitted", "Submitted"),
+         ("JobModifyIndex", "JobModifyIndex")]))
 
 
 # -- evals / allocs / deployments / nodes -----------------------------------

@@ -11,6 +11,9 @@ decides, for every active deployment:
   within ``progress_deadline`` of the last progress (the deployment's start
   or the newest healthy alloc);
 - *cancelled* when the job was stopped or a newer version replaced it;
+- on failure, if a group has ``auto_revert``, the newest stable version (one
+  whose rollout succeeded) is registered again as a new version in the same
+  entry, unless its spec is the failed version's (Nomad's rules and words);
 - otherwise, each time more allocs became healthy it creates a
   ``deployment-watcher`` eval so the scheduler places the next
   ``max_parallel`` batch of the rolling update.
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fsm import messages as m
+from fsm.handlers import job_spec
 from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,
@@ -31,6 +35,7 @@ from fsm.structs import (
     DEPLOYMENT_SUCCESSFUL,
     Deployment,
     Evaluation,
+    Job,
 )
 from node.errors import RPCError
 from node.heartbeat import job_eval
@@ -55,7 +60,8 @@ class Decision:
     status: str = ""  # new terminal status, or "" to keep running
     description: str = ""
     healthy: int = 0
-    eval: Evaluation | None = None  # continue the rollout
+    eval: Evaluation | None = None  # continue the rollout, or place the rollback
+    rollback: Job | None = None  # the stable version to register again
 
 
 def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | None) -> Decision:
@@ -71,8 +77,7 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     states = dep.task_groups
     out.healthy = sum(s.healthy_allocs for s in states.values())
     if any(s.unhealthy_allocs > 0 for s in states.values()):
-        out.status, out.description = DEPLOYMENT_FAILED, DESC_UNHEALTHY
-        return out
+        return _fail(reader, dep, job, out, DESC_UNHEALTHY)
     if all(s.healthy_allocs >= s.desired_total for s in states.values()):
         out.status, out.description = DEPLOYMENT_SUCCESSFUL, DESC_SUCCESSFUL
         return out
@@ -82,11 +87,27 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
             progress = max(progress, alloc.modify_time)
     for state in states.values():
         if state.progress_deadline and state.healthy_allocs < state.desired_total and now > progress + state.progress_deadline:
-            out.status, out.description = DEPLOYMENT_FAILED, DESC_DEADLINE
-            return out
+            return _fail(reader, dep, job, out, DESC_DEADLINE)
     if seen_healthy is None or out.healthy > seen_healthy:
         out.eval = job_eval(job, TRIGGER_DEPLOYMENT)
         out.eval.deployment_id = dep.id
+    return out
+
+
+def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: str) -> Decision:
+    out.status, out.description = DEPLOYMENT_FAILED, why
+    if not any(s.auto_revert for s in dep.task_groups.values()):
+        return out
+    stable = next((v for v in reader.job_versions(job.id) if v.stable), None)
+    if stable is None:
+        out.description = f"{why} - no stable job version to auto revert to"
+    elif job_spec(stable) == job_spec(job):
+        # Going back would deploy the same spec again (and fail again).
+        out.description = f"{why} - not rolling back to stable job version {stable.version} as current job has same specification"
+    else:
+        out.description = f"{why} - rolling back to job version {stable.version}"
+        out.rollback = stable
+        out.eval = job_eval(stable, TRIGGER_DEPLOYMENT)
     return out
 
 
@@ -124,7 +145,13 @@ class DeploymentWatcher:
         try:
             if d.status:
                 await self.server.propose(
-                    m.DeploymentStatusUpdate(deployment_id=d.deployment_id, status=d.status, status_description=d.description)
+                    m.DeploymentStatusUpdate(
+                        deployment_id=d.deployment_id,
+                        status=d.status,
+                        status_description=d.description,
+                        eval=d.eval if d.rollback is not None else None,
+                        job=d.rollback,
+                    )
                 )
                 self.seen.pop(d.deployment_id, None)
                 self.log.info("deployment finished", deployment=d.deployment_id, status=d.status, why=d.description)

@@ -97,6 +97,32 @@ def test_a_new_version_rolls_out_through_a_successful_deployment(lifecycle_env: 
     env.call("job.stop", {"job_id": "roll"})
 
 
+def test_a_failing_version_with_auto_revert_rolls_back_to_the_last_stable_one(lifecycle_env: Env) -> None:
+    """Nomad's auto_revert: the failed rollout re-registers the newest stable version's spec."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 300_000_000, "AutoRevert": True}
+    env.call("job.register", {"job": spec("back", count=2, config={"v": 0}, update=update)})
+
+    def deployment(version: int) -> dict[str, Any] | None:
+        return next((d for d in env.read("deployment.list", {"job_id": "back"}) if d["JobVersion"] == version), None)
+
+    wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    assert env.read("job.get", {"job_id": "back"})["Stable"] is True
+    env.call("job.register", {"job": spec("back", count=2, config={"v": 1, "run_for": "100ms", "exit_code": 1}, update=update)})
+    failed = wait_until(lambda: (d := deployment(1)) and d["Status"] == "failed" and d, 60, "the failing version's rollout failed")
+    assert failed["StatusDescription"] == "Failed due to unhealthy allocations - rolling back to job version 0", failed
+    back = wait_until(lambda: (d := deployment(2)) and d["Status"] == "successful" and d, 60, "the rollback's rollout succeeded")
+    job = env.read("job.get", {"job_id": "back"})
+    assert job["Version"] == 2 and job["TaskGroups"][0]["Tasks"][0]["Config"] == {"v": 0} and job["Stable"] is True
+    rows = live(allocs(env, "back"))
+    assert len(rows) == 2 and all(a["JobVersion"] == 2 and a["DeploymentID"] == back["ID"] for a in rows), rows
+    history = env.cli("job", "history", "back")
+    assert history.returncode == 0 and re.search(r"^\s*1\s+false\s", history.stdout, re.M), history.stdout
+    shown = env.cli("deployment", "status", failed["ID"])
+    assert "Auto Revert" in shown.stdout and "rolling back to job version 0" in shown.stdout, shown.stdout
+    env.call("job.stop", {"job_id": "back"})
+
+
 def test_job_run_names_updated_allocs_modified_and_the_new_deployment(lifecycle_env: Env) -> None:
     """A count-only change updates the running allocs in place: `job run` says "modified" for
     them and "created" for the new one, and names the new version's deployment (as nomad)."""

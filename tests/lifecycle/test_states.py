@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from fsm import messages as m
 from fsm.caches import NodeUsageCache
 from fsm.structs import SECOND, DeploymentStatus, Evaluation, Job, TaskState, UpdateStrategy
+from node.deployments import decide
 from node.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
 from scheduler.state import load_snapshot
-from tests.fsm.support import Harness
+from tests.fsm.support import Harness, state_diff, without_bookkeeping
 from tests.lifecycle.support import job, node
 
 
@@ -133,6 +134,86 @@ def test_a_rollout_counts_placed_and_moved_allocs_and_their_fresh_health(h: Harn
     h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=a.id) for a in allocs]))
     with h.reader() as r:
         assert r.deployment(d1.id).task_groups["g"].healthy_allocs == 3
+
+
+def _rollout(h: Harness, config: dict[str, Any], *, auto_revert: bool = True) -> Any:
+    """Register a version of service job "r" and plan it; its deployment."""
+    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, auto_revert=auto_revert)
+    run_eval(h, register(h, job("r", count=1, update=update, config=config)))
+    with h.reader() as r:
+        return max(r.deployments_by_job("r"), key=lambda d: d.create_index)
+
+
+def _report(h: Harness, dep: Any, healthy: bool) -> None:
+    with h.reader() as r:
+        (a,) = [a for a in r.allocs_by_job("r") if a.deployment_id == dep.id]
+    health = DeploymentStatus(healthy=healthy, timestamp=h.time)
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=a.id, client_status="running", deployment_status=health)]))
+
+
+def _watch(h: Harness, dep: Any) -> Any:
+    with h.reader() as r:
+        return decide(r, r.deployment(dep.id), h.time, None)
+
+
+def test_a_failed_rollout_with_auto_revert_registers_the_newest_stable_version_again(h: Harness) -> None:
+    h.ok(m.NodeRegister(node=node("n")))
+    d0 = _rollout(h, {"v": 0})
+    _report(h, d0, healthy=True)
+    done = _watch(h, d0)
+    assert done.status == "successful" and done.rollback is None
+    h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status=done.status, status_description=done.description))
+    with h.reader() as r:  # a successful rollout makes its version stable, in the job and its version row
+        assert r.job("r").stable and r.job_version("r", 0).stable
+    d1 = _rollout(h, {"v": 1})
+    with h.reader() as r:
+        assert not r.job("r").stable and r.job("r").version == 1
+    _report(h, d1, healthy=False)
+    failed = _watch(h, d1)
+    assert failed.status == "failed" and failed.rollback is not None and failed.rollback.version == 0
+    assert failed.description == "Failed due to unhealthy allocations - rolling back to job version 0"
+    out = h.ok(m.DeploymentStatusUpdate(deployment_id=d1.id, status=failed.status, status_description=failed.description,
+                                        eval=failed.eval, job=failed.rollback))
+    assert out["rollback_version"] == 2 and out["eval_ids"] == [failed.eval.id]
+    with h.reader() as r:
+        j = r.job("r")
+        assert (j.version, j.task_groups[0].tasks[0].config, j.stable) == (2, {"v": 0}, False)
+        assert r.deployment(d1.id).status == "failed" and r.job_version("r", 1).stable is False
+        assert r.eval(failed.eval.id).job_modify_index == j.job_modify_index
+    # The rollback's own rollout fails too: the newest stable version has its spec, so no loop.
+    d2 = _rollout(h, {"v": 0})
+    _report(h, d2, healthy=False)
+    again = _watch(h, d2)
+    assert again.rollback is None and again.description.endswith(
+        "not rolling back to stable job version 0 as current job has same specification")
+
+
+def test_auto_revert_needs_a_stable_version_to_go_back_to(h: Harness) -> None:
+    h.ok(m.NodeRegister(node=node("n")))
+    d0 = _rollout(h, {"v": 0}, auto_revert=False)
+    _report(h, d0, healthy=False)
+    assert _watch(h, d0).description == "Failed due to unhealthy allocations"
+    d1 = _rollout(h, {"v": 1})
+    _report(h, d1, healthy=False)
+    failed = _watch(h, d1)
+    assert failed.rollback is None
+    assert failed.description == "Failed due to unhealthy allocations - no stable job version to auto revert to"
+
+
+def test_a_rollback_yields_to_a_version_registered_meanwhile(h: Harness) -> None:
+    h.ok(m.NodeRegister(node=node("n")))
+    d0 = _rollout(h, {"v": 0})
+    _report(h, d0, healthy=True)
+    h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status="successful"))
+    d1 = _rollout(h, {"v": 1})
+    _report(h, d1, healthy=False)
+    failed = _watch(h, d1)
+    assert failed.rollback is not None
+    register(h, job("r", count=1, config={"v": 9}))  # the user's new version, before the watcher's entry
+    before = h.dump()
+    result = h.apply(m.DeploymentStatusUpdate(deployment_id=d1.id, status=failed.status, eval=failed.eval, job=failed.rollback))
+    assert result.code == "conflict", result
+    assert state_diff(without_bookkeeping(before), without_bookkeeping(h.dump())) == []
 
 
 @settings(max_examples=25, deadline=None)
