@@ -715,6 +715,23 @@ def deployment_status(deployment_id: str, address: str, token: str | None, as_js
     emit(c, data, _deployment_table)
 
 
+@deployment.command("fail")
+@click.argument("deployment_id")
+@client_options
+def deployment_fail(deployment_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Mark a running deployment failed; a group with auto_revert rolls back to the last stable version."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("deployment.fail", {"deployment_id": deployment_id})
+
+    def text(d: dict[str, Any]) -> str:
+        said = f'Deployment "{deployment_id}" failed'
+        if "RevertedJobVersion" in d:
+            said += f'. Auto-reverted to job version {d["RevertedJobVersion"]}.'
+        return said + (f'\nEvaluation "{short(d["EvalID"])}" places the reverted version' if d.get("EvalID") else "")
+
+    emit(c, out, text)
+
+
 def _deployment_table(d: dict[str, Any]) -> str:
     """As ``nomad deployment status``: the rollout, then each group's progress."""
     head = kv(d, [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status"),

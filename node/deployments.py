@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
 from fsm.handlers import job_spec
@@ -37,12 +37,16 @@ from fsm.structs import (
     Evaluation,
     Job,
 )
-from node.errors import RPCError
+from node.acl import Need
+from node.endpoints import by_prefix, method
+from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
 from node.heartbeat import job_eval
+from node.rpc_server import RequestContext
 from node.wakeup import wait_event
 
 if TYPE_CHECKING:
     from node.lifecycle import Lifecycle
+    from node.server import Server
 
 TRIGGER_DEPLOYMENT = "deployment-watcher"
 WATCH_INTERVAL = 1.0
@@ -52,6 +56,11 @@ DESC_UNHEALTHY = "Failed due to unhealthy allocations"
 DESC_DEADLINE = "Failed due to progress deadline"
 DESC_STOPPED = "Cancelled because job is stopped"
 DESC_NEWER = "Cancelled due to newer version of job"
+DESC_FAILED_BY_USER = "Deployment marked as failed"
+
+
+class DeploymentError(Exception):
+    """A deployment cannot take the operation asked of it."""
 
 
 @dataclass
@@ -95,6 +104,12 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
 
 
 def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: str) -> Decision:
+    """Fail the rollout, rolling back to the newest stable version where a group asks for it.
+
+    Nomad goes back to the newest stable version even if it is the failed
+    version's spec (it then only says so): that stops a rollback that fails
+    too from rolling back to itself again and again.
+    """
     out.status, out.description = DEPLOYMENT_FAILED, why
     if not any(s.auto_revert for s in dep.task_groups.values()):
         return out
@@ -111,6 +126,16 @@ def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: st
     return out
 
 
+def fail_by_user(reader: StateReader, dep: Deployment) -> Decision:
+    """``nomad deployment fail``: fail an active rollout now, with the auto-revert a failure brings."""
+    if not dep.active():
+        raise DeploymentError(f"deployment {dep.id} is {dep.status}: only a running deployment can be failed")
+    job = reader.job(dep.job_id)
+    if job is None:
+        raise DeploymentError(f"deployment {dep.id}: job {dep.job_id} no longer exists")
+    return _fail(reader, dep, job, Decision(dep.id), DESC_FAILED_BY_USER)
+
+
 def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Decision]:
     """Decisions for the active deployments among ``ids``."""
     now = max(time.time_ns(), reader.last_time)
@@ -119,6 +144,36 @@ def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Deci
         dep = reader.deployment(dep_id)
         if dep is not None and dep.active():
             out.append(decide(reader, dep, now, seen.get(dep_id)))
+    return out
+
+
+@method("deployment.fail")
+async def deployment_fail(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Mark a running deployment failed (rolling back where a group has auto_revert), as Nomad."""
+    dep_id = args.get("deployment_id")
+    if not isinstance(dep_id, str) or not dep_id:
+        raise RPCError(BAD_REQUEST, "missing argument 'deployment_id'")
+    server.ensure_leader()  # decided on the leader's state, as its watcher decides
+    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
+
+    def decide_failure(r: StateReader) -> Decision:
+        dep = by_prefix(r.deployment, r.deployments, dep_id)
+        if dep is None:
+            raise RPCError(NOT_FOUND, f"deployment {dep_id} not found")
+        try:
+            return fail_by_user(r, dep)
+        except DeploymentError as exc:
+            raise RPCError(BAD_REQUEST, str(exc)) from None
+
+    d = await server.local(decide_failure)
+    body = m.DeploymentStatusUpdate(
+        deployment_id=d.deployment_id, status=d.status, status_description=d.description, eval=d.eval, job=d.rollback
+    )
+    result = await server.write(ctx, Need.WRITE, body)
+    eval_ids = result["value"].get("eval_ids") or [""]
+    out: dict[str, Any] = {"EvalID": eval_ids[0], "DeploymentModifyIndex": result["index"], "Index": result["index"]}
+    if d.rollback is not None:
+        out["RevertedJobVersion"] = d.rollback.version  # the stable version gone back to, as Nomad
     return out
 
 

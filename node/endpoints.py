@@ -162,6 +162,7 @@ async def job_stop(server: Server, ctx: RequestContext, args: dict[str, Any]) ->
     job_id = _arg(args, "job_id")
     purge = bool(args.get("purge", False))
     server.ensure_leader()  # the job is read from state: read the leader's
+    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
     job = await server.local(lambda r: r.job(job_id))
     if job is None:
         raise RPCError(NOT_FOUND, f"job {job_id} not found")
@@ -205,7 +206,7 @@ async def job_summary(server: Server, ctx: RequestContext, args: dict[str, Any])
 @method("eval.get")
 async def eval_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     eval_id = _arg(args, "eval_id")
-    return await server.read(ctx, args, ("evals",), lambda r: _found(_by_prefix(r.eval, r.evals, eval_id), f"evaluation {eval_id}"))
+    return await server.read(ctx, args, ("evals",), lambda r: _found(by_prefix(r.eval, r.evals, eval_id), f"evaluation {eval_id}"))
 
 
 @method("eval.list")
@@ -219,7 +220,7 @@ async def eval_list(server: Server, ctx: RequestContext, args: dict[str, Any]) -
     return await server.read(ctx, args, ("evals",), evals)
 
 
-def _by_prefix(get: Callable[[str], Any], scan: Callable[[str], list], ident: str) -> Any:
+def by_prefix(get: Callable[[str], Any], scan: Callable[[str], list], ident: str) -> Any:
     """Exact id, or a unique prefix of one (as Nomad's CLI accepts short ids)."""
     obj = get(ident)
     if obj is not None:
@@ -234,7 +235,7 @@ def _by_prefix(get: Callable[[str], Any], scan: Callable[[str], list], ident: st
 @method("alloc.get")
 async def alloc_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     alloc_id = _arg(args, "alloc_id")
-    return await server.read(ctx, args, ("allocs",), lambda r: _found(_by_prefix(r.alloc, r.allocs, alloc_id), f"allocation {alloc_id}"))
+    return await server.read(ctx, args, ("allocs",), lambda r: _found(by_prefix(r.alloc, r.allocs, alloc_id), f"allocation {alloc_id}"))
 
 
 @method("alloc.list")
@@ -273,7 +274,7 @@ async def alloc_update(server: Server, ctx: RequestContext, args: dict[str, Any]
 async def deployment_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     dep_id = _arg(args, "deployment_id")
     return await server.read(
-        ctx, args, ("deployments",), lambda r: _found(_by_prefix(r.deployment, r.deployments, dep_id), f"deployment {dep_id}")
+        ctx, args, ("deployments",), lambda r: _found(by_prefix(r.deployment, r.deployments, dep_id), f"deployment {dep_id}")
     )
 
 
@@ -337,7 +338,7 @@ async def node_eligibility(server: Server, ctx: RequestContext, args: dict[str, 
 @method("node.get")
 async def node_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     node_id = _arg(args, "node_id")
-    return await server.read(ctx, args, ("nodes",), lambda r: _found(_by_prefix(r.node, r.nodes, node_id), f"node {node_id}"))
+    return await server.read(ctx, args, ("nodes",), lambda r: _found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}"))
 
 
 @method("node.list")

@@ -297,6 +297,11 @@ async def deployment_get(request: web.Request) -> web.Response:
     return _reply(request, data, index)
 
 
+async def deployment_fail(request: web.Request) -> web.Response:
+    args = {"deployment_id": request.match_info["deployment_id"]}
+    return _write_reply(request, await api_of(request).call(request, "deployment.fail", args))
+
+
 async def deployment_allocations(request: web.Request) -> web.Response:
     dep, _ = await _read(
         request, "deployment.get", {"deployment_id": request.match_info["deployment_id"]}
@@ -739,6 +744,7 @@ def add_routes(app: web.Application) -> None:
         "/v1/deployment/allocations/{deployment_id}", deployment_allocations, allow_head=False
     )
     r.add_get("/v1/deployment/{deployment_id}", deployment_get, allow_head=False)
+    both("/v1/deployment/fail/{deployment_id}", deployment_fail)
     r.add_get("/v1/nodes", nodes_list, allow_head=False)
     r.add_get("/v1/node/{node_id}", node_get, allow_head=False)
     r.add_get("/v1/node/{node_id}/allocations", node_allocations, allow_head=False)

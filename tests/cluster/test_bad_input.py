@@ -166,11 +166,13 @@ class TestACL:
         with pytest.raises(RPCError) as err:
             cluster.client().call("acl.bootstrap", {})
         assert err.value.code == "conflict"
-        # Missing and wrong tokens.
+        # Missing and wrong tokens; writes that look an object up first say nothing of it either.
         for token in (None, "not-a-real-secret"):
-            with pytest.raises(RPCError) as err:
-                cluster.client(token=token).call("job.register", {"job": job_spec("x")})
-            assert err.value.code == "permission_denied"
+            for method, args in (("job.register", {"job": job_spec("x")}), ("job.stop", {"job_id": "no-such-job"}),
+                                 ("deployment.fail", {"deployment_id": "no-such-deployment"})):
+                with pytest.raises(RPCError) as err:
+                    cluster.client(token=token).call(method, args)
+                assert err.value.code == "permission_denied", (method, err.value)
         mgmt = cluster.client(token=management)
         reader = mgmt.call("acl.token.create", {"name": "r", "policies": ["read"]})["SecretID"]
         writer = mgmt.call("acl.token.create", {"name": "w", "policies": ["write"]}, request_id="create-w")["SecretID"]

@@ -6,6 +6,8 @@ import json
 import re
 import signal
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +123,41 @@ def test_a_failing_version_with_auto_revert_rolls_back_to_the_last_stable_one(li
     shown = env.cli("deployment", "status", failed["ID"])
     assert "Auto Revert" in shown.stdout and "rolling back to job version 0" in shown.stdout, shown.stdout
     env.call("job.stop", {"job_id": "back"})
+
+
+def test_deployment_fail_rolls_back_by_cli_and_http_and_refuses_a_finished_one(lifecycle_env: Env) -> None:
+    """`nomad deployment fail`: an operator fails a rollout that is still running; with
+    auto_revert the last stable version comes back. A finished rollout cannot be failed."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 200_000_000, "AutoRevert": True}
+    env.call("job.register", {"job": spec("undo", count=1, config={"v": 0}, update=update)})
+
+    def deployment(version: int) -> dict[str, Any] | None:
+        return next((d for d in env.read("deployment.list", {"job_id": "undo"}) if d["JobVersion"] == version), None)
+
+    wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    slow = {**update, "MinHealthyTime": 600 * 1_000_000_000}  # never healthy within the test
+    env.call("job.register", {"job": spec("undo", count=1, config={"v": 1}, update=slow)})
+    d1 = wait_until(lambda: deployment(1), 30, "the second version's deployment")
+    out = env.cli("deployment", "fail", d1["ID"][:8])
+    assert out.returncode == 0 and "Auto-reverted to job version 0." in out.stdout, out.stdout + out.stderr
+    d1 = env.read("deployment.get", {"deployment_id": d1["ID"]})
+    assert (d1["Status"], d1["StatusDescription"]) == ("failed", "Deployment marked as failed - rolling back to job version 0")
+    job = env.read("job.get", {"job_id": "undo"})
+    assert job["Version"] == 2 and job["TaskGroups"][0]["Tasks"][0]["Config"] == {"v": 0}
+    again = env.cli("deployment", "fail", d1["ID"])
+    assert again.returncode != 0 and again.stderr.strip().count("\n") == 0, again.stderr
+    assert "is failed: only a running deployment can be failed" in again.stderr, again.stderr
+    assert env.read("deployment.get", {"deployment_id": d1["ID"]})["ModifyIndex"] == d1["ModifyIndex"]  # unchanged
+    missing = env.cli("deployment", "fail", "f" * 8)
+    assert missing.returncode != 0 and "not found" in missing.stderr, missing.stderr
+    # Nomad's HTTP route answers the same, for scripts and nomad tooling.
+    http = env.cluster.http_addresses[0]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(f"http://{http}/v1/deployment/fail/{d1['ID']}", method="POST"), timeout=10)
+    assert refused.value.code == 400
+    wait_until(lambda: (deployment(2) or {}).get("Status") == "successful", 60, "the rollback's rollout succeeded")
+    env.call("job.stop", {"job_id": "undo"})
 
 
 def test_job_run_names_updated_allocs_modified_and_the_new_deployment(lifecycle_env: Env) -> None:
