@@ -577,6 +577,8 @@ def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> d
     if msg.job is not None:
         if msg.job.id != dep.job_id:
             raise bad(f"rollback job {msg.job.id} is not deployment {dep.id}'s job {dep.job_id}")
+        if w.job(dep.job_id) is None:
+            raise not_found(f"job {dep.job_id} of deployment {dep.id} no longer exists: nothing to roll back")
         # Only over the version that failed: a version registered since wins.
         rollback = job_register(w, m.JobRegister(job=msg.job, eval=msg.eval, enforce_index=dep.job_modify_index))
         result["rollback_version"] = rollback["version"]
@@ -591,6 +593,7 @@ def _mark_stable(w: StateWriter, job_id: str, version: int) -> None:
     kept = w.job_version(job_id, version)
     if kept is not None and not kept.stable:
         kept.stable = True
+        kept.modify_index, kept.modify_time = w.index, w.now
         w.put_job_version(kept)
     job = w.job(job_id)
     if job is not None and job.version == version and not job.stable:

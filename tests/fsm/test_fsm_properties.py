@@ -684,6 +684,13 @@ class FSMMachine(RuleBasedStateMachine):
     def deployment_status(self, dep_id: str, status: str, ev: Evaluation | None, skew: int) -> None:
         self.submit(m.DeploymentStatusUpdate(deployment_id=dep_id, status=status, eval=ev), skew)
 
+    @rule(dep_id=DEP_ID, job=job_specs(), ev=MAYBE_EVAL, skew=st.integers(-5, 60))
+    def deployment_rollback(self, dep_id: str, job: Job, ev: Evaluation | None, skew: int) -> None:
+        """A failed rollout's auto-revert: often refused (another job, a version registered since)."""
+        if ev is not None:
+            ev.job_id = job.id
+        self.submit(m.DeploymentStatusUpdate(deployment_id=dep_id, status="failed", eval=ev, job=job), skew)
+
     @rule(deps=st.lists(st.tuples(DEP_ID, st.booleans()), max_size=3), skew=st.integers(-5, 60))
     def reap_deployments(self, deps: list[tuple[str, bool]], skew: int) -> None:
         reaps = [
