@@ -477,6 +477,30 @@ def job_run(spec: str, check_index: int | None, detach: bool, address: str, toke
         sys.exit(code)
 
 
+@job.command("revert")
+@click.argument("job_id")
+@click.argument("version", type=int)
+@click.option("--detach", is_flag=True, help="Return once the job is registered instead of monitoring its evaluation.")
+@client_options
+def job_revert(job_id: str, version: int, detach: bool, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Run a kept version of a job again (as its newest version), as ``nomad job revert``; see ``job history``."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("job.revert", {"job_id": job_id, "job_version": version})
+    if as_json:
+        emit(c, out, str)
+        return
+    click.echo(f"Job {job_id} reverted to the spec of version {version} at index {out['Index']} "
+               f"(job modify index {out['JobModifyIndex']})")
+    if not out.get("EvalID"):
+        return
+    if detach:
+        click.echo(f"Evaluation ID: {out['EvalID']}")
+        return
+    code = monitor_eval(c, out["EvalID"], out["Index"])
+    if code:
+        sys.exit(code)
+
+
 @job.command("validate")
 @click.argument("spec")
 def job_validate(spec: str) -> None:

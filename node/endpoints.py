@@ -33,7 +33,7 @@ from fsm.structs import (
     Node,
 )
 from node.acl import POLICIES, Need, hash_secret, new_secret
-from node.errors import BAD_REQUEST, NOT_FOUND, TOKEN_HINT, RPCError
+from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, TOKEN_HINT, RPCError
 from node.ids import new_uuid
 from node.jobspec import JobSpecError, parse_job
 from node.nomadjson import from_nomad, to_nomad
@@ -169,6 +169,43 @@ async def job_stop(server: Server, ctx: RequestContext, args: dict[str, Any]) ->
     body = m.JobDeregister(job_id=job_id, purge=purge, eval=_new_eval(job, "job-deregister"))
     result = await server.write(ctx, Need.WRITE, body)
     return {"EvalID": result["value"].get("eval_id", ""), "JobModifyIndex": result["value"]["job_modify_index"], "Index": result["index"]}
+
+
+@method("job.revert")
+async def job_revert(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Register a kept version's spec again as the job's newest version, as ``nomad job revert``."""
+    job_id = _arg(args, "job_id")
+    version = _arg(args, "job_version", int)
+    prior = _arg(args, "enforce_prior_version", int, required=False)
+    server.ensure_leader()  # the versions are read from state: read the leader's
+    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
+
+    def target(r: StateReader) -> tuple[Job, Job]:
+        current = r.job(job_id)
+        if current is None:
+            raise RPCError(NOT_FOUND, f"job {job_id} not found")
+        if version == current.version:
+            raise _bad(f"job {job_id} is at version {version} already; can't revert to the current version")
+        if prior is not None and prior != current.version:
+            raise RPCError(CONFLICT, f"job {job_id} is at version {current.version}, not {prior}; read it again and retry")
+        kept = r.job_version(job_id, version)
+        if kept is None:
+            raise RPCError(NOT_FOUND, f"job {job_id} has no version {version} (job history lists the kept versions)")
+        return current, kept
+
+    current, kept = await server.local(target)
+    # Over the version just read only: a registration in between wins, as with --check-index.
+    ev = None if kept.periodic or kept.parameterized else _new_eval(kept, "job-register")
+    body = m.JobRegister(job=kept, eval=ev, enforce_index=current.job_modify_index)
+    result = await server.write(ctx, Need.WRITE, body)
+    value = result["value"]
+    return {
+        "EvalID": value.get("eval_id", ""),
+        "EvalCreateIndex": value.get("eval_create_index", 0),
+        "JobModifyIndex": value["job_modify_index"],
+        "Index": result["index"],
+        "Warnings": "",
+    }
 
 
 @method("job.get")

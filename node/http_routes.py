@@ -196,6 +196,19 @@ async def job_deregister(request: web.Request) -> web.Response:
     return _write_reply(request, out)
 
 
+async def job_revert(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    job_id = request.match_info["job_id"]
+    if not isinstance(body, dict):
+        raise bad('the body must be a JSON object: {"JobID": ..., "JobVersion": N}')
+    if body.get("JobID", job_id) != job_id:
+        raise bad(f"JobID {body.get('JobID')!r} in the body does not match the path's {job_id!r}")
+    args: dict[str, Any] = {"job_id": job_id, "job_version": body.get("JobVersion")}
+    if body.get("EnforcePriorVersion") is not None:
+        args["enforce_prior_version"] = body["EnforcePriorVersion"]
+    return _write_reply(request, await api_of(request).call(request, "job.revert", args))
+
+
 async def job_allocations(request: web.Request) -> web.Response:
     data, index = await _read(request, "alloc.list", {"job_id": request.match_info["job_id"]})
     return _reply(request, [_stub(a, ALLOC_STUB) for a in data], index)
@@ -733,6 +746,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/job/{job_id}/deployment", job_latest_deployment, allow_head=False)
     r.add_get("/v1/job/{job_id}/summary", job_summary, allow_head=False)
     r.add_get("/v1/job/{job_id}/versions", job_versions, allow_head=False)
+    both("/v1/job/{job_id}/revert", job_revert)
 
     r.add_get("/v1/evaluations", evals_list, allow_head=False)
     r.add_get("/v1/evaluation/{eval_id}", eval_get, allow_head=False)

@@ -160,6 +160,39 @@ def test_deployment_fail_rolls_back_by_cli_and_http_and_refuses_a_finished_one(l
     env.call("job.stop", {"job_id": "undo"})
 
 
+def test_job_revert_runs_a_kept_version_again_by_cli_and_http(lifecycle_env: Env) -> None:
+    """`nomad job revert`: the kept version's spec becomes the newest version and is placed."""
+    env = lifecycle_env
+    env.call("job.register", {"job": spec("rev", type="batch", count=1, config={"v": 0, "run_for": "1h"})})
+    env.call("job.register", {"job": spec("rev", type="batch", count=1, config={"v": 1, "run_for": "1h"})})
+    out = env.cli("job", "revert", "rev", "0")
+    assert out.returncode == 0 and "reverted to the spec of version 0" in out.stdout, out.stdout + out.stderr
+    assert '" created: node' in out.stdout, out.stdout  # monitored as `job run` is
+    job = env.read("job.get", {"job_id": "rev"})
+    assert job["Version"] == 2 and job["TaskGroups"][0]["Tasks"][0]["Config"] == {"v": 0, "run_for": "1h"}
+    for argv, words in ((("rev", "2"), "can't revert to the current version"), (("rev", "7"), "has no version 7"),
+                        (("nope", "0"), "job nope not found")):
+        bad = env.cli("job", "revert", *argv)
+        assert bad.returncode != 0 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert env.read("job.get", {"job_id": "rev"})["ModifyIndex"] == job["ModifyIndex"]  # refusals change nothing
+    http = env.cluster.http_addresses[0]
+
+    def post(body: Any) -> tuple[int, Any]:
+        req = urllib.request.Request(f"http://{http}/v1/job/rev/revert", data=json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert post({"JobID": "rev", "JobVersion": 1, "EnforcePriorVersion": 1})[0] == 409  # it is at version 2
+    assert post([1])[0] == 400
+    status, answer = post({"JobID": "rev", "JobVersion": 1, "EnforcePriorVersion": 2})
+    assert status == 200 and answer["EvalID"] and answer["JobModifyIndex"] > job["JobModifyIndex"], answer
+    assert env.read("job.get", {"job_id": "rev"})["Version"] == 3
+    env.call("job.stop", {"job_id": "rev"})
+
+
 def test_job_run_names_updated_allocs_modified_and_the_new_deployment(lifecycle_env: Env) -> None:
     """A count-only change updates the running allocs in place: `job run` says "modified" for
     them and "created" for the new one, and names the new version's deployment (as nomad)."""
