@@ -461,12 +461,17 @@ def job_run(spec: str, check_index: int | None, detach: bool, address: str, toke
     if check_index is not None:
         args["enforce_index"] = check_index
     out = c.call("job.register", args)
-    if as_json:
+    _follow_registration(c, out, "Job registered", detach)
+
+
+def _follow_registration(c: Ctx, out: dict[str, Any], said: str, detach: bool) -> None:
+    """Say what a registration did and monitor its evaluation (exit 2 when placements failed)."""
+    if c.as_json:
         emit(c, out, str)
         return
     if out.get("Warnings"):
         click.echo("Warnings:\n  " + out["Warnings"].replace("\n", "\n  "))
-    click.echo(f"Job registered at index {out['Index']} (job modify index {out['JobModifyIndex']})")
+    click.echo(f"{said} at index {out['Index']} (job modify index {out['JobModifyIndex']})")
     if not out.get("EvalID"):
         return
     if detach:
@@ -486,19 +491,7 @@ def job_revert(job_id: str, version: int, detach: bool, address: str, token: str
     """Run a kept version of a job again (as its newest version), as ``nomad job revert``; see ``job history``."""
     c = make_ctx(address, token, as_json)
     out = c.call("job.revert", {"job_id": job_id, "job_version": version})
-    if as_json:
-        emit(c, out, str)
-        return
-    click.echo(f"Job {job_id} reverted to the spec of version {version} at index {out['Index']} "
-               f"(job modify index {out['JobModifyIndex']})")
-    if not out.get("EvalID"):
-        return
-    if detach:
-        click.echo(f"Evaluation ID: {out['EvalID']}")
-        return
-    code = monitor_eval(c, out["EvalID"], out["Index"])
-    if code:
-        sys.exit(code)
+    _follow_registration(c, out, f"Job {job_id} reverted to the spec of version {version}", detach)
 
 
 @job.command("validate")

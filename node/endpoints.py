@@ -144,9 +144,13 @@ async def job_register(server: Server, ctx: RequestContext, args: dict[str, Any]
     except JobSpecError as exc:
         raise _bad(f"invalid jobspec: {exc}") from None
     enforce = _arg(args, "enforce_index", int, required=False)
+    return await _register(server, ctx, job, enforce, warnings)
+
+
+async def _register(server: Server, ctx: RequestContext, job: Job, enforce: int | None, warnings: list[str]) -> Any:
+    """Put a registration on the log, with the eval that places it; Nomad's JobRegisterResponse."""
     ev = None if job.periodic or job.parameterized else _new_eval(job, "job-register")
-    body = m.JobRegister(job=job, eval=ev, enforce_index=enforce)
-    result = await server.write(ctx, Need.WRITE, body)
+    result = await server.write(ctx, Need.WRITE, m.JobRegister(job=job, eval=ev, enforce_index=enforce))
     value = result["value"]
     return {
         "EvalID": value.get("eval_id", ""),
@@ -195,17 +199,7 @@ async def job_revert(server: Server, ctx: RequestContext, args: dict[str, Any]) 
 
     current, kept = await server.local(target)
     # Over the version just read only: a registration in between wins, as with --check-index.
-    ev = None if kept.periodic or kept.parameterized else _new_eval(kept, "job-register")
-    body = m.JobRegister(job=kept, eval=ev, enforce_index=current.job_modify_index)
-    result = await server.write(ctx, Need.WRITE, body)
-    value = result["value"]
-    return {
-        "EvalID": value.get("eval_id", ""),
-        "EvalCreateIndex": value.get("eval_create_index", 0),
-        "JobModifyIndex": value["job_modify_index"],
-        "Index": result["index"],
-        "Warnings": "",
-    }
+    return await _register(server, ctx, kept, current.job_modify_index, [])
 
 
 @method("job.get")

@@ -43,6 +43,11 @@ def live(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [a for a in rows if a["DesiredStatus"] == "run" and a["ClientStatus"] in ("pending", "running")]
 
 
+def deployment_of(env: Env, job_id: str, version: int) -> dict[str, Any] | None:
+    """The deployment of one version of a job, if it has one yet."""
+    return next((d for d in env.read("deployment.list", {"job_id": job_id}) if d["JobVersion"] == version), None)
+
+
 def job_status(env: Env, job_id: str) -> str:
     return env.read("job.get", {"job_id": job_id})["Status"]
 
@@ -85,7 +90,7 @@ def test_a_new_version_rolls_out_through_a_successful_deployment(lifecycle_env: 
     env.call("job.register", {"job": spec("roll", count=3, config={"v": 1}, update=update)})
 
     def deployment(version: int) -> dict[str, Any] | None:
-        return next((d for d in env.read("deployment.list", {"job_id": "roll"}) if d["JobVersion"] == version), None)
+        return deployment_of(env, "roll", version)
 
     wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
     env.call("job.register", {"job": spec("roll", count=3, config={"v": 2}, update=update)})
@@ -106,7 +111,7 @@ def test_a_failing_version_with_auto_revert_rolls_back_to_the_last_stable_one(li
     env.call("job.register", {"job": spec("back", count=2, config={"v": 0}, update=update)})
 
     def deployment(version: int) -> dict[str, Any] | None:
-        return next((d for d in env.read("deployment.list", {"job_id": "back"}) if d["JobVersion"] == version), None)
+        return deployment_of(env, "back", version)
 
     wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
     assert env.read("job.get", {"job_id": "back"})["Stable"] is True
@@ -133,7 +138,7 @@ def test_deployment_fail_rolls_back_by_cli_and_http_and_refuses_a_finished_one(l
     env.call("job.register", {"job": spec("undo", count=1, config={"v": 0}, update=update)})
 
     def deployment(version: int) -> dict[str, Any] | None:
-        return next((d for d in env.read("deployment.list", {"job_id": "undo"}) if d["JobVersion"] == version), None)
+        return deployment_of(env, "undo", version)
 
     wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
     slow = {**update, "MinHealthyTime": 600 * 1_000_000_000}  # never healthy within the test
