@@ -381,6 +381,14 @@ deployment_threshold = "3s"
 """
 
 
+def _keep_job(job_id: str, count: int) -> dict[str, Any]:
+    """A service that runs until the end of the run; its rollouts finish within a second."""
+    spec = _job(job_id, {})
+    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": {"MaxParallel": 1, "MinHealthyTime": 500_000_000},
+                           "Tasks": [{"Name": "t", "Driver": "sim", "Config": {}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
+    return spec
+
+
 class LifecycleWorkload(Workload):
     """Jobs run, finish and get collected by periodic and forced GC, under faults.
 
@@ -388,7 +396,8 @@ class LifecycleWorkload(Workload):
     the runner as one more process) and ``system.gc``. The servers get short
     GC intervals and thresholds (``LIFECYCLE_GC_CONFIG``). Actor lanes
     register batch jobs ``life-N`` that run 0.3-2 s and finish, service jobs
-    ``keep-N`` that run until the end and are never stopped, stop some
+    ``keep-N`` that run until the end and are never stopped (but rescaled,
+    so their rollouts move allocs in place), stop some
     ``life`` jobs, read single jobs and force GC; an observer lane lists all
     of them twice a second. After healing, the final phase forces GC and
     records jobs, evaluations and allocations. ``checkers.check_gc``:
@@ -411,6 +420,7 @@ class LifecycleWorkload(Workload):
         self.ctx: RunContext | None = None
         self._lock = threading.Lock()
         self.registered: list[str] = []
+        self.keep_ids: list[str] = []
         self.keeps = 0
 
     def probe(self, client: RPCClient) -> str | None:
@@ -464,15 +474,25 @@ class LifecycleWorkload(Workload):
         roll = rng.random()
         with self._lock:
             known = list(self.registered)
+            keep_ids = list(self.keep_ids)
             want_keep = self.keeps < self.keep_jobs and roll < 0.1
             if want_keep:
                 self.keeps += 1
         if want_keep:
             job_id = f"keep-{self.ctx.unique()}"
-            spec = _job(job_id, {})
-            spec["TaskGroups"] = [{"Name": "g", "Count": 1, "Tasks": [{"Name": "t", "Driver": "sim", "Config": {},
-                                   "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
-            self._call(lane, client, {"f": "run", "job": job_id, "kind": "keep"}, "job.register", {"job": spec}, lambda r: None)
+            self._call(lane, client, {"f": "run", "job": job_id, "kind": "keep"}, "job.register",
+                       {"job": _keep_job(job_id, 1)}, lambda r: None)
+            with self._lock:
+                self.keep_ids.append(job_id)
+        elif roll < 0.15 and keep_ids:
+            # A running service scaled: its allocs move into the new version's
+            # rollout in place, the client reports their health again, and a
+            # successful rollout marks the version stable, all under the faults.
+            job_id = rng.choice(keep_ids)
+            count = rng.randint(1, 3)
+            self._call(lane, client, {"f": "scale", "job": job_id, "count": count}, "job.register",
+                       {"job": _keep_job(job_id, count)}, lambda r: None)
+            return
         elif roll < 0.7 or not known:
             job_id = f"life-{self.ctx.unique()}"
             run_for = f"{rng.randint(300, 2000)}ms"
