@@ -501,8 +501,10 @@ class LifecycleWorkload(Workload):
             spec["TaskGroups"] = [{"Name": "g", "Count": rng.randint(1, 2), "Tasks": [{
                 "Name": "t", "Driver": "sim", "Config": {"run_for": run_for}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
             self._call(lane, client, {"f": "run", "job": job_id, "kind": "batch"}, "job.register", {"job": spec}, lambda r: None)
-        elif roll < 0.8:
-            job_id = rng.choice(known)
+        elif roll < 0.8 and (stoppable := [j for j in known if j not in keep_ids]):
+            # Only life jobs: keep jobs run to the end (and are rescaled, which
+            # would register a stopped and collected one again).
+            job_id = rng.choice(stoppable)
             self._call(lane, client, {"f": "stop", "job": job_id}, "job.stop", {"job_id": job_id}, lambda r: None)
             return
         elif roll < 0.9:
