@@ -19,6 +19,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from fsm import codec
 from fsm import messages as m
 from fsm.store import StateReader
 from fsm.structs import EVAL_PENDING, NODE_DOWN, NODE_READY, Evaluation, Job
@@ -75,6 +76,27 @@ def node_drain_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
     return [job_eval(j, TRIGGER_NODE_DRAIN, node_id) for j in jobs_on_node(reader, node_id)]
 
 
+def eval_chunks(evals: list[Evaluation], budget: int, most: int = 200) -> list[list[Evaluation]]:
+    """``evals`` in runs of at most ``most`` whose encoded sizes add up to at most ``budget`` bytes.
+
+    What one raft entry can carry: a node or a leader with more to say than
+    one entry holds writes several (an eval larger than the budget goes alone).
+    """
+    chunks: list[list[Evaluation]] = []
+    run: list[Evaluation] = []
+    used = 0
+    for ev in evals:
+        size = len(codec.encode(ev))
+        if run and (used + size > budget or len(run) >= most):
+            chunks.append(run)
+            run, used = [], 0
+        run.append(ev)
+        used += size
+    if run:
+        chunks.append(run)
+    return chunks
+
+
 class HeartbeatMonitor:
     """Marks nodes down when their TTL (plus grace) runs out; leader only."""
 
@@ -115,6 +137,10 @@ class HeartbeatMonitor:
     async def _mark_down(self, node_id: str) -> None:
         try:
             evals = await self.server.local(lambda r: node_down_evals(r, node_id))
+            # A node running many jobs needs more evals than one raft entry holds:
+            # the entry carries those that fit, and the leader's tail gives every
+            # other job on the node its eval when it sees the node go down.
+            evals = (eval_chunks(evals, self.server.raft.max_entry_bytes // 2) or [[]])[0]
             await self.server.propose(
                 m.NodeUpdateStatus(node_id=node_id, status=NODE_DOWN, status_description="node heartbeat missed", evals=evals)
             )

@@ -69,6 +69,7 @@ from node.endpoints import method
 from node.errors import RPCError
 from node.heartbeat import (
     HeartbeatMonitor,
+    eval_chunks,
     job_eval,
     node_down_evals,
     node_drain_evals,
@@ -164,8 +165,8 @@ class EvalWriter:
         self.log = server.log.bind(component="eval_writer")
 
     async def create(self, evals: list[Evaluation]) -> None:
-        for i in range(0, len(evals), WRITE_BATCH):
-            await self.server.propose(m.EvalUpsert(evals=evals[i : i + WRITE_BATCH]))
+        for chunk in eval_chunks(evals, self.server.raft.max_entry_bytes // 2, WRITE_BATCH):
+            await self.server.propose(m.EvalUpsert(evals=chunk))
 
     async def finish(self, evals: list[Evaluation], status: str, description: str) -> None:
         """Give ``evals`` a terminal status, skipping those already finished in state."""

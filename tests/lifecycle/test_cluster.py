@@ -11,6 +11,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from node import cluster as cl
 from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
 from node.rpc_client import RPCClient
-from tests.lifecycle.conftest import Env, wait_until
+from tests.lifecycle.conftest import LIFECYCLE_CONFIG, Env, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -248,6 +249,27 @@ def test_a_killed_client_loses_its_allocs_and_they_are_replaced(lifecycle_env: E
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_state(env, 'spread')}") from None
     env.call("job.stop", {"job_id": "spread"})
+
+
+def test_a_node_running_more_jobs_than_one_entry_holds_evals_for_is_marked_down(tmp_path: Path) -> None:
+    """Marking a node down carries one eval per job on it; with more jobs than one raft entry
+    can hold evals for, the node was never marked down (the entry was refused, retried forever)."""
+    config = 'max_entry_size = "4KiB"\n' + LIFECYCLE_CONFIG  # ~15 evals: 40 jobs overflow it
+    cluster = cl.up(str(tmp_path / "cluster"), 3, extra_config=config, timeout=60)
+    env = Env(cluster, tmp_path)
+    try:
+        victim = env.start_sim(1, "crowded")
+        jobs = [f"crowd-{i}" for i in range(40)]
+        for job_id in jobs:
+            env.call("job.register", {"job": spec(job_id, count=1, cpu=10, mem=10)})
+        wait_until(lambda: sum(a["ClientStatus"] == "running" for j in jobs for a in allocs(env, j)) == 40, 90, "40 running")
+        victim.kill()
+        wait_until(lambda: all(n["Status"] == "down" for n in env.read("node.list")), 30, "the node marked down")
+        # Every job got its eval (in the entry or from the leader's tail): all 40 allocs are lost.
+        wait_until(lambda: all(a["ClientStatus"] == "lost" for j in jobs for a in allocs(env, j)), 60, "every alloc lost")
+    finally:
+        env.stop_sims()
+        cl.down(cl.Cluster.load(cluster.dir))
 
 
 def _state(env: Env, job_id: str) -> str:

@@ -8,12 +8,14 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fsm import codec
 from fsm.messages import PlanApply
 from fsm.structs import (
     HOUR,
     SECOND,
     Constraint,
     DeploymentStatus,
+    Evaluation,
     RescheduleEvent,
     ReschedulePolicy,
     RescheduleTracker,
@@ -21,6 +23,7 @@ from fsm.structs import (
     TaskState,
     UpdateStrategy,
 )
+from node.heartbeat import eval_chunks
 from scheduler import feasibility as fz
 from scheduler import reschedule as rs
 from scheduler.feasibility import PlacementContext, ask_for, constraint_met
@@ -488,3 +491,15 @@ def test_top_k_spreads_choices_among_the_best_few() -> None:
     picks = {Selector(nodes, PlacementContext(usage=dict(usage)), rng=random.Random(s), top_k=4).select(Request(ask)).id
              for s in range(40)}
     assert best in picks and 1 < len(picks) <= 4
+
+
+def test_eval_chunks_fit_one_raft_entry_each() -> None:
+    """Evals the leader writes (node down, failed evals) are split to fit its entry size limit."""
+    evals = [Evaluation(id=f"e{i:03d}", job_id=f"job-{i:03d}", status="pending") for i in range(50)]
+    size = len(codec.encode(evals[0]))
+    chunks = eval_chunks(evals, budget=10 * size + 5, most=200)
+    assert [len(c) for c in chunks] == [10, 10, 10, 10, 10] and [e for c in chunks for e in c] == evals
+    assert [len(c) for c in eval_chunks(evals, budget=1 << 20, most=20)] == [20, 20, 10]
+    big = Evaluation(id="big", job_id="j" * 500)
+    assert eval_chunks([big, evals[0]], budget=size) == [[big], [evals[0]]]  # too large alone: still written
+    assert eval_chunks([], budget=100) == []
