@@ -123,6 +123,10 @@ class FSM:
         sync: bool = False,
     ) -> None:
         self.store = StateStore(path, map_size=map_size, sync=sync)
+        # Bumped when ``reopen`` swaps the store: a read that failed meanwhile
+        # failed because of the swap (see ``read_interrupted``).
+        self.generation = 0
+        self.reopening = False
         self.retention = retention or journal.Retention()
         self.request_ttl = request_ttl
         self.request_min_entries = request_min_entries
@@ -212,6 +216,10 @@ class FSM:
         """Call ``listener(applied_index)`` after every commit (blocking queries, journal)."""
         self._listeners.append(listener)
 
+    def read_interrupted(self, generation: int) -> bool:
+        """Whether a read begun at ``generation`` may have failed only because the store was swapped."""
+        return self.reopening or self.generation != generation
+
     @contextmanager
     def read(self) -> Iterator[StateReader]:
         """A consistent read of committed state (from any thread)."""
@@ -241,12 +249,16 @@ class FSM:
         path = self.store.path
         map_size = self.store.env.info()["map_size"]
         sync = self.store.env.flags()["sync"]
+        self.reopening = True
+        self.generation += 1
         self.store.close()
         try:
             if replace is not None:
                 replace(path)
         finally:
             self.store = StateStore(path, map_size=map_size, sync=sync)
+            self.generation += 1
+            self.reopening = False
             self._oldest_request = None
             with self.store.read() as r:
                 self._applied = r.applied_index

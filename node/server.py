@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import structlog
 
 from fsm.machine import FSM, ApplyResult
@@ -98,6 +99,24 @@ class Member:
     node_id: str
     raft_addr: str
     rpc_addr: str
+
+
+def read_committed(fsm: FSM, fn: Callable[[StateReader], Any]) -> Any:
+    """``fn`` on the committed state; a read cut off by a snapshot restore is ``unavailable``.
+
+    Restoring a snapshot closes the store under open reads. Those reads
+    failed with LMDB's "closed/deleted/dropped object" as an internal error
+    (and a traceback in the log); they were not executed, so the client may
+    send them again, here or to another server.
+    """
+    generation = fsm.generation
+    try:
+        with fsm.read() as reader:
+            return fn(reader)
+    except lmdb.Error:
+        if fsm.read_interrupted(generation):
+            raise RPCError(UNAVAILABLE, "this server was loading a snapshot during the read; retry it") from None
+        raise
 
 
 class Server:
@@ -433,11 +452,7 @@ class Server:
     async def local(self, fn: Callable[[StateReader], Any]) -> Any:
         """Run ``fn`` on this server's committed state, off the loop."""
 
-        def run() -> Any:
-            with self.fsm.read() as reader:
-                return fn(reader)
-
-        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, read_committed, self.fsm, fn)
 
     async def authorize(self, ctx: RequestContext, need: Need) -> None:
         """Check the caller's token. Inline on the loop: two point reads in LMDB cost microseconds."""
