@@ -76,8 +76,8 @@ def node_drain_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
     return [job_eval(j, TRIGGER_NODE_DRAIN, node_id) for j in jobs_on_node(reader, node_id)]
 
 
-def eval_chunks(evals: list[Evaluation], budget: int, most: int = 200) -> list[list[Evaluation]]:
-    """``evals`` in runs of at most ``most`` whose encoded sizes add up to at most ``budget`` bytes.
+def eval_chunks(evals: list[Evaluation], budget: int, most: int | None = None) -> list[list[Evaluation]]:
+    """``evals`` in runs (of at most ``most``) whose encoded sizes add up to at most ``budget`` bytes.
 
     What one raft entry can carry: a node or a leader with more to say than
     one entry holds writes several (an eval larger than the budget goes alone).
@@ -87,7 +87,7 @@ def eval_chunks(evals: list[Evaluation], budget: int, most: int = 200) -> list[l
     used = 0
     for ev in evals:
         size = len(codec.encode(ev))
-        if run and (used + size > budget or len(run) >= most):
+        if run and (used + size > budget or (most is not None and len(run) >= most)):
             chunks.append(run)
             run, used = [], 0
         run.append(ev)
@@ -140,7 +140,8 @@ class HeartbeatMonitor:
             # A node running many jobs needs more evals than one raft entry holds:
             # the entry carries those that fit, and the leader's tail gives every
             # other job on the node its eval when it sees the node go down.
-            evals = (eval_chunks(evals, self.server.raft.max_entry_bytes // 2) or [[]])[0]
+            chunks = eval_chunks(evals, self.server.raft.max_entry_bytes // 2)
+            evals = chunks[0] if chunks else []
             await self.server.propose(
                 m.NodeUpdateStatus(node_id=node_id, status=NODE_DOWN, status_description="node heartbeat missed", evals=evals)
             )
