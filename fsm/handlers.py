@@ -567,6 +567,10 @@ def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> d
     dep = w.deployment(msg.deployment_id)
     if dep is None:
         raise not_found(f"deployment {msg.deployment_id} not found")
+    if not dep.active():
+        # A finished rollout stays finished: a user's fail racing the watcher's
+        # success must not turn a stable version's rollout into a failure.
+        raise conflict(f"deployment {dep.id} is already {dep.status}: a finished deployment's status cannot change")
     old = copy.deepcopy(dep)
     dep.status = msg.status
     dep.status_description = msg.status_description

@@ -39,7 +39,7 @@ from fsm.structs import (
 )
 from node.acl import Need
 from node.endpoints import by_prefix, method
-from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
+from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
 from node.heartbeat import job_eval
 from node.rpc_server import RequestContext
 from node.wakeup import wait_event
@@ -215,4 +215,8 @@ class DeploymentWatcher:
                 await self.lc.writer.create([d.eval])
             self.seen[d.deployment_id] = d.healthy
         except RPCError as exc:
+            if exc.code == CONFLICT:  # finished by `deployment fail`, or a newer version came: decide again
+                self.seen.pop(d.deployment_id, None)
+                self.log.info("deployment changed meanwhile", deployment=d.deployment_id, error=str(exc))
+                return
             self.log.warning("deployment update failed; retrying", deployment=d.deployment_id, error=str(exc))

@@ -795,6 +795,9 @@ def test_deployment_upsert_status_and_gc_mark(h: Harness) -> None:
     with h.reader() as r:
         assert r.deployment("d1").status == "failed"
         assert r.gc_marks("deployment", until=2**63) == [(h.time, "d1")]
+    # Finished is final: a success (or a user's fail) arriving late changes nothing.
+    for late in ("successful", "failed", "running"):
+        rejected(h, m.DeploymentStatusUpdate(deployment_id="d1", status=late), "conflict", "already failed")
     rejected(
         h,
         m.DeploymentStatusUpdate(deployment_id="d1", status="exploded"),
