@@ -38,7 +38,7 @@ from fsm.structs import (
     Job,
 )
 from node.acl import Need
-from node.endpoints import by_prefix, method
+from node.endpoints import by_prefix, id_arg, method
 from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
 from node.heartbeat import job_eval
 from node.rpc_server import RequestContext
@@ -150,9 +150,7 @@ def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Deci
 @method("deployment.fail")
 async def deployment_fail(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Mark a running deployment failed (rolling back where a group has auto_revert), as Nomad."""
-    dep_id = args.get("deployment_id")
-    if not isinstance(dep_id, str) or not dep_id:
-        raise RPCError(BAD_REQUEST, "missing argument 'deployment_id'")
+    dep_id = id_arg(args, "deployment_id")
     server.ensure_leader()  # decided on the leader's state, as its watcher decides
     await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
 

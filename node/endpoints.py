@@ -83,6 +83,14 @@ def _arg(args: dict[str, Any], name: str, kind: type = str, *, required: bool = 
     return value
 
 
+def id_arg(args: dict[str, Any], name: str) -> str:
+    """A required id: an empty one would be a prefix of every id, so it is refused."""
+    value = _arg(args, name)
+    if not value.strip():
+        raise _bad(f"argument {name!r} must not be empty")
+    return value
+
+
 def _found(obj: Any, what: str) -> Any:
     if obj is None:
         raise RPCError(NOT_FOUND, f"{what} not found")
@@ -163,7 +171,7 @@ async def _register(server: Server, ctx: RequestContext, job: Job, enforce: int 
 
 @method("job.stop")
 async def job_stop(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    job_id = _arg(args, "job_id")
+    job_id = id_arg(args, "job_id")
     purge = bool(args.get("purge", False))
     server.ensure_leader()  # the job is read from state: read the leader's
     await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
@@ -178,7 +186,7 @@ async def job_stop(server: Server, ctx: RequestContext, args: dict[str, Any]) ->
 @method("job.revert")
 async def job_revert(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Register a kept version's spec again as the job's newest version, as ``nomad job revert``."""
-    job_id = _arg(args, "job_id")
+    job_id = id_arg(args, "job_id")
     version = _arg(args, "job_version", int)
     prior = _arg(args, "enforce_prior_version", int, required=False)
     server.ensure_leader()  # the versions are read from state: read the leader's
@@ -204,7 +212,7 @@ async def job_revert(server: Server, ctx: RequestContext, args: dict[str, Any]) 
 
 @method("job.get")
 async def job_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    job_id = _arg(args, "job_id")
+    job_id = id_arg(args, "job_id")
     return await server.read(ctx, args, ("jobs",), lambda r: _found(r.job(job_id), f"job {job_id}"))
 
 
@@ -216,7 +224,7 @@ async def job_list(server: Server, ctx: RequestContext, args: dict[str, Any]) ->
 
 @method("job.versions")
 async def job_versions(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    job_id = _arg(args, "job_id")
+    job_id = id_arg(args, "job_id")
 
     def versions(r: StateReader) -> Any:
         rows = r.job_versions(job_id)
@@ -229,14 +237,14 @@ async def job_versions(server: Server, ctx: RequestContext, args: dict[str, Any]
 
 @method("job.summary")
 async def job_summary(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    job_id = _arg(args, "job_id")
+    job_id = id_arg(args, "job_id")
     return await server.read(ctx, args, ("job_summary",), lambda r: _found(r.job_summary(job_id), f"job {job_id}"))
 
 
 # -- evals ----------------------------------------------------------------------------
 @method("eval.get")
 async def eval_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    eval_id = _arg(args, "eval_id")
+    eval_id = id_arg(args, "eval_id")
     return await server.read(ctx, args, ("evals",), lambda r: _found(by_prefix(r.eval, r.evals, eval_id), f"evaluation {eval_id}"))
 
 
@@ -265,7 +273,7 @@ def by_prefix(get: Callable[[str], Any], scan: Callable[[str], list], ident: str
 # -- allocs ----------------------------------------------------------------------------
 @method("alloc.get")
 async def alloc_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    alloc_id = _arg(args, "alloc_id")
+    alloc_id = id_arg(args, "alloc_id")
     return await server.read(ctx, args, ("allocs",), lambda r: _found(by_prefix(r.alloc, r.allocs, alloc_id), f"allocation {alloc_id}"))
 
 
@@ -303,7 +311,7 @@ async def alloc_update(server: Server, ctx: RequestContext, args: dict[str, Any]
 # -- deployments -------------------------------------------------------------------
 @method("deployment.get")
 async def deployment_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    dep_id = _arg(args, "deployment_id")
+    dep_id = id_arg(args, "deployment_id")
     return await server.read(
         ctx, args, ("deployments",), lambda r: _found(by_prefix(r.deployment, r.deployments, dep_id), f"deployment {dep_id}")
     )
@@ -339,7 +347,7 @@ async def node_status(server: Server, ctx: RequestContext, args: dict[str, Any])
     Served by the leader (a follower forwards it): heartbeat TTLs live only
     on the leader, and the leader's state already has a just-registered node.
     """
-    node_id = _arg(args, "node_id")
+    node_id = id_arg(args, "node_id")
     new = _arg(args, "status", required=False, default=NODE_READY)
     if new not in (NODE_READY, NODE_DOWN):
         raise _bad("argument 'status' must be ready or down")
@@ -358,7 +366,7 @@ async def node_status(server: Server, ctx: RequestContext, args: dict[str, Any])
 
 @method("node.eligibility")
 async def node_eligibility(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    node_id = _arg(args, "node_id")
+    node_id = id_arg(args, "node_id")
     value = _arg(args, "eligibility")
     if value not in (NODE_ELIGIBLE, NODE_INELIGIBLE):
         raise _bad("argument 'eligibility' must be eligible or ineligible")
@@ -368,7 +376,7 @@ async def node_eligibility(server: Server, ctx: RequestContext, args: dict[str, 
 
 @method("node.get")
 async def node_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    node_id = _arg(args, "node_id")
+    node_id = id_arg(args, "node_id")
     return await server.read(ctx, args, ("nodes",), lambda r: _found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}"))
 
 
@@ -450,7 +458,7 @@ async def acl_token_list(server: Server, ctx: RequestContext, args: dict[str, An
 
 @method("acl.token.get")
 async def acl_token_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    accessor = _arg(args, "accessor_id")
+    accessor = id_arg(args, "accessor_id")
 
     def get(r: StateReader) -> Any:
         token = r.token(accessor)
@@ -477,6 +485,6 @@ async def acl_token_self(server: Server, ctx: RequestContext, args: dict[str, An
 
 @method("acl.token.delete")
 async def acl_token_delete(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    accessor = _arg(args, "accessor_id")
+    accessor = id_arg(args, "accessor_id")
     result = await server.write(ctx, Need.MANAGEMENT, m.ACLTokenDelete(accessor_ids=[accessor]))
     return {"Index": result["index"], "Deleted": result["value"]["deleted"]}

@@ -213,3 +213,27 @@ class TestACL:
                 text = f.read()
             for secret in (management, reader, writer, short):
                 assert secret not in text
+
+
+
+def test_an_empty_id_is_refused_not_taken_as_a_prefix_of_every_id(cluster: ClusterHandle) -> None:
+    """With one node, ``node.get ""`` used to answer that node: "" is a prefix of every id."""
+    client = cluster.client()
+    node = {
+        "ID": "00000000-0000-4000-8000-00000000e0e0",
+        "Name": "only",
+        "Datacenter": "dc1",
+        "NodeClass": "",
+        "Attributes": {"driver.sim": "1"},
+        "Resources": {"CPU": 1000, "MemoryMB": 1024, "DiskMB": 0},
+        "Status": "ready",
+        "SchedulingEligibility": "eligible",
+    }
+    client.call("node.register", {"node": node})
+    for method, arg in [("node.get", "node_id"), ("job.get", "job_id"), ("deployment.fail", "deployment_id")]:
+        for empty in ("", "  "):
+            with pytest.raises(RPCError) as err:
+                client.call(method, {arg: empty})
+            assert err.value.code == "bad_request", (method, err.value)
+            assert f"argument '{arg}' must not be empty" in err.value.message
+    assert client.call("node.get", {"node_id": "00000000"})["data"]["Name"] == "only"  # a real prefix still works
