@@ -23,6 +23,8 @@ from fsm.store import META_ACL_BOOTSTRAP
 from fsm.structs import (
     CLIENT_PENDING,
     CLIENT_TERMINAL,
+    DEPLOYMENT_PAUSED,
+    DEPLOYMENT_RUNNING,
     DEPLOYMENT_SUCCESSFUL,
     EVAL_TERMINAL,
     JOB_DEAD,
@@ -536,6 +538,8 @@ def _deployment_health(
     state = dep.task_groups[group]
     if healthy:
         state.healthy_allocs += 1
+        if state.progress_deadline:  # progress: the next alloc has a whole deadline to turn healthy (as Nomad)
+            state.require_progress_by = max(state.require_progress_by, w.now + state.progress_deadline)
     else:
         state.unhealthy_allocs += 1
     w.put_deployment(dep, old, "DeploymentAllocHealth")
@@ -572,6 +576,8 @@ def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> d
         # success must not turn a stable version's rollout into a failure.
         raise conflict(f"deployment {dep.id} is already {dep.status}: a finished deployment's status cannot change")
     old = copy.deepcopy(dep)
+    if dep.status == DEPLOYMENT_PAUSED and msg.status == DEPLOYMENT_RUNNING:
+        _restart_deadlines(w, dep)
     dep.status = msg.status
     dep.status_description = msg.status_description
     w.put_deployment(dep, old, "DeploymentStatusUpdate")
@@ -590,6 +596,13 @@ def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> d
     elif msg.eval is not None:
         result["eval_ids"] = _upsert_evals(w, [msg.eval])
     return result
+
+
+def _restart_deadlines(w: StateWriter, dep: Deployment) -> None:
+    """A resumed rollout gets its whole progress deadline again: time spent paused is not a lack of progress."""
+    for state in dep.task_groups.values():
+        if state.progress_deadline:
+            state.require_progress_by = w.now + state.progress_deadline
 
 
 def _mark_stable(w: StateWriter, job_id: str, version: int) -> None:

@@ -749,6 +749,38 @@ def deployment_fail(deployment_id: str, address: str, token: str | None, as_json
     emit(c, out, text)
 
 
+@deployment.command("pause")
+@click.argument("deployment_id")
+@client_options
+def deployment_pause(deployment_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Hold a running rollout where it is: nothing more is replaced until ``deployment resume``."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("deployment.pause", {"deployment_id": deployment_id, "pause": True})
+    emit(c, out, lambda d: f'Deployment "{d["DeploymentID"]}" paused')
+
+
+@deployment.command("resume")
+@click.argument("deployment_id")
+@click.option("--detach", is_flag=True, help="Return at once instead of monitoring the evaluation that places the next batch.")
+@client_options
+def deployment_resume(deployment_id: str, detach: bool, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Go on with a paused rollout; its progress deadline starts again."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("deployment.pause", {"deployment_id": deployment_id, "pause": False})
+    if c.as_json:
+        emit(c, out, str)
+        return
+    click.echo(f'Deployment "{out["DeploymentID"]}" resumed')
+    if not out.get("EvalID"):
+        return
+    if detach:
+        click.echo(f"Evaluation ID: {out['EvalID']}")
+        return
+    code = monitor_eval(c, out["EvalID"], out["Index"])
+    if code:
+        sys.exit(code)
+
+
 def _deployment_table(d: dict[str, Any]) -> str:
     """As ``nomad deployment status``: the rollout, then each group's progress."""
     head = kv(d, [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status"),

@@ -8,8 +8,8 @@ decides, for every active deployment:
 
 - *successful* when every group has ``healthy >= desired_total``;
 - *failed* when an alloc was unhealthy, or when no alloc became healthy
-  within ``progress_deadline`` of the last progress (the deployment's start
-  or the newest healthy alloc);
+  within ``progress_deadline`` of the last progress (the deployment's start,
+  the newest healthy alloc, or a resume: the FSM keeps ``require_progress_by``);
 - *cancelled* when the job was stopped or a newer version replaced it;
 - on failure, if a group has ``auto_revert``, the newest stable version (one
   whose rollout succeeded) is registered again as a new version in the same
@@ -17,12 +17,17 @@ decides, for every active deployment:
 - otherwise, each time more allocs became healthy it creates a
   ``deployment-watcher`` eval so the scheduler places the next
   ``max_parallel`` batch of the rolling update.
+
+An operator can fail a rollout, or pause and resume it (``deployment.fail``,
+``deployment.pause``); a paused one waits, frozen, unless its job is stopped
+or replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +37,8 @@ from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,
     DEPLOYMENT_FAILED,
+    DEPLOYMENT_PAUSED,
+    DEPLOYMENT_RUNNING,
     DEPLOYMENT_SUCCESSFUL,
     Deployment,
     Evaluation,
@@ -57,6 +64,8 @@ DESC_DEADLINE = "Failed due to progress deadline"
 DESC_STOPPED = "Cancelled because job is stopped"
 DESC_NEWER = "Cancelled due to newer version of job"
 DESC_FAILED_BY_USER = "Deployment marked as failed"
+DESC_PAUSED = "Deployment is paused"
+DESC_RUNNING = "Deployment is running"
 
 
 class DeploymentError(Exception):
@@ -66,7 +75,7 @@ class DeploymentError(Exception):
 @dataclass
 class Decision:
     deployment_id: str
-    status: str = ""  # new terminal status, or "" to keep running
+    status: str = ""  # the new status, or "" to leave it as it is
     description: str = ""
     healthy: int = 0
     eval: Evaluation | None = None  # continue the rollout, or place the rollback
@@ -85,17 +94,17 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
         return out
     states = dep.task_groups
     out.healthy = sum(s.healthy_allocs for s in states.values())
+    if dep.status == DEPLOYMENT_PAUSED:
+        return out  # frozen until resumed: no verdict, no next batch
     if any(s.unhealthy_allocs > 0 for s in states.values()):
         return _fail(reader, dep, job, out, DESC_UNHEALTHY)
     if all(s.healthy_allocs >= s.desired_total for s in states.values()):
         out.status, out.description = DEPLOYMENT_SUCCESSFUL, DESC_SUCCESSFUL
         return out
-    progress = dep.create_time
-    for alloc in reader.allocs_by_deployment(dep.id):
-        if alloc.deployment_status is not None and alloc.deployment_status.healthy:
-            progress = max(progress, alloc.modify_time)
     for state in states.values():
-        if state.progress_deadline and state.healthy_allocs < state.desired_total and now > progress + state.progress_deadline:
+        # The FSM moves require_progress_by on with each healthy alloc and on resume.
+        deadline = state.require_progress_by or dep.create_time + state.progress_deadline
+        if state.progress_deadline and state.healthy_allocs < state.desired_total and now > deadline:
             return _fail(reader, dep, job, out, DESC_DEADLINE)
     if seen_healthy is None or out.healthy > seen_healthy:
         out.eval = job_eval(job, TRIGGER_DEPLOYMENT)
@@ -147,32 +156,78 @@ def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Deci
     return out
 
 
-@method("deployment.fail")
-async def deployment_fail(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Mark a running deployment failed (rolling back where a group has auto_revert), as Nomad."""
+def pause_or_resume(reader: StateReader, dep: Deployment, pause: bool) -> Decision:
+    """``nomad deployment pause|resume``: hold a rolling update where it is, or go on with it.
+
+    A paused rollout places nothing more and gets no verdict (its progress
+    deadline stops); only a stopped or replaced job still cancels it. Resuming
+    restarts the deadline and asks the scheduler for the next batch.
+    """
+    if not dep.active():
+        verb = "paused" if pause else "resumed"
+        raise DeploymentError(f"deployment {dep.id} is {dep.status}: only a running deployment can be {verb}")
+    if pause:
+        if dep.status == DEPLOYMENT_PAUSED:
+            raise DeploymentError(f"deployment {dep.id} is already paused")
+        return Decision(dep.id, DEPLOYMENT_PAUSED, DESC_PAUSED)
+    if dep.status != DEPLOYMENT_PAUSED:
+        raise DeploymentError(f"deployment {dep.id} is not paused: nothing to resume")
+    out = Decision(dep.id, DEPLOYMENT_RUNNING, DESC_RUNNING)
+    job = reader.job(dep.job_id)
+    if job is not None and not job.stop:
+        out.eval = job_eval(job, TRIGGER_DEPLOYMENT)
+        out.eval.deployment_id = dep.id
+    return out
+
+
+async def _operate(
+    server: Server, ctx: RequestContext, args: dict[str, Any], choose: Callable[[StateReader, Deployment], Decision]
+) -> dict[str, Any]:
+    """An operator's change to one deployment, decided on the leader's state as its watcher decides.
+
+    Answers Nomad's DeploymentUpdateResponse.
+    """
     dep_id = id_arg(args, "deployment_id")
-    server.ensure_leader()  # decided on the leader's state, as its watcher decides
+    server.ensure_leader()
     await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
 
-    def decide_failure(r: StateReader) -> Decision:
+    def decision(r: StateReader) -> Decision:
         dep = by_prefix(r.deployment, r.deployments, dep_id)
         if dep is None:
             raise RPCError(NOT_FOUND, f"deployment {dep_id} not found")
         try:
-            return fail_by_user(r, dep)
+            return choose(r, dep)
         except DeploymentError as exc:
             raise RPCError(BAD_REQUEST, str(exc)) from None
 
-    d = await server.local(decide_failure)
+    d = await server.local(decision)
     body = m.DeploymentStatusUpdate(
         deployment_id=d.deployment_id, status=d.status, status_description=d.description, eval=d.eval, job=d.rollback
     )
     result = await server.write(ctx, Need.WRITE, body)
+    index = result["index"]
     eval_ids = result["value"].get("eval_ids") or [""]
-    out: dict[str, Any] = {"EvalID": eval_ids[0], "DeploymentModifyIndex": result["index"], "Index": result["index"]}
+    out: dict[str, Any] = {"DeploymentID": d.deployment_id, "EvalID": eval_ids[0], "DeploymentModifyIndex": index, "Index": index}
+    if eval_ids[0]:
+        out["EvalCreateIndex"] = index
     if d.rollback is not None:
         out["RevertedJobVersion"] = d.rollback.version  # the stable version gone back to, as Nomad
     return out
+
+
+@method("deployment.fail")
+async def deployment_fail(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Mark a running deployment failed (rolling back where a group has auto_revert), as Nomad."""
+    return await _operate(server, ctx, args, fail_by_user)
+
+
+@method("deployment.pause")
+async def deployment_pause(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Pause (``pause``: true, the default) or resume a rollout, as Nomad's Deployment.Pause."""
+    pause = args.get("pause", True)
+    if not isinstance(pause, bool):
+        raise RPCError(BAD_REQUEST, "argument 'pause' must be a bool")
+    return await _operate(server, ctx, args, lambda r, dep: pause_or_resume(r, dep, pause))
 
 
 class DeploymentWatcher:

@@ -30,7 +30,7 @@ FEATURE_MODULES: tuple[str, ...] = (
     "node.gc",
     "node.worker_endpoints",
     "node.heartbeat",  # node.heartbeat RPC (batched client heartbeats)
-    "node.deployments",  # deployment.fail RPC (the watcher itself runs in node.lifecycle)
+    "node.deployments",  # deployment.fail and deployment.pause RPCs (the watcher runs in node.lifecycle)
     "node.lifecycle",  # eval broker, workers, plan applier, heartbeat TTLs, deployments; scheduler.stats
     "node.http_api",  # the Nomad-compatible /v1 HTTP API and /v1/metrics (a service on every server)
     "node.snapshots",  # operator.snapshot.save (streamed from the leader after a barrier)

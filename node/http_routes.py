@@ -315,6 +315,18 @@ async def deployment_fail(request: web.Request) -> web.Response:
     return _write_reply(request, await api_of(request).call(request, "deployment.fail", args))
 
 
+async def deployment_pause(request: web.Request) -> web.Response:
+    """Nomad's ``/v1/deployment/pause/:id``: ``{"Pause": true}`` pauses, ``false`` resumes."""
+    dep_id = request.match_info["deployment_id"]
+    body = await json_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("Pause"), bool):
+        raise bad('the body must be a JSON object with a boolean Pause: {"DeploymentID": ..., "Pause": true}')
+    if body.get("DeploymentID", dep_id) != dep_id:
+        raise bad(f"DeploymentID {body.get('DeploymentID')!r} in the body does not match the path's {dep_id!r}")
+    args = {"deployment_id": dep_id, "pause": body["Pause"]}
+    return _write_reply(request, await api_of(request).call(request, "deployment.pause", args))
+
+
 async def deployment_allocations(request: web.Request) -> web.Response:
     dep, _ = await _read(
         request, "deployment.get", {"deployment_id": request.match_info["deployment_id"]}
@@ -759,6 +771,7 @@ def add_routes(app: web.Application) -> None:
     )
     r.add_get("/v1/deployment/{deployment_id}", deployment_get, allow_head=False)
     both("/v1/deployment/fail/{deployment_id}", deployment_fail)
+    both("/v1/deployment/pause/{deployment_id}", deployment_pause)
     r.add_get("/v1/nodes", nodes_list, allow_head=False)
     r.add_get("/v1/node/{node_id}", node_get, allow_head=False)
     r.add_get("/v1/node/{node_id}/allocations", node_allocations, allow_head=False)

@@ -93,6 +93,8 @@ def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment
     if not dep.active():
         # A failed or cancelled rollout stops; a successful one has nothing left to roll.
         return 0 if dep.status != "successful" else strategy.max_parallel
+    if dep.status == "paused":
+        return 0  # held by the operator (`deployment pause`): nothing more is replaced
     return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
 
 

@@ -169,7 +169,8 @@ class TestACL:
         # Missing and wrong tokens; writes that look an object up first say nothing of it either.
         for token in (None, "not-a-real-secret"):
             for method, args in (("job.register", {"job": job_spec("x")}), ("job.stop", {"job_id": "no-such-job"}),
-                                 ("deployment.fail", {"deployment_id": "no-such-deployment"})):
+                                 ("deployment.fail", {"deployment_id": "no-such-deployment"}),
+                                 ("deployment.pause", {"deployment_id": "no-such-deployment"})):
                 with pytest.raises(RPCError) as err:
                     cluster.client(token=token).call(method, args)
                 assert err.value.code == "permission_denied", (method, err.value)
@@ -230,7 +231,7 @@ def test_an_empty_id_is_refused_not_taken_as_a_prefix_of_every_id(cluster: Clust
         "SchedulingEligibility": "eligible",
     }
     client.call("node.register", {"node": node})
-    for method, arg in [("node.get", "node_id"), ("job.get", "job_id"), ("deployment.fail", "deployment_id")]:
+    for method, arg in [("node.get", "node_id"), ("job.get", "job_id"), ("deployment.pause", "deployment_id")]:
         for empty in ("", "  "):
             with pytest.raises(RPCError) as err:
                 client.call(method, {arg: empty})

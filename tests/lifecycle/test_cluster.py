@@ -166,6 +166,60 @@ def test_deployment_fail_rolls_back_by_cli_and_http_and_refuses_a_finished_one(l
     env.call("job.stop", {"job_id": "undo"})
 
 
+def test_deployment_pause_holds_a_rollout_and_resume_goes_on_by_cli_and_http(lifecycle_env: Env) -> None:
+    """`nomad deployment pause|resume`: a paused rollout replaces nothing more, even once its
+    first new alloc is healthy; resumed, it finishes."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 200_000_000}
+    env.call("job.register", {"job": spec("hold", count=3, config={"v": 0}, update=update)})
+
+    def deployment(version: int) -> dict[str, Any] | None:
+        return deployment_of(env, "hold", version)
+
+    wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    slow = {**update, "MinHealthyTime": 3_000_000_000}  # time enough to pause before the first is healthy
+    env.call("job.register", {"job": spec("hold", count=3, config={"v": 1}, update=slow)})
+    d1 = wait_until(lambda: deployment(1), 30, "the second version's deployment")
+    out = env.cli("deployment", "pause", d1["ID"][:8])
+    assert out.returncode == 0 and f'Deployment "{d1["ID"]}" paused' in out.stdout, out.stdout + out.stderr
+
+    def group() -> dict[str, Any]:
+        return env.read("deployment.get", {"deployment_id": d1["ID"]})["TaskGroups"]["g"]
+
+    wait_until(lambda: group()["HealthyAllocs"] == 1, 30, "the first new alloc healthy while paused")
+    # Running, the watcher would place the next batch within a second of that; paused, nothing moves.
+    held_until = time.monotonic() + 3.0
+    while time.monotonic() < held_until:
+        d = env.read("deployment.get", {"deployment_id": d1["ID"]})
+        assert (d["Status"], d["TaskGroups"]["g"]["PlacedAllocs"]) == ("paused", 1), d
+        time.sleep(0.2)
+    again = env.cli("deployment", "pause", d1["ID"])
+    assert again.returncode != 0 and "is already paused" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    http = env.cluster.http_addresses[0]
+
+    def post(body: Any) -> tuple[int, Any]:
+        url = f"http://{http}/v1/deployment/pause/{d1['ID']}"
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert post({"Pause": "no"})[0] == 400
+    resumed = env.cli("deployment", "resume", d1["ID"][:8])  # monitors the eval that places the next batch
+    assert resumed.returncode == 0 and f'Deployment "{d1["ID"]}" resumed' in resumed.stdout, resumed.stdout + resumed.stderr
+    assert '" created: node' in resumed.stdout, resumed.stdout
+    assert post({"DeploymentID": d1["ID"], "Pause": True})[0] == 200  # and Nomad's HTTP route, both ways
+    status, answer = post({"DeploymentID": d1["ID"], "Pause": False})
+    assert status == 200 and answer["EvalID"] and answer["DeploymentModifyIndex"] > d1["ModifyIndex"], answer
+    resumed = env.cli("deployment", "resume", d1["ID"])
+    assert resumed.returncode != 0 and "is not paused: nothing to resume" in resumed.stderr, resumed.stderr
+    done = wait_until(lambda: (deployment(1) or {}).get("Status") == "successful" and deployment(1), 60, "rollout finished")
+    assert (done["TaskGroups"]["g"]["PlacedAllocs"], done["TaskGroups"]["g"]["HealthyAllocs"]) == (3, 3)
+    env.call("job.stop", {"job_id": "hold"})
+
+
 def test_job_revert_runs_a_kept_version_again_by_cli_and_http(lifecycle_env: Env) -> None:
     """`nomad job revert`: the kept version's spec becomes the newest version and is placed."""
     env = lifecycle_env

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from fsm import messages as m
 from fsm.caches import NodeUsageCache
-from fsm.structs import SECOND, DeploymentStatus, Evaluation, Job, TaskState, UpdateStrategy
-from node.deployments import decide
+from fsm.structs import MINUTE, SECOND, DeploymentStatus, Evaluation, Job, TaskState, UpdateStrategy
+from node.deployments import DeploymentError, decide, pause_or_resume
 from node.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
@@ -214,6 +214,91 @@ def test_a_rollback_yields_to_a_version_registered_meanwhile(h: Harness) -> None
     result = h.apply(m.DeploymentStatusUpdate(deployment_id=d1.id, status=failed.status, eval=failed.eval, job=failed.rollback))
     assert result.code == "conflict", result
     assert state_diff(without_bookkeeping(before), without_bookkeeping(h.dump())) == []
+
+
+def _decided(h: Harness, d: Any, **kw: Any) -> dict[str, Any]:
+    return h.ok(m.DeploymentStatusUpdate(deployment_id=d.deployment_id, status=d.status, status_description=d.description,
+                                         eval=d.eval, **kw))
+
+
+def test_a_paused_rollout_replaces_nothing_and_gets_no_verdict_until_resumed(h: Harness) -> None:
+    """`nomad deployment pause|resume`: the rolling update holds where it is, its progress deadline
+    stops, and a resume gives it a whole deadline again and places the next batch."""
+    for i in range(3):
+        h.ok(m.NodeRegister(node=node(f"n{i}")))
+    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE)
+    run_eval(h, register(h, job("p", count=3, update=update, config={"v": 0})))
+    with h.reader() as r:
+        (d0,) = r.deployments_by_job("p")
+    healthy = m.AllocClientState(id="", client_status="running", deployment_status=DeploymentStatus(healthy=True, timestamp=1))
+    with h.reader() as r:
+        h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=i) for i in r.alloc_ids_by_job("p")]))
+    h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status="successful"))
+    ev = register(h, job("p", count=3, update=update, config={"v": 1}))
+    assert len(run_eval(h, ev).place) == 1  # max_parallel 1: one destructive replacement
+    with h.reader() as r:
+        d1 = r.latest_deployment("p")
+        with pytest.raises(DeploymentError, match="is not paused: nothing to resume"):
+            pause_or_resume(r, d1, pause=False)
+        paused = pause_or_resume(r, d1, pause=True)
+    assert paused.eval is None
+    _decided(h, paused)
+    with h.reader() as r:
+        d1 = r.deployment(d1.id)
+        assert (d1.status, d1.status_description) == ("paused", "Deployment is paused")
+        with pytest.raises(DeploymentError, match="already paused"):
+            pause_or_resume(r, d1, pause=True)
+        (new,) = [a for a in r.allocs_by_job("p") if a.deployment_id == d1.id]
+    h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=new.id)]))  # health still counts
+    with h.reader() as r:
+        d1 = r.deployment(d1.id)
+        assert d1.task_groups["g"].healthy_allocs == 1
+        frozen = decide(r, d1, h.time + 60 * MINUTE, 0)  # long past the deadline, and progress was made
+    assert (frozen.status, frozen.eval) == ("", None)
+    again = Evaluation(id="ev-again", job_id="p", type="service", status="pending", triggered_by="deployment-watcher")
+    h.ok(m.EvalUpsert(evals=[again]))
+    assert run_eval(h, again).place == []  # the scheduler replaces nothing more while paused
+    with h.reader() as r:
+        resumed = pause_or_resume(r, r.deployment(d1.id), pause=False)
+    assert resumed.eval is not None and resumed.eval.deployment_id == d1.id
+    h.time += 60 * MINUTE  # resumed an hour later
+    _decided(h, resumed)
+    with h.reader() as r:
+        d1 = r.deployment(d1.id)
+        assert d1.status == "running" and d1.task_groups["g"].require_progress_by == h.time + 10 * MINUTE
+        assert decide(r, d1, h.time + 9 * MINUTE, 1).status == ""  # a whole deadline again, not failed at once
+        assert decide(r, d1, h.time + 11 * MINUTE, 1).description == "Failed due to progress deadline"
+        current = r.eval(resumed.eval.id)
+    assert len(run_eval(h, current).place) == 1  # the next batch
+    # Stopping the job still cancels a paused rollout.
+    with h.reader() as r:
+        _decided(h, pause_or_resume(r, r.deployment(d1.id), pause=True))
+    h.ok(m.JobRegister(job=dataclasses.replace(job("p", count=3, update=update, config={"v": 1}), stop=True)))
+    with h.reader() as r:
+        cancelled = decide(r, r.deployment(d1.id), h.time, 1)
+    assert (cancelled.status, cancelled.description) == ("cancelled", "Cancelled because job is stopped")
+    _decided(h, cancelled)
+    with h.reader() as r, pytest.raises(DeploymentError, match="is cancelled: only a running deployment can be resumed"):
+        pause_or_resume(r, r.deployment(d1.id), pause=False)
+
+
+def test_each_healthy_alloc_moves_the_progress_deadline_on(h: Harness) -> None:
+    """Nomad's RequireProgressBy: the FSM keeps it, so `deployment status` shows the real deadline."""
+    h.ok(m.NodeRegister(node=node("n")))
+    update = UpdateStrategy(max_parallel=2, min_healthy_time=SECOND, progress_deadline=10 * MINUTE)
+    run_eval(h, register(h, job("q", count=2, update=update)))
+    with h.reader() as r:
+        (dep,) = r.deployments_by_job("q")
+        first, second = r.alloc_ids_by_job("q")
+    created = dep.task_groups["g"].require_progress_by
+    assert created == dep.create_time + 10 * MINUTE
+    health = DeploymentStatus(healthy=True, timestamp=1)
+    h.time += 7 * MINUTE
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=first, client_status="running", deployment_status=health)]))
+    with h.reader() as r:
+        dep = r.deployment(dep.id)
+        assert dep.task_groups["g"].require_progress_by == h.time + 10 * MINUTE
+        assert decide(r, dep, created + MINUTE, 1).status == ""  # past the first deadline, but progress was made
 
 
 @settings(max_examples=25, deadline=None)
