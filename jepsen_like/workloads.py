@@ -397,7 +397,8 @@ class LifecycleWorkload(Workload):
     GC intervals and thresholds (``LIFECYCLE_GC_CONFIG``). Actor lanes
     register batch jobs ``life-N`` that run 0.3-2 s and finish, service jobs
     ``keep-N`` that run until the end and are never stopped (but rescaled,
-    so their rollouts move allocs in place), stop some
+    so their rollouts move allocs in place, and their rollouts paused and
+    resumed), stop some
     ``life`` jobs, read single jobs and force GC; an observer lane lists all
     of them twice a second. After healing, the final phase forces GC and
     records jobs, evaluations and allocations. ``checkers.check_gc``:
@@ -493,6 +494,9 @@ class LifecycleWorkload(Workload):
             self._call(lane, client, {"f": "scale", "job": job_id, "count": count}, "job.register",
                        {"job": _keep_job(job_id, count)}, lambda r: None)
             return
+        elif roll < 0.17 and keep_ids:
+            self._hold_or_resume(lane, client, rng.choice(keep_ids))
+            return
         elif roll < 0.7 or not known:
             job_id = f"life-{self.ctx.unique()}"
             run_for = f"{rng.randint(300, 2000)}ms"
@@ -517,6 +521,24 @@ class LifecycleWorkload(Workload):
             return
         with self._lock:
             self.registered.append(job_id)
+
+    def _hold_or_resume(self, lane: Lane, client: RPCClient, job_id: str) -> None:
+        """An operator pauses a keep job's running rollout, or resumes a paused one.
+
+        A paused rollout places nothing more until it is resumed or the next
+        rescale replaces (cancels) it; either way the job keeps running.
+        """
+        try:
+            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
+        except (RPCError, OSError):
+            return
+        active = [d for d in deployments if d["Status"] in ("running", "paused")]
+        if not active:
+            return
+        dep = max(active, key=lambda d: d["CreateIndex"])
+        pause = dep["Status"] == "running"
+        self._call(lane, client, {"f": "pause" if pause else "resume", "deployment": dep["ID"]}, "deployment.pause",
+                   {"deployment_id": dep["ID"], "pause": pause}, lambda r: None)
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Force GC until it finds nothing more, then record jobs, evals and allocs."""
