@@ -9,7 +9,7 @@ entry changes nothing.
 from __future__ import annotations
 
 import copy
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +19,7 @@ from fsm import messages as m
 from fsm.errors import ApplyRejected
 from fsm.keys import u64
 from fsm.messages import MessageType
-from fsm.store import META_ACL_BOOTSTRAP
+from fsm.store import META_ACL_BOOTSTRAP, StateReader
 from fsm.structs import (
     CLIENT_PENDING,
     CLIENT_TERMINAL,
@@ -409,7 +409,7 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
         w.put_alloc(alloc, old, "PlanResult")
         stopped.append(alloc.id)
     placed = []
-    joined: Counter[tuple[str, str]] = Counter()  # (deployment, group) -> allocs new to that rollout
+    joined: dict[tuple[str, str], list[Allocation]] = defaultdict(list)  # (deployment, group) -> allocs new to it
     plan_evals = {ev.id: ev.job_id for ev in msg.evals}
     for alloc in msg.allocs_to_place:
         if w.job(alloc.job_id) is None:
@@ -439,7 +439,7 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
             if alloc.deployment_id == old.deployment_id:
                 alloc.deployment_status = old.deployment_status
         if alloc.deployment_id and (old is None or old.deployment_id != alloc.deployment_id):
-            joined[alloc.deployment_id, alloc.task_group] += 1
+            joined[alloc.deployment_id, alloc.task_group].append(alloc)
         alloc.alloc_modify_index = w.index
         w.put_alloc(alloc, old, "PlanResult")
         if old is None:
@@ -455,8 +455,8 @@ def plan_apply(w: StateWriter, msg: m.PlanApply) -> dict[str, Any]:
     return {"placed": placed, "stopped": stopped, "eval_ids": eval_ids}
 
 
-def _put_rollouts(w: StateWriter, new: Deployment | None, joined: Counter[tuple[str, str]]) -> None:
-    """Store the plan's new deployment and count the allocs each rollout gained (Nomad's PlacedAllocs).
+def _put_rollouts(w: StateWriter, new: Deployment | None, joined: dict[tuple[str, str], list[Allocation]]) -> None:
+    """Store the plan's new deployment and count the allocs each rollout gained (Nomad's PlacedAllocs, PlacedCanaries).
 
     An alloc joins a rollout when it is placed with its id, or when an
     in-place update moves it there from an older one.
@@ -469,9 +469,11 @@ def _put_rollouts(w: StateWriter, new: Deployment | None, joined: Counter[tuple[
         if stored is not None:
             rollouts[dep_id] = (copy.deepcopy(stored), stored)
     for dep_id, (dep, old) in rollouts.items():
-        for (of, group), n in sorted(joined.items()):
+        for (of, group), allocs in sorted(joined.items()):
             if of == dep_id and group in dep.task_groups:
-                dep.task_groups[group].placed_allocs += n
+                state = dep.task_groups[group]
+                state.placed_allocs += len(allocs)
+                state.placed_canaries += [a.id for a in allocs if a.deployment_status is not None and a.deployment_status.canary]
         if dep != old:
             w.put_deployment(dep, old, "DeploymentStatusUpdate")
 
@@ -518,7 +520,9 @@ def alloc_client_update(w: StateWriter, msg: m.AllocClientUpdate) -> dict[str, A
                 before["healthy"] if before is not None else None,
                 state.deployment_status.healthy,
             )
-            data["deployment_status"] = codec.dump(state.deployment_status)
+            reported = codec.dump(state.deployment_status)
+            reported["canary"] = before is not None and bool(before.get("canary"))  # the scheduler's word, not the client's
+            data["deployment_status"] = reported
         w.update_alloc_map(data, was_terminal, "AllocationUpdated")
         updated.append(state.id)
     eval_ids = _upsert_evals(w, msg.evals)
@@ -617,6 +621,42 @@ def _mark_stable(w: StateWriter, job_id: str, version: int) -> None:
         job.stable = True
         job.modify_index, job.modify_time = w.index, w.now
         w.record_packed(TOPIC_JOB, "DeploymentStatusUpdate", job.id, w.put_job(job))
+
+
+def healthy_canaries(view: StateReader, dep: Deployment, group: str) -> int:
+    """How many of the group's canaries in ``dep`` the client reported healthy."""
+    ids = set(dep.task_groups[group].placed_canaries)
+    return sum(1 for a in view.allocs_by_deployment(dep.id)
+               if a.id in ids and a.deployment_status is not None and a.deployment_status.healthy)
+
+
+def deployment_promote(w: StateWriter, msg: m.DeploymentPromote) -> dict[str, Any]:
+    """Promote a rollout's canaries: the scheduler then replaces the old allocs (as Nomad).
+
+    Refused unless every canary of each promoted group is healthy.
+    """
+    dep = w.deployment(msg.deployment_id)
+    if dep is None:
+        raise not_found(f"deployment {msg.deployment_id} not found")
+    if dep.status != DEPLOYMENT_RUNNING:
+        raise conflict(f"deployment {dep.id} is {dep.status}: only a running deployment can be promoted")
+    waiting = sorted(g for g, s in dep.task_groups.items() if s.awaits_promotion())
+    for group in msg.groups:
+        if group not in waiting:
+            raise bad(f"deployment {dep.id}: task group {group!r} has no canaries awaiting promotion")
+    chosen = sorted(set(msg.groups)) or waiting
+    if not chosen:
+        raise bad(f"deployment {dep.id} has no canaries awaiting promotion")
+    old = copy.deepcopy(dep)
+    for group in chosen:
+        state = dep.task_groups[group]
+        healthy = healthy_canaries(w, dep, group)
+        if healthy < state.desired_canaries:
+            raise bad(f"deployment {dep.id}: task group {group!r} has {healthy}/{state.desired_canaries} healthy canaries; "
+                      "promote once every canary is healthy")
+        state.promoted = True
+    w.put_deployment(dep, old, "DeploymentPromotion")
+    return {"deployment_id": dep.id, "promoted": chosen, "eval_ids": _upsert_evals(w, [msg.eval] if msg.eval else [])}
 
 
 def deployment_reap(w: StateWriter, msg: m.DeploymentReap) -> dict[str, Any]:
@@ -778,6 +818,7 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.DEPLOYMENT_UPSERT: deployment_upsert,
     MessageType.DEPLOYMENT_STATUS_UPDATE: deployment_status_update,
     MessageType.DEPLOYMENT_REAP: deployment_reap,
+    MessageType.DEPLOYMENT_PROMOTE: deployment_promote,
     MessageType.NODE_REGISTER: node_register,
     MessageType.NODE_UPDATE_STATUS: node_update_status,
     MessageType.NODE_UPDATE_ELIGIBILITY: node_update_eligibility,

@@ -55,6 +55,7 @@ class MessageType(IntEnum):
     BARRIER = 19
     RECONCILE_SUMMARIES = 20
     BATCH = 21
+    DEPLOYMENT_PROMOTE = 22
 
 
 @dataclass
@@ -154,6 +155,15 @@ class DeploymentStatusUpdate:
 
 
 @dataclass
+class DeploymentPromote:
+    """Nomad's ApplyDeploymentPromotion: the groups' canaries are good, replace the rest."""
+
+    deployment_id: str
+    groups: list[str] = field(default_factory=list)  # empty: every group awaiting promotion
+    eval: Evaluation | None = None
+
+
+@dataclass
 class DeploymentReap:
     deployments: list[Reap] = field(default_factory=list)
 
@@ -237,6 +247,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.DEPLOYMENT_UPSERT: DeploymentUpsert,
     MessageType.DEPLOYMENT_STATUS_UPDATE: DeploymentStatusUpdate,
     MessageType.DEPLOYMENT_REAP: DeploymentReap,
+    MessageType.DEPLOYMENT_PROMOTE: DeploymentPromote,
     MessageType.NODE_REGISTER: NodeRegister,
     MessageType.NODE_UPDATE_STATUS: NodeUpdateStatus,
     MessageType.NODE_UPDATE_ELIGIBILITY: NodeUpdateEligibility,

@@ -78,6 +78,10 @@ class UpdateStrategy:
     healthy_deadline: int = 5 * MINUTE
     progress_deadline: int = 10 * MINUTE
     auto_revert: bool = False
+    # Canaries: a new version first places this many allocs beside the old
+    # ones and replaces nothing until the rollout is promoted.
+    canary: int = 0
+    auto_promote: bool = False
 
 
 @dataclass
@@ -256,6 +260,13 @@ class DeploymentState:
     auto_revert: bool = False
     progress_deadline: int = 0
     require_progress_by: int = 0
+    desired_canaries: int = 0
+    placed_canaries: list[str] = field(default_factory=list)
+    promoted: bool = False
+    auto_promote: bool = False
+
+    def awaits_promotion(self) -> bool:
+        return self.desired_canaries > 0 and not self.promoted
 
 
 @dataclass

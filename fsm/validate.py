@@ -60,6 +60,8 @@ def check_job(job: Job) -> None:
         names.add(group.name)
         if group.count < 0:
             raise bad(f"job {job.id}: group {group.name}: count {group.count} must be >= 0")
+        if group.update is not None and group.update.canary < 0:
+            raise bad(f"job {job.id}: group {group.name}: update canary {group.update.canary} must be >= 0")
         if not group.tasks:
             raise bad(f"job {job.id}: group {group.name}: at least one task is required")
         for task in group.tasks:

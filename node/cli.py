@@ -767,10 +767,28 @@ def deployment_resume(deployment_id: str, detach: bool, address: str, token: str
     """Go on with a paused rollout; its progress deadline starts again."""
     c = make_ctx(address, token, as_json)
     out = c.call("deployment.pause", {"deployment_id": deployment_id, "pause": False})
+    _follow_deployment_eval(c, out, "resumed", detach)
+
+
+@deployment.command("promote")
+@click.argument("deployment_id")
+@click.option("--group", "groups", multiple=True, help="Promote only this task group's canaries (repeatable); default: all.")
+@click.option("--detach", is_flag=True, help="Return at once instead of monitoring the evaluation that replaces the old allocs.")
+@client_options
+def deployment_promote(deployment_id: str, groups: tuple[str, ...], detach: bool, address: str, token: str | None,
+                       as_json: bool, stale: bool) -> None:
+    """Promote a rollout's canaries once they are healthy: the old allocs are then replaced, as ``nomad deployment promote``."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("deployment.promote", {"deployment_id": deployment_id, "groups": list(groups)})
+    _follow_deployment_eval(c, out, "promoted", detach)
+
+
+def _follow_deployment_eval(c: Ctx, out: dict[str, Any], done: str, detach: bool) -> None:
+    """Say what happened to the deployment, then monitor the eval that goes on with it."""
     if c.as_json:
         emit(c, out, str)
         return
-    click.echo(f'Deployment "{out["DeploymentID"]}" resumed')
+    click.echo(f'Deployment "{out["DeploymentID"]}" {done}')
     if not out.get("EvalID"):
         return
     if detach:
@@ -793,7 +811,13 @@ def _deployed_rows(d: dict[str, Any]) -> str:
     columns = [("Task Group", "Group")]
     if any(s.get("AutoRevert") for _, s in groups):
         columns.append(("Auto Revert", "AutoRevert"))
-    columns += [("Desired", "DesiredTotal"), ("Placed", "PlacedAllocs"), ("Healthy", "HealthyAllocs"),
+    canaries = any(s.get("DesiredCanaries") for _, s in groups)
+    if canaries:
+        columns.append(("Promoted", "Promoted"))
+    columns.append(("Desired", "DesiredTotal"))
+    if canaries:
+        columns.append(("Canaries", "DesiredCanaries"))
+    columns += [("Placed", "PlacedAllocs"), ("Healthy", "HealthyAllocs"),
                 ("Unhealthy", "UnhealthyAllocs"), ("Progress Deadline", "Deadline")]
     return rows([{**s, "Group": g, "Deadline": when(s.get("RequireProgressBy", 0)) or "<none>"} for g, s in groups], columns)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
-from fsm.handlers import job_spec
+from fsm.handlers import healthy_canaries, job_spec
 from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,
@@ -66,6 +66,7 @@ DESC_NEWER = "Cancelled due to newer version of job"
 DESC_FAILED_BY_USER = "Deployment marked as failed"
 DESC_PAUSED = "Deployment is paused"
 DESC_RUNNING = "Deployment is running"
+DESC_NEEDS_PROMOTION = "Deployment is running but requires manual promotion"
 
 
 class DeploymentError(Exception):
@@ -80,6 +81,16 @@ class Decision:
     healthy: int = 0
     eval: Evaluation | None = None  # continue the rollout, or place the rollback
     rollback: Job | None = None  # the stable version to register again
+    promote: list[str] | None = None  # promote these groups' canaries ([]: every group waiting)
+
+    def entry(self) -> m.DeploymentPromote | m.DeploymentStatusUpdate:
+        """The raft entry that carries the decision out (its eval in the same entry)."""
+        if self.promote is not None:
+            return m.DeploymentPromote(deployment_id=self.deployment_id, groups=self.promote, eval=self.eval)
+        return m.DeploymentStatusUpdate(
+            deployment_id=self.deployment_id, status=self.status, status_description=self.description,
+            eval=self.eval, job=self.rollback,
+        )
 
 
 def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | None) -> Decision:
@@ -98,18 +109,34 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
         return out  # frozen until resumed: no verdict, no next batch
     if any(s.unhealthy_allocs > 0 for s in states.values()):
         return _fail(reader, dep, job, out, DESC_UNHEALTHY)
-    if all(s.healthy_allocs >= s.desired_total for s in states.values()):
+    waiting = {g: s for g, s in states.items() if s.awaits_promotion()}
+    ready = {g for g, s in waiting.items() if healthy_canaries(reader, dep, g) >= s.desired_canaries}
+    if waiting and ready == set(waiting):
+        if all(s.auto_promote for s in waiting.values()):
+            out.promote, out.eval = [], _next_batch(job, dep)
+            return out
+        if dep.status_description != DESC_NEEDS_PROMOTION:
+            out.status, out.description = DEPLOYMENT_RUNNING, DESC_NEEDS_PROMOTION
+            return out
+    if not waiting and all(s.healthy_allocs >= s.desired_total for s in states.values()):
         out.status, out.description = DEPLOYMENT_SUCCESSFUL, DESC_SUCCESSFUL
         return out
-    for state in states.values():
-        # The FSM moves require_progress_by on with each healthy alloc and on resume.
+    for name, state in states.items():
+        # The FSM moves require_progress_by on with each healthy alloc and on resume;
+        # healthy canaries waiting for an operator's promotion are not stuck.
         deadline = state.require_progress_by or dep.create_time + state.progress_deadline
-        if state.progress_deadline and state.healthy_allocs < state.desired_total and now > deadline:
+        if state.progress_deadline and state.healthy_allocs < state.desired_total and now > deadline and name not in ready:
             return _fail(reader, dep, job, out, DESC_DEADLINE)
     if seen_healthy is None or out.healthy > seen_healthy:
-        out.eval = job_eval(job, TRIGGER_DEPLOYMENT)
-        out.eval.deployment_id = dep.id
+        out.eval = _next_batch(job, dep)
     return out
+
+
+def _next_batch(job: Job, dep: Deployment) -> Evaluation:
+    """An eval for the scheduler to place the rollout's next batch."""
+    ev = job_eval(job, TRIGGER_DEPLOYMENT)
+    ev.deployment_id = dep.id
+    return ev
 
 
 def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: str) -> Decision:
@@ -175,8 +202,16 @@ def pause_or_resume(reader: StateReader, dep: Deployment, pause: bool) -> Decisi
     out = Decision(dep.id, DEPLOYMENT_RUNNING, DESC_RUNNING)
     job = reader.job(dep.job_id)
     if job is not None and not job.stop:
-        out.eval = job_eval(job, TRIGGER_DEPLOYMENT)
-        out.eval.deployment_id = dep.id
+        out.eval = _next_batch(job, dep)
+    return out
+
+
+def promote_by_user(reader: StateReader, dep: Deployment, groups: list[str]) -> Decision:
+    """``nomad deployment promote``: the canaries are good; the FSM checks they are all healthy."""
+    out = Decision(dep.id, promote=sorted(set(groups)))
+    job = reader.job(dep.job_id)
+    if job is not None and not job.stop:
+        out.eval = _next_batch(job, dep)
     return out
 
 
@@ -201,10 +236,7 @@ async def _operate(
             raise RPCError(BAD_REQUEST, str(exc)) from None
 
     d = await server.local(decision)
-    body = m.DeploymentStatusUpdate(
-        deployment_id=d.deployment_id, status=d.status, status_description=d.description, eval=d.eval, job=d.rollback
-    )
-    result = await server.write(ctx, Need.WRITE, body)
+    result = await server.write(ctx, Need.WRITE, d.entry())
     index = result["index"]
     eval_ids = result["value"].get("eval_ids") or [""]
     out: dict[str, Any] = {"DeploymentID": d.deployment_id, "EvalID": eval_ids[0], "DeploymentModifyIndex": index, "Index": index}
@@ -230,6 +262,15 @@ async def deployment_pause(server: Server, ctx: RequestContext, args: dict[str, 
     return await _operate(server, ctx, args, lambda r, dep: pause_or_resume(r, dep, pause))
 
 
+@method("deployment.promote")
+async def deployment_promote(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Promote a rollout's canaries (``groups``, or every group waiting), as Nomad's Deployment.Promote."""
+    groups = args.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+        raise RPCError(BAD_REQUEST, "argument 'groups' must be a list of task group names")
+    return await _operate(server, ctx, args, lambda r, dep: promote_by_user(r, dep, groups))
+
+
 class DeploymentWatcher:
     def __init__(self, lc: Lifecycle) -> None:
         self.lc = lc
@@ -251,18 +292,11 @@ class DeploymentWatcher:
 
     async def _act(self, d: Decision) -> None:
         try:
-            if d.status:
-                await self.server.propose(
-                    m.DeploymentStatusUpdate(
-                        deployment_id=d.deployment_id,
-                        status=d.status,
-                        status_description=d.description,
-                        eval=d.eval if d.rollback is not None else None,
-                        job=d.rollback,
-                    )
-                )
+            if d.status or d.promote is not None:
+                await self.server.propose(d.entry())
                 self.seen.pop(d.deployment_id, None)
-                self.log.info("deployment finished", deployment=d.deployment_id, status=d.status, why=d.description)
+                said = "canaries promoted" if d.promote is not None else "deployment status changed"
+                self.log.info(said, deployment=d.deployment_id, status=d.status, why=d.description)
                 return
             if d.eval is not None and not self.lc.broker.has_queued(d.eval.namespace, d.eval.job_id):
                 await self.lc.writer.create([d.eval])

@@ -548,6 +548,8 @@ class _Converter:
                 "healthy_deadline": ("HealthyDeadline", self.duration),
                 "progress_deadline": ("ProgressDeadline", self.duration),
                 "auto_revert": ("AutoRevert", self.boolean),
+                "canary": ("Canary", self.integer),
+                "auto_promote": ("AutoPromote", self.boolean),
             },
             {},
             out,

@@ -327,6 +327,23 @@ async def deployment_pause(request: web.Request) -> web.Response:
     return _write_reply(request, await api_of(request).call(request, "deployment.pause", args))
 
 
+async def deployment_promote(request: web.Request) -> web.Response:
+    """Nomad's ``/v1/deployment/promote/:id``: ``{"All": true}`` or ``{"Groups": [...]}``."""
+    dep_id = request.match_info["deployment_id"]
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise bad('the body must be a JSON object: {"DeploymentID": ..., "All": true} or {"Groups": ["web"]}')
+    if body.get("DeploymentID", dep_id) != dep_id:
+        raise bad(f"DeploymentID {body.get('DeploymentID')!r} in the body does not match the path's {dep_id!r}")
+    groups = body.get("Groups") or []
+    if body.get("All") and groups:
+        raise bad("give All or Groups, not both")
+    if not body.get("All") and not groups:
+        raise bad('say what to promote: "All": true, or "Groups": [names]')
+    args = {"deployment_id": dep_id, "groups": groups}
+    return _write_reply(request, await api_of(request).call(request, "deployment.promote", args))
+
+
 async def deployment_allocations(request: web.Request) -> web.Response:
     dep, _ = await _read(
         request, "deployment.get", {"deployment_id": request.match_info["deployment_id"]}
@@ -772,6 +789,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/deployment/{deployment_id}", deployment_get, allow_head=False)
     both("/v1/deployment/fail/{deployment_id}", deployment_fail)
     both("/v1/deployment/pause/{deployment_id}", deployment_pause)
+    both("/v1/deployment/promote/{deployment_id}", deployment_promote)
     r.add_get("/v1/nodes", nodes_list, allow_head=False)
     r.add_get("/v1/node/{node_id}", node_get, allow_head=False)
     r.add_get("/v1/node/{node_id}/allocations", node_allocations, allow_head=False)

@@ -35,6 +35,7 @@ from fsm.structs import (
     Allocation,
     Deployment,
     DeploymentState,
+    DeploymentStatus,
     Evaluation,
     Job,
     TaskGroup,
@@ -44,7 +45,7 @@ from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.feasibility import PlacementContext, ask_for
 from scheduler.plan import Plan
 from scheduler.ranking import Request, Selector
-from scheduler.reconcile import UNLIMITED, GroupPlan, reconcile_group
+from scheduler.reconcile import UNLIMITED, Canaries, GroupPlan, reconcile_group
 from scheduler.reschedule import batch_followups, next_tracker, policy_for
 from scheduler.state import Snapshot
 
@@ -98,6 +99,22 @@ def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment
     return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
 
 
+def _canaries(job: Job, group: TaskGroup, dep: Deployment | None) -> Canaries:
+    """The group's canary phase, from its rollout (or the one this eval may start)."""
+    strategy = update_strategy(job, group)
+    if dep is None:
+        # A new version's rollout starts with canaries if it replaces anything destructively.
+        return Canaries(wanted=strategy.canary if strategy is not None else 0)
+    state = dep.task_groups.get(group.name)
+    if state is None or not state.desired_canaries:
+        return Canaries()
+    if state.promoted:
+        return Canaries(promoted=True)
+    if not dep.active() and dep.status != "successful":
+        return Canaries(abandoned=True)
+    return Canaries(wanted=state.desired_canaries, paused=dep.status == "paused")
+
+
 def schedule(
     snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None, top_k: int = 1
 ) -> Plan:
@@ -130,9 +147,12 @@ def schedule_generic(
     plans: dict[str, GroupPlan] = {}
     for name in sorted(set(groups) | set(by_group)):
         group = groups.get(name)
-        limit = _limit(job, group, snap.allocs, dep) if job is not None and group is not None else UNLIMITED
+        limit, canaries = UNLIMITED, None
+        if job is not None and group is not None:
+            limit, canaries = _limit(job, group, snap.allocs, dep), _canaries(job, group, dep)
         plans[name] = reconcile_group(
-            job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit
+            job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit,
+            canaries=canaries,
         )
 
     # Stops first: what they free is available to this plan's placements.
@@ -192,6 +212,7 @@ def schedule_generic(
                     previous_allocation=p.previous.id if p.previous is not None else "",
                     reschedule_tracker=next_tracker(p.previous, now, p.delay, policy) if p.reschedule and p.previous else None,
                     deployment_id=dep_id if update_strategy(job, group) is not None else "",
+                    deployment_status=DeploymentStatus(canary=True) if p.canary and dep_id else None,
                 )
             )
         reasons = []
@@ -235,9 +256,12 @@ def _deployment_for(
     now = snap.now
     states = {}
     for name, (strategy, gp) in sorted(rolling.items()):
+        canaries = sum(1 for p in gp.place if p.canary)
         states[name] = DeploymentState(
-            desired_total=len(gp.place) + gp.pending_updates + len(gp.inplace),
+            desired_total=len(gp.place) - canaries + gp.pending_updates + len(gp.inplace),
             placed_allocs=0,
+            desired_canaries=canaries,
+            auto_promote=strategy.auto_promote,
             auto_revert=strategy.auto_revert,
             progress_deadline=strategy.progress_deadline,
             require_progress_by=now + strategy.progress_deadline if strategy.progress_deadline else 0,

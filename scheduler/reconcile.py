@@ -21,6 +21,11 @@ Classification of each alloc of the group:
   older job version are updated in place when only count/update/reschedule
   settings changed, otherwise destructively (stop + place), at most
   ``limit`` at a time (a deployment's max_parallel).
+- canaries (a group's ``update.canary``): while a new version's rollout
+  awaits promotion, that many allocs of the new version run beside the old
+  ones (outside ``count``) and nothing is replaced destructively. Once
+  promoted they are ordinary allocs, and each old alloc whose name a canary
+  took is stopped. A rollout that fails unpromoted stops its canaries.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ STOP_EXCESS = "alloc not needed due to job update"
 STOP_LOST = "alloc is lost since its node is down"
 STOP_MIGRATE = "alloc is being migrated"
 STOP_UPDATE = "alloc is being updated due to job update"
+STOP_CANARY_REPLACED = "alloc not needed as it was replaced by a promoted canary"
+STOP_CANARY_FAILED = "alloc not needed as its deployment failed before promotion"
 
 # Group fields whose change is not destructive (Nomad updates these in place).
 _INPLACE_FIELDS = ("count", "update", "reschedule_policy")
@@ -73,6 +80,26 @@ class Placement:
     delay: int = 0  # the reschedule delay recorded in the tracker
     lost: bool = False  # replaces an alloc lost with its node
     destructive: bool = False  # replaces an older-version alloc stopped in the same plan
+    canary: bool = False  # runs beside the old allocs until the rollout is promoted
+
+
+@dataclass
+class Canaries:
+    """Where the group's current rollout stands with canaries (from its deployment)."""
+
+    wanted: int = 0  # canaries to run until promotion (0: the group has no canary phase now)
+    promoted: bool = False  # promoted: the old allocs the canaries stand for go
+    abandoned: bool = False  # the rollout ended unpromoted: its canaries go
+    paused: bool = False  # the rollout is paused: no canary is placed
+
+    def beside(self, alloc: Allocation, job: Job) -> bool:
+        """An unpromoted canary of the current version: outside the group's count."""
+        return not self.promoted and is_canary(alloc, job)
+
+
+def is_canary(alloc: Allocation, job: Job) -> bool:
+    """A canary placed for ``job``'s current version."""
+    return alloc.job_version == job.version and alloc.deployment_status is not None and alloc.deployment_status.canary
 
 
 @dataclass
@@ -129,6 +156,7 @@ def reconcile_group(
     *,
     versions: dict[int, Job] | None = None,
     limit: int = UNLIMITED,
+    canaries: Canaries | None = None,
 ) -> GroupPlan:
     """What to do with one task group (``group`` is None when the job no longer has it)."""
     plan = GroupPlan(group_name)
@@ -137,6 +165,7 @@ def reconcile_group(
     stopped = job_stopped or group is None
     batch = job is not None and job.type == "batch"
     policy = policy_for(job, group) if not stopped and job is not None and group is not None else None
+    canaries = canaries or Canaries()
     live: list[Allocation] = []
     held: list[Allocation] = []  # terminal allocs that keep their slot (done, waiting, given up)
     replace: list[Placement] = []
@@ -144,8 +173,8 @@ def reconcile_group(
         if alloc.server_terminal():
             continue
         if alloc.client_terminal():
-            if stopped or alloc.next_allocation:
-                continue
+            if stopped or alloc.next_allocation or canaries.beside(alloc, job):
+                continue  # a failed canary holds no slot and is not rescheduled: its rollout fails
             if alloc.client_status == CLIENT_COMPLETE:
                 if batch:
                     held.append(alloc)
@@ -178,6 +207,19 @@ def reconcile_group(
         live.append(alloc)
     if stopped or job is None or group is None:
         return plan
+    mine = [a for a in live if is_canary(a, job)]
+    if canaries.abandoned:
+        for alloc in mine:
+            plan.stop.append(Stop(alloc, STOP_CANARY_FAILED))
+        live = [a for a in live if a not in mine]
+        mine = []
+    elif canaries.wanted:
+        live = [a for a in live if a not in mine]  # beside the group, not part of its count
+    elif canaries.promoted and mine:
+        names = {a.name for a in mine}
+        for alloc in [a for a in live if a.job_version != job.version and a.name in names]:
+            plan.stop.append(Stop(alloc, STOP_CANARY_REPLACED))
+            live.remove(alloc)
 
     count = group.count
     occupied = len(live) + len(held)
@@ -227,6 +269,12 @@ def reconcile_group(
             plan.inplace.append(updated)
         else:
             destructive.append(alloc)
+    if canaries.wanted and destructive and not canaries.paused:
+        taken = {a.name for a in mine}
+        names = [a.name for a in destructive if a.name not in taken]
+        for name in names[: max(0, canaries.wanted - len(mine))]:
+            plan.place.append(Placement(name, canary=True))
+        limit = 0  # nothing is replaced before promotion
     allowed = max(0, min(limit, len(destructive)))
     for alloc in destructive[:allowed]:
         plan.stop.append(Stop(alloc, STOP_UPDATE))

@@ -95,6 +95,7 @@ def test_unknown_method(settled: tuple[ClusterHandle, str]) -> None:
         ({"ID": "bad", "TaskGroups": [{"Name": "g", "Count": -1, "Tasks": [{"Name": "t"}]}]}, "count -1"),
         ({"ID": "bad", "Type": "cron", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]}, "type 'cron'"),
         ({"ID": "bad", "TaskGroups": [{"Name": "g", "Count": "3", "Tasks": [{"Name": "t"}]}]}, "TaskGroups[0].Count"),
+        ({"ID": "bad", "TaskGroups": [{"Name": "g", "Update": {"Canary": -1}, "Tasks": [{"Name": "t"}]}]}, "canary -1"),
         ({"TaskGroups": []}, "Job.ID"),
         ("not a job", "JSON"),
     ],

@@ -488,6 +488,7 @@ def sample_bodies() -> list[Any]:
         ),
         m.AllocClientUpdate(allocs=[m.AllocClientState(id="b1", client_status="complete")]),
         m.AllocDesiredTransition(allocs={"a2": DesiredTransition(migrate=True)}),
+        m.DeploymentPromote(deployment_id="d1", groups=["g"]),
         m.DeploymentStatusUpdate(deployment_id="d1", status="successful"),
         m.DeploymentUpsert(deployment=make_deployment("d2", "etl", status="cancelled")),
         m.DeploymentReap(deployments=[m.Reap("d2", 11)]),

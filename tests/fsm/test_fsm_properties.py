@@ -673,12 +673,18 @@ class FSMMachine(RuleBasedStateMachine):
         self.submit(m.AllocDesiredTransition(allocs=transitions, evals=evals), skew)
 
     # -- deployments ---------------------------------------------------------------
-    @rule(dep_id=DEP_ID, job_id=JOB_ID, status=DEP_STATUS, skew=st.integers(-5, 60))
-    def upsert_deployment(self, dep_id: str, job_id: str, status: str, skew: int) -> None:
-        self.submit(
-            m.DeploymentUpsert(deployment=make_deployment(dep_id, job_id, status, ("g1", "g2"))),
-            skew,
-        )
+    @rule(dep_id=DEP_ID, job_id=JOB_ID, status=DEP_STATUS, canaries=st.lists(ALLOC_ID, max_size=2), skew=st.integers(-5, 60))
+    def upsert_deployment(self, dep_id: str, job_id: str, status: str, canaries: list[str], skew: int) -> None:
+        dep = make_deployment(dep_id, job_id, status, ("g1", "g2"))
+        dep.task_groups["g1"].desired_canaries = len(canaries)
+        dep.task_groups["g1"].placed_canaries = canaries
+        self.submit(m.DeploymentUpsert(deployment=dep), skew)
+
+    @rule(dep_id=DEP_ID, groups=st.lists(st.sampled_from(["g1", "g2", "g9"]), max_size=2), ev=MAYBE_EVAL,
+          skew=st.integers(-5, 60))
+    def promote_deployment(self, dep_id: str, groups: list[str], ev: Evaluation | None, skew: int) -> None:
+        """Mostly refused (no canaries, unhealthy ones, a finished rollout); sometimes promoted."""
+        self.submit(m.DeploymentPromote(deployment_id=dep_id, groups=groups, eval=ev), skew)
 
     @rule(dep_id=DEP_ID, status=DEP_STATUS, ev=MAYBE_EVAL, skew=st.integers(-5, 60))
     def deployment_status(self, dep_id: str, status: str, ev: Evaluation | None, skew: int) -> None:

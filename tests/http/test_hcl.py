@@ -181,3 +181,13 @@ def test_cli_job_run_hcl(http_cluster: HTTPCluster) -> None:
     assert bad.stderr.strip().splitlines() == [
         f"Error: {FIXTURES / 'invalid.nomad.hcl'}:7:20: invalid HCL at line 7, column 20: unexpected end of file (an unclosed block, string or list?)"
     ]
+
+
+def test_canary_settings_of_an_update_block() -> None:
+    text = ('job "c" {\n  group "g" {\n    update {\n      canary = 2\n      auto_promote = true\n    }\n'
+            '    task "t" {\n      driver = "sim"\n    }\n  }\n}\n')
+    parsed = parse_hcl(text, "c.nomad.hcl")
+    assert parsed.warnings == []
+    assert parsed.job["TaskGroups"][0]["Update"] == {"Canary": 2, "AutoPromote": True}
+    model, warnings = parse_job(parsed.job)
+    assert (model.task_groups[0].update.canary, model.task_groups[0].update.auto_promote, warnings) == (2, True, [])

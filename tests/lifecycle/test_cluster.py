@@ -220,6 +220,41 @@ def test_deployment_pause_holds_a_rollout_and_resume_goes_on_by_cli_and_http(lif
     env.call("job.stop", {"job_id": "hold"})
 
 
+def test_canaries_wait_for_promotion_by_cli_then_replace_the_old_allocs(lifecycle_env: Env) -> None:
+    """`update { canary = 1 }`: a new version first runs one canary beside the old allocs and waits
+    for `deployment promote`; promoted, it replaces them."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 200_000_000, "Canary": 1}
+    env.call("job.register", {"job": spec("bird", count=2, config={"v": 0}, update=update)})
+
+    def deployment(version: int) -> dict[str, Any] | None:
+        return deployment_of(env, "bird", version)
+
+    wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    env.call("job.register", {"job": spec("bird", count=2, config={"v": 1}, update=update)})
+    waiting = "Deployment is running but requires manual promotion"
+    d1 = wait_until(lambda: (d := deployment(1)) and d["StatusDescription"] == waiting and d, 60, "the canary healthy")
+    rows = live(allocs(env, "bird"))
+    assert sorted(a["JobVersion"] for a in rows) == [0, 0, 1], rows  # the canary runs beside count old allocs
+    shown = env.cli("deployment", "status", d1["ID"])
+    assert "Promoted" in shown.stdout and "Canaries" in shown.stdout, shown.stdout
+    http = env.cluster.http_addresses[0]
+    url = f"http://{http}/v1/deployment/promote/{d1['ID']}"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="PUT"), timeout=10)
+    assert refused.value.code == 400 and "say what to promote" in refused.value.read().decode()
+    out = env.cli("deployment", "promote", d1["ID"][:8])
+    assert out.returncode == 0 and f'Deployment "{d1["ID"]}" promoted' in out.stdout, out.stdout + out.stderr
+    done = wait_until(lambda: (d := deployment(1)) and d["Status"] == "successful" and d, 60, "the promoted rollout finished")
+    assert done["TaskGroups"]["g"]["Promoted"] and done["TaskGroups"]["g"]["HealthyAllocs"] == 2
+    rows = live(allocs(env, "bird"))
+    assert sorted((a["Name"], a["JobVersion"]) for a in rows) == [("bird.g[0]", 1), ("bird.g[1]", 1)], rows
+    again = env.cli("deployment", "promote", d1["ID"])
+    assert again.returncode != 0 and "only a running deployment can be promoted" in again.stderr, again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    env.call("job.stop", {"job_id": "bird"})
+
+
 def test_job_revert_runs_a_kept_version_again_by_cli_and_http(lifecycle_env: Env) -> None:
     """`nomad job revert`: the kept version's spec becomes the newest version and is placed."""
     env = lifecycle_env

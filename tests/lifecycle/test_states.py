@@ -282,6 +282,144 @@ def test_a_paused_rollout_replaces_nothing_and_gets_no_verdict_until_resumed(h: 
         pause_or_resume(r, r.deployment(d1.id), pause=False)
 
 
+def _healthy(h: Harness, ids: list[str]) -> None:
+    health = DeploymentStatus(healthy=True, timestamp=1)
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=i, client_status="running", deployment_status=health) for i in ids]))
+
+
+def _canary_job(config: dict[str, Any], **update: Any) -> Job:
+    strategy = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, canary=1, **update)
+    return job("c", count=3, update=strategy, config=config)
+
+
+def _settle_v0(h: Harness) -> None:
+    for i in range(4):
+        h.ok(m.NodeRegister(node=node(f"n{i}")))
+    run_eval(h, register(h, _canary_job({"v": 0})))  # a first version has nothing to test canaries against
+    with h.reader() as r:
+        (d0,) = r.deployments_by_job("c")
+        assert d0.task_groups["g"].desired_canaries == 0
+        _healthy(h, r.alloc_ids_by_job("c"))
+    h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status="successful"))
+
+
+def test_canaries_run_beside_the_old_allocs_until_promoted_then_replace_them(h: Harness) -> None:
+    """Nomad's canary rollout: ``canary`` new allocs run beside ``count`` old ones; nothing is
+    replaced until promotion, which needs every canary healthy; then the old alloc whose name a
+    canary took stops and the rest are replaced ``max_parallel`` at a time."""
+    _settle_v0(h)
+    ev = register(h, _canary_job({"v": 1}))
+    plan = run_eval(h, ev)
+    assert len(plan.place) == 1 and plan.stop == []
+    with h.reader() as r:
+        d1 = r.latest_deployment("c")
+        state = d1.task_groups["g"]
+        (canary,) = [a for a in r.allocs_by_job("c") if a.job_version == 1]
+    assert (state.desired_canaries, state.desired_total, state.placed_canaries) == (1, 3, [canary.id])
+    assert canary.deployment_status.canary and len(live(h, "c")) == 4  # count 3, plus the canary
+    again = Evaluation(id="ev-again", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[again]))
+    assert run_eval(h, again).place == []  # unpromoted: no second canary, nothing replaced
+    refused = h.apply(m.DeploymentPromote(deployment_id=d1.id))
+    assert refused.code == "bad_request" and "has 0/1 healthy canaries" in refused.error, refused
+    with h.reader() as r:
+        assert decide(r, r.deployment(d1.id), h.time, 0).promote is None
+    _healthy(h, [canary.id])
+    with h.reader() as r:
+        assert r.alloc(canary.id).deployment_status.canary  # the client's report keeps the scheduler's flag
+        waiting = decide(r, r.deployment(d1.id), h.time + 60 * MINUTE, 0)  # healthy and waiting: not stuck
+    assert (waiting.status, waiting.description) == ("running", "Deployment is running but requires manual promotion")
+    h.ok(waiting.entry())
+    with h.reader() as r:
+        assert decide(r, r.deployment(d1.id), h.time, 1).status == ""  # said once; never successful unpromoted
+    promote = Evaluation(id="ev-promote", job_id="c", type="service", status="pending", deployment_id=d1.id)
+    assert h.ok(m.DeploymentPromote(deployment_id=d1.id, eval=promote))["promoted"] == ["g"]
+    plan = run_eval(h, promote)
+    with h.reader() as r:
+        stopped = {s.id: s.desired_description for s in plan.stop}
+        by_id = {a.id: a for a in r.allocs_by_job("c")}
+        assert r.deployment(d1.id).task_groups["g"].promoted
+    # the old alloc the canary stands for, plus one destructive update (max_parallel 1)
+    assert sorted(stopped.values()) == ["alloc is being updated due to job update",
+                                        "alloc not needed as it was replaced by a promoted canary"]
+    assert [by_id[i].name for i, why in stopped.items() if "canary" in why] == [canary.name]
+    for _ in range(3):  # the client reports health, the watcher asks for the next batch
+        with h.reader() as r:
+            fresh = [a.id for a in r.allocs_by_job("c") if not a.terminal() and a.deployment_status is None]
+        _healthy(h, fresh)
+        ev = Evaluation(id=f"ev-next-{h.index}", job_id="c", type="service", status="pending")
+        h.ok(m.EvalUpsert(evals=[ev]))
+        run_eval(h, ev)
+    with h.reader() as r:
+        running = [a for a in r.allocs_by_job("c") if not a.terminal()]
+        assert sorted(a.name for a in running) == ["c.g[0]", "c.g[1]", "c.g[2]"]
+        assert {a.job_version for a in running} == {1}
+        d1 = r.deployment(d1.id)
+        assert (d1.task_groups["g"].healthy_allocs, d1.task_groups["g"].placed_allocs) == (3, 3)
+        assert decide(r, d1, h.time, 3).status == "successful"
+
+
+def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
+    """``auto_promote`` promotes once every canary is healthy; a rollout that fails before
+    promotion stops its canaries and leaves the old allocs running."""
+    _settle_v0(h)
+    run_eval(h, register(h, _canary_job({"v": 1}, auto_promote=True)))
+    with h.reader() as r:
+        d1 = r.latest_deployment("c")
+        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    _healthy(h, [canary])
+    with h.reader() as r:
+        auto = decide(r, r.deployment(d1.id), h.time, 0)
+    assert auto.promote == [] and auto.eval is not None
+    h.ok(auto.entry())
+    with h.reader() as r:
+        assert r.deployment(d1.id).task_groups["g"].promoted
+    run_eval(h, register(h, _canary_job({"v": 2})))  # a new version cancels v1's rollout
+    with h.reader() as r:
+        d2 = r.latest_deployment("c")
+        (canary,) = [a for a in r.allocs_by_job("c") if a.job_version == 2]
+    assert d2.task_groups["g"].desired_canaries == 1
+    unhealthy = DeploymentStatus(healthy=False, timestamp=1)
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=canary.id, client_status="running", deployment_status=unhealthy)]))
+    with h.reader() as r:
+        failed = decide(r, r.deployment(d2.id), h.time, 0)
+    assert failed.status == "failed"
+    h.ok(failed.entry())
+    ev = Evaluation(id="ev-after", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert [s.id for s in plan.stop] == [canary.id] and plan.place == []
+    assert len(live(h, "c")) == 3 and all(a.job_version < 2 for a in live(h, "c"))
+
+
+def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harness) -> None:
+    _settle_v0(h)
+    run_eval(h, register(h, _canary_job({"v": 1})))
+    with h.reader() as r:
+        d1 = r.latest_deployment("c")
+        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+        _decided(h, pause_or_resume(r, d1, pause=True))
+    crashed = DeploymentStatus(healthy=False, timestamp=1)
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=canary, client_status="failed", deployment_status=crashed)]))
+    ev = Evaluation(id="ev-crash", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    # Not rescheduled as an ordinary alloc, no new canary while paused, and no old alloc
+    # stopped as if the failed canary were one too many.
+    assert (plan.place, plan.stop) == ([], [])
+    with h.reader() as r:
+        _decided(h, pause_or_resume(r, r.deployment(d1.id), pause=False))
+    with h.reader() as r:
+        failed = decide(r, r.deployment(d1.id), h.time, 0)
+    assert failed.status == "failed"
+    h.ok(failed.entry())
+    ev = Evaluation(id="ev-after", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert (plan.place, plan.stop) == ([], [])
+    assert sorted(a.name for a in live(h, "c")) == ["c.g[0]", "c.g[1]", "c.g[2]"]
+
+
 def test_each_healthy_alloc_moves_the_progress_deadline_on(h: Harness) -> None:
     """Nomad's RequireProgressBy: the FSM keeps it, so `deployment status` shows the real deadline."""
     h.ok(m.NodeRegister(node=node("n")))
@@ -304,15 +442,18 @@ def test_each_healthy_alloc_moves_the_progress_deadline_on(h: Harness) -> None:
 @settings(max_examples=25, deadline=None)
 @given(
     steps=st.lists(
-        st.tuples(st.sampled_from(["fail", "complete", "node-down", "node-up", "scale", "version", "stop-start"]), st.integers(0, 50)),
+        st.tuples(st.sampled_from(["fail", "complete", "node-down", "node-up", "scale", "version", "stop-start",
+                                   "healthy", "promote"]), st.integers(0, 50)),
         max_size=12,
     ),
     kind=st.sampled_from(["service", "batch"]),
+    canary=st.integers(0, 2),
     seed=st.integers(0, 10_000),
 )
-def test_lifecycle_never_runs_more_than_count(steps, kind, seed) -> None:
-    """Property: through failures, node loss, scaling and new versions, a group never has more
-    live allocs than its count after any committed plan, and lost allocs never stay live."""
+def test_lifecycle_never_runs_more_than_count(steps, kind, canary, seed) -> None:
+    """Property: through failures, node loss, scaling, new versions and canary rollouts, a group
+    never has more live allocs than its count (plus its unpromoted canaries) after any committed
+    plan, and lost allocs never stay live."""
     h = Harness.temp()
     try:
         rng = random.Random(seed)
@@ -320,7 +461,12 @@ def test_lifecycle_never_runs_more_than_count(steps, kind, seed) -> None:
             h.ok(m.NodeRegister(node=node(f"n{i}", cpu=2000, mem=2000)))
         count = 3
         version_config = 0
-        j = job("p", type=kind, count=count, cpu=300, mem=300, config={"v": version_config})
+        update = UpdateStrategy(max_parallel=1, canary=canary) if kind == "service" else None
+
+        def spec() -> Job:
+            return job("p", type=kind, count=count, cpu=300, mem=300, config={"v": version_config}, update=update)
+
+        j = spec()
         run_eval(h, register(h, j))
         for action, k in steps:
             with h.reader() as r:
@@ -340,7 +486,16 @@ def test_lifecycle_never_runs_more_than_count(steps, kind, seed) -> None:
                 count = k % 6
             elif action == "version":
                 version_config += 1
-            j = job("p", type=kind, count=count, cpu=300, mem=300, config={"v": version_config})
+            elif action == "healthy" and allocs:
+                health = DeploymentStatus(healthy=True, timestamp=1)
+                h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=a.id, client_status="running", deployment_status=health)
+                                                 for a in allocs if a.deployment_id and (a.deployment_status is None or a.deployment_status.healthy is None)]))
+            elif action == "promote":
+                with h.reader() as r:
+                    latest = r.latest_deployment("p")
+                if latest is not None:
+                    h.apply(m.DeploymentPromote(deployment_id=latest.id))  # refused unless its canaries are healthy
+            j = spec()
             if action == "stop-start":
                 j.stop = rng.random() < 0.5
             ev = register(h, j)
@@ -354,7 +509,15 @@ def test_lifecycle_never_runs_more_than_count(steps, kind, seed) -> None:
                     rollouts = r.deployments_by_job("p")
                     members = Counter(a.deployment_id for a in r.allocs_by_job("p") if a.deployment_id)
                 want = 0 if got.stop else got.task_groups[0].count
-                assert len(lv) <= max(want, 0)
+                current = r_latest = None
+                with h.reader() as r:
+                    r_latest = r.latest_deployment("p")
+                if r_latest is not None and r_latest.job_version == got.version and "g" in r_latest.task_groups:
+                    current = r_latest.task_groups["g"]
+                beside = [a for a in lv if a.job_version == got.version and a.deployment_status is not None
+                          and a.deployment_status.canary and current is not None and not current.promoted]
+                assert len(lv) - len(beside) <= max(want, 0)
+                assert len(beside) <= canary
                 assert not [a for a in lv if a.node_id in down]
                 # Every alloc of a rollout was counted into it when it joined (placed or moved in).
                 for d in rollouts:
