@@ -472,6 +472,11 @@ def _follow_registration(c: Ctx, out: dict[str, Any], said: str, detach: bool) -
     if out.get("Warnings"):
         click.echo("Warnings:\n  " + out["Warnings"].replace("\n", "\n  "))
     click.echo(f"{said} at index {out['Index']} (job modify index {out['JobModifyIndex']})")
+    _monitor_unless_detached(c, out, detach)
+
+
+def _monitor_unless_detached(c: Ctx, out: dict[str, Any], detach: bool) -> None:
+    """Monitor the answer's eval (exit 2 when placements failed), or just name it with --detach."""
     if not out.get("EvalID"):
         return
     if detach:
@@ -789,14 +794,7 @@ def _follow_deployment_eval(c: Ctx, out: dict[str, Any], done: str, detach: bool
         emit(c, out, str)
         return
     click.echo(f'Deployment "{out["DeploymentID"]}" {done}')
-    if not out.get("EvalID"):
-        return
-    if detach:
-        click.echo(f"Evaluation ID: {out['EvalID']}")
-        return
-    code = monitor_eval(c, out["EvalID"], out["Index"])
-    if code:
-        sys.exit(code)
+    _monitor_unless_detached(c, out, detach)
 
 
 def _deployment_table(d: dict[str, Any]) -> str:

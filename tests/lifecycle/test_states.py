@@ -359,6 +359,17 @@ def test_canaries_run_beside_the_old_allocs_until_promoted_then_replace_them(h: 
         assert decide(r, d1, h.time, 3).status == "successful"
 
 
+def _fail_then_schedule(h: Harness, dep_id: str) -> Any:
+    """The watcher fails the rollout (an unhealthy canary); then the scheduler's plan for the job."""
+    with h.reader() as r:
+        failed = decide(r, r.deployment(dep_id), h.time, 0)
+    assert failed.status == "failed"
+    h.ok(failed.entry())
+    ev = Evaluation(id=f"ev-after-{h.index}", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    return run_eval(h, ev)
+
+
 def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
     """``auto_promote`` promotes once every canary is healthy; a rollout that fails before
     promotion stops its canaries and leaves the old allocs running."""
@@ -381,13 +392,7 @@ def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
     assert d2.task_groups["g"].desired_canaries == 1
     unhealthy = DeploymentStatus(healthy=False, timestamp=1)
     h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=canary.id, client_status="running", deployment_status=unhealthy)]))
-    with h.reader() as r:
-        failed = decide(r, r.deployment(d2.id), h.time, 0)
-    assert failed.status == "failed"
-    h.ok(failed.entry())
-    ev = Evaluation(id="ev-after", job_id="c", type="service", status="pending")
-    h.ok(m.EvalUpsert(evals=[ev]))
-    plan = run_eval(h, ev)
+    plan = _fail_then_schedule(h, d2.id)
     assert [s.id for s in plan.stop] == [canary.id] and plan.place == []
     assert len(live(h, "c")) == 3 and all(a.job_version < 2 for a in live(h, "c"))
 
@@ -409,13 +414,7 @@ def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harne
     assert (plan.place, plan.stop) == ([], [])
     with h.reader() as r:
         _decided(h, pause_or_resume(r, r.deployment(d1.id), pause=False))
-    with h.reader() as r:
-        failed = decide(r, r.deployment(d1.id), h.time, 0)
-    assert failed.status == "failed"
-    h.ok(failed.entry())
-    ev = Evaluation(id="ev-after", job_id="c", type="service", status="pending")
-    h.ok(m.EvalUpsert(evals=[ev]))
-    plan = run_eval(h, ev)
+    plan = _fail_then_schedule(h, d1.id)
     assert (plan.place, plan.stop) == ([], [])
     assert sorted(a.name for a in live(h, "c")) == ["c.g[0]", "c.g[1]", "c.g[2]"]
 
