@@ -381,11 +381,16 @@ deployment_threshold = "3s"
 """
 
 
-def _keep_job(job_id: str, count: int) -> dict[str, Any]:
-    """A service that runs until the end of the run; its rollouts finish within a second."""
+def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = True) -> dict[str, Any]:
+    """A service that runs until the end of the run; its rollouts finish within a second.
+
+    Each ``release`` changes the task's config, so the allocs are replaced
+    through one canary first (promoted by ``auto_promote`` or by the workload).
+    """
     spec = _job(job_id, {})
-    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": {"MaxParallel": 1, "MinHealthyTime": 500_000_000},
-                           "Tasks": [{"Name": "t", "Driver": "sim", "Config": {}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
+    update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "Canary": 1, "AutoPromote": auto_promote}
+    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "Tasks": [
+        {"Name": "t", "Driver": "sim", "Config": {"release": release}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
     return spec
 
 
@@ -397,8 +402,8 @@ class LifecycleWorkload(Workload):
     GC intervals and thresholds (``LIFECYCLE_GC_CONFIG``). Actor lanes
     register batch jobs ``life-N`` that run 0.3-2 s and finish, service jobs
     ``keep-N`` that run until the end and are never stopped (but rescaled,
-    so their rollouts move allocs in place, and their rollouts paused and
-    resumed), stop some
+    so their rollouts move allocs in place, and released, so a canary goes
+    first; their rollouts are promoted, paused and resumed), stop some
     ``life`` jobs, read single jobs and force GC; an observer lane lists all
     of them twice a second. After healing, the final phase forces GC and
     records jobs, evaluations and allocations. ``checkers.check_gc``:
@@ -422,6 +427,7 @@ class LifecycleWorkload(Workload):
         self._lock = threading.Lock()
         self.registered: list[str] = []
         self.keep_ids: list[str] = []
+        self.releases: dict[str, int] = {}  # keep job -> its task config's release number
         self.keeps = 0
 
     def probe(self, client: RPCClient) -> str | None:
@@ -486,13 +492,19 @@ class LifecycleWorkload(Workload):
             with self._lock:
                 self.keep_ids.append(job_id)
         elif roll < 0.15 and keep_ids:
-            # A running service scaled: its allocs move into the new version's
-            # rollout in place, the client reports their health again, and a
-            # successful rollout marks the version stable, all under the faults.
+            # A running service scaled (its allocs move into the new version's
+            # rollout in place, the client reports their health again) or
+            # released (a canary first, then the rest replaced); a successful
+            # rollout marks the version stable, all under the faults.
             job_id = rng.choice(keep_ids)
             count = rng.randint(1, 3)
-            self._call(lane, client, {"f": "scale", "job": job_id, "count": count}, "job.register",
-                       {"job": _keep_job(job_id, count)}, lambda r: None)
+            with self._lock:
+                if rng.random() < 0.3:
+                    self.releases[job_id] = self.releases.get(job_id, 0) + 1
+                release = self.releases.get(job_id, 0)
+            spec = _keep_job(job_id, count, release, auto_promote=rng.random() < 0.5)
+            self._call(lane, client, {"f": "scale", "job": job_id, "count": count, "release": release}, "job.register",
+                       {"job": spec}, lambda r: None)
             return
         elif roll < 0.17 and keep_ids:
             self._hold_or_resume(lane, client, rng.choice(keep_ids))
@@ -523,7 +535,7 @@ class LifecycleWorkload(Workload):
             self.registered.append(job_id)
 
     def _hold_or_resume(self, lane: Lane, client: RPCClient, job_id: str) -> None:
-        """An operator pauses a keep job's running rollout, or resumes a paused one.
+        """An operator promotes a keep job's canaries, pauses its running rollout, or resumes a paused one.
 
         A paused rollout places nothing more until it is resumed or the next
         rescale replaces (cancels) it; either way the job keeps running.
@@ -536,6 +548,11 @@ class LifecycleWorkload(Workload):
         if not active:
             return
         dep = max(active, key=lambda d: d["CreateIndex"])
+        waiting = any(s.get("DesiredCanaries") and not s.get("Promoted") for s in (dep.get("TaskGroups") or {}).values())
+        if waiting and dep["Status"] == "running":  # refused while a canary is not yet healthy
+            self._call(lane, client, {"f": "promote", "deployment": dep["ID"]}, "deployment.promote",
+                       {"deployment_id": dep["ID"]}, lambda r: None)
+            return
         pause = dep["Status"] == "running"
         self._call(lane, client, {"f": "pause" if pause else "resume", "deployment": dep["ID"]}, "deployment.pause",
                    {"deployment_id": dep["ID"], "pause": pause}, lambda r: None)
