@@ -171,7 +171,8 @@ class TestACL:
         for token in (None, "not-a-real-secret"):
             for method, args in (("job.register", {"job": job_spec("x")}), ("job.stop", {"job_id": "no-such-job"}),
                                  ("deployment.fail", {"deployment_id": "no-such-deployment"}),
-                                 ("deployment.pause", {"deployment_id": "no-such-deployment"})):
+                                 ("deployment.pause", {"deployment_id": "no-such-deployment"}),
+                                 ("deployment.promote", {"deployment_id": "no-such-deployment"})):
                 with pytest.raises(RPCError) as err:
                     cluster.client(token=token).call(method, args)
                 assert err.value.code == "permission_denied", (method, err.value)
