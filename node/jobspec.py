@@ -424,11 +424,26 @@ def parse_job(spec: Any) -> tuple[Job, list[str]]:
         spec = spec["Job"]
     if not isinstance(spec, dict):
         raise JobSpecError("jobspec must be a JSON object (a Nomad API job, optionally wrapped as {\"Job\": ...})")
+    spec = _job_update_to_groups(spec)
     try:
         job, warnings = _fast_job(spec)
     except (_Fallback, RecursionError):
         job, warnings = _general_parse(spec)
     return _finish(job), warnings
+
+
+def _job_update_to_groups(spec: dict[str, Any]) -> dict[str, Any]:
+    """Nomad's ``Job.Update`` is every group's default update block (a group's own keys win)."""
+    update = spec.get("Update")
+    if not isinstance(update, dict):
+        return spec
+    spec = {k: v for k, v in spec.items() if k != "Update"}
+    groups = spec.get("TaskGroups")
+    if isinstance(groups, list):
+        spec["TaskGroups"] = [
+            {**g, "Update": {**update, **(g.get("Update") or {})}} if isinstance(g, dict) else g for g in groups
+        ]
+    return spec
 
 
 def _finish(job: Job) -> Job:

@@ -130,3 +130,17 @@ def test_a_wrong_type_names_the_field_in_nomad_spelling() -> None:
         assert str(exc).startswith("Job.TaskGroups[0].Count:")
     else:
         raise AssertionError("a string Count was accepted")
+
+
+def test_a_job_level_update_is_every_groups_default() -> None:
+    """Nomad's Job.Update: each group's own Update keys win, the rest come from the job's."""
+    spec = {"ID": "u", "Update": {"MaxParallel": 2, "Canary": 1, "AutoRevert": True}, "TaskGroups": [
+        {"Name": "a", "Update": {"MaxParallel": 3}, "Tasks": [{"Name": "t"}]},
+        {"Name": "b", "Tasks": [{"Name": "t"}]},
+    ]}
+    job, warnings = parse_job(spec)
+    assert warnings == []
+    a, b = (g.update for g in job.task_groups)
+    assert (a.max_parallel, a.canary, a.auto_revert) == (3, 1, True)
+    assert (b.max_parallel, b.canary, b.auto_revert) == (2, 1, True)
+    assert spec["TaskGroups"][1].get("Update") is None  # the caller's spec is left as it was
