@@ -640,13 +640,18 @@ def deployment_promote(w: StateWriter, msg: m.DeploymentPromote) -> dict[str, An
         raise not_found(f"deployment {msg.deployment_id} not found")
     if dep.status != DEPLOYMENT_RUNNING:
         raise conflict(f"deployment {dep.id} is {dep.status}: only a running deployment can be promoted")
-    waiting = sorted(g for g, s in dep.task_groups.items() if s.awaits_promotion())
+    with_canaries = sorted(g for g, s in dep.task_groups.items() if s.desired_canaries)
+    waiting = [g for g in with_canaries if not dep.task_groups[g].promoted]
     for group in msg.groups:
-        if group not in waiting:
-            raise bad(f"deployment {dep.id}: task group {group!r} has no canaries awaiting promotion")
+        if group not in with_canaries:
+            raise bad(f"deployment {dep.id}: task group {group!r} has no canaries to promote")
+        if group not in waiting:  # promoted meanwhile (the watcher's auto-promote, another operator)
+            raise conflict(f"deployment {dep.id}: task group {group!r} is already promoted")
+    if not with_canaries:
+        raise bad(f"deployment {dep.id} has no canaries to promote")
     chosen = sorted(set(msg.groups)) or waiting
     if not chosen:
-        raise bad(f"deployment {dep.id} has no canaries awaiting promotion")
+        raise conflict(f"deployment {dep.id} is already promoted")
     old = copy.deepcopy(dep)
     for group in chosen:
         state = dep.task_groups[group]

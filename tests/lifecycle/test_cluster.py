@@ -243,7 +243,7 @@ def test_canaries_wait_for_promotion_by_cli_then_replace_the_old_allocs(lifecycl
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="PUT"), timeout=10)
     assert refused.value.code == 400 and "say what to promote" in refused.value.read().decode()
-    for groups, words in (("g", "must be a list of task group names"), (["nope"], "'nope' has no canaries awaiting promotion")):
+    for groups, words in (("g", "must be a list of task group names"), (["nope"], "'nope' has no canaries to promote")):
         with pytest.raises(RPCError) as bad:
             env.call("deployment.promote", {"deployment_id": d1["ID"], "groups": groups})
         assert bad.value.code == BAD_REQUEST and words in bad.value.message, bad.value

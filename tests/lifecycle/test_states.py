@@ -334,6 +334,11 @@ def test_canaries_run_beside_the_old_allocs_until_promoted_then_replace_them(h: 
         assert decide(r, r.deployment(d1.id), h.time, 1).status == ""  # said once; never successful unpromoted
     promote = Evaluation(id="ev-promote", job_id="c", type="service", status="pending", deployment_id=d1.id)
     assert h.ok(m.DeploymentPromote(deployment_id=d1.id, eval=promote))["promoted"] == ["g"]
+    # A second promotion (the watcher's auto-promote racing an operator's) is a conflict: state moved on.
+    for groups in ([], ["g"]):
+        late = h.apply(m.DeploymentPromote(deployment_id=d1.id, groups=groups))
+        assert late.code == "conflict" and "already promoted" in late.error, late
+    assert h.apply(m.DeploymentPromote(deployment_id=d1.id, groups=["x"])).code == "bad_request"
     plan = run_eval(h, promote)
     with h.reader() as r:
         stopped = {s.id: s.desired_description for s in plan.stop}
