@@ -624,10 +624,13 @@ def _mark_stable(w: StateWriter, job_id: str, version: int) -> None:
 
 
 def healthy_canaries(view: StateReader, dep: Deployment, group: str) -> int:
-    """How many of the group's canaries in ``dep`` the client reported healthy."""
+    """How many of the group's canaries in ``dep`` are running and were reported healthy.
+
+    A canary that died after its health check no longer vouches for the version.
+    """
     ids = set(dep.task_groups[group].placed_canaries)
     return sum(1 for a in view.allocs_by_deployment(dep.id)
-               if a.id in ids and a.deployment_status is not None and a.deployment_status.healthy)
+               if a.id in ids and not a.terminal() and a.deployment_status is not None and a.deployment_status.healthy)
 
 
 def deployment_promote(w: StateWriter, msg: m.DeploymentPromote) -> dict[str, Any]:

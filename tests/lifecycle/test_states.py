@@ -424,6 +424,24 @@ def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harne
     assert sorted(a.name for a in live(h, "c")) == ["c.g[0]", "c.g[1]", "c.g[2]"]
 
 
+def test_a_canary_that_dies_after_its_health_check_is_replaced_before_promotion(h: Harness) -> None:
+    _settle_v0(h)
+    run_eval(h, register(h, _canary_job({"v": 1})))
+    with h.reader() as r:
+        d1 = r.latest_deployment("c")
+        (first,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    _healthy(h, [first])
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=first, client_status="failed")]))  # then it crashed
+    refused = h.apply(m.DeploymentPromote(deployment_id=d1.id))
+    assert refused.code == "bad_request" and "0/1 healthy canaries" in refused.error, refused
+    ev = Evaluation(id="ev-again", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    (second,) = run_eval(h, ev).place  # a new canary, not an ordinary replacement
+    assert second.deployment_status.canary and second.deployment_id == d1.id
+    _healthy(h, [second.id])
+    assert h.ok(m.DeploymentPromote(deployment_id=d1.id))["promoted"] == ["g"]
+
+
 def test_each_healthy_alloc_moves_the_progress_deadline_on(h: Harness) -> None:
     """Nomad's RequireProgressBy: the FSM keeps it, so `deployment status` shows the real deadline."""
     h.ok(m.NodeRegister(node=node("n")))
