@@ -99,20 +99,21 @@ def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment
     return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
 
 
-def _canaries(job: Job, group: TaskGroup, dep: Deployment | None) -> Canaries:
+def _canaries(job: Job, group: TaskGroup, snap: Snapshot, dep: Deployment | None) -> Canaries:
     """The group's canary phase, from its rollout (or the one this eval may start)."""
+    stale = frozenset(i for dep_id, ids in snap.unpromoted_canaries.items() if dep is None or dep_id != dep.id for i in ids)
     strategy = update_strategy(job, group)
     if dep is None:
         # A new version's rollout starts with canaries if it replaces anything destructively.
-        return Canaries(wanted=strategy.canary if strategy is not None else 0)
+        return Canaries(wanted=strategy.canary if strategy is not None else 0, stale=stale)
     state = dep.task_groups.get(group.name)
     if state is None or not state.desired_canaries:
-        return Canaries()
+        return Canaries(stale=stale)
     if state.promoted:
-        return Canaries(promoted=True)
+        return Canaries(promoted=True, stale=stale)
     if not dep.active() and dep.status != "successful":
-        return Canaries(abandoned=True)
-    return Canaries(wanted=state.desired_canaries, paused=dep.status == "paused")
+        return Canaries(abandoned=True, stale=stale)
+    return Canaries(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale)
 
 
 def schedule(
@@ -149,7 +150,7 @@ def schedule_generic(
         group = groups.get(name)
         limit, canaries = UNLIMITED, None
         if job is not None and group is not None:
-            limit, canaries = _limit(job, group, snap.allocs, dep), _canaries(job, group, dep)
+            limit, canaries = _limit(job, group, snap.allocs, dep), _canaries(job, group, snap, dep)
         plans[name] = reconcile_group(
             job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit,
             canaries=canaries,

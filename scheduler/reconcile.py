@@ -58,6 +58,7 @@ STOP_MIGRATE = "alloc is being migrated"
 STOP_UPDATE = "alloc is being updated due to job update"
 STOP_CANARY_REPLACED = "alloc not needed as it was replaced by a promoted canary"
 STOP_CANARY_FAILED = "alloc not needed as its deployment failed before promotion"
+STOP_CANARY_STALE = "alloc not needed as it is a canary of a replaced deployment"
 
 # Group fields whose change is not destructive (Nomad updates these in place).
 _INPLACE_FIELDS = ("count", "update", "reschedule_policy")
@@ -91,6 +92,7 @@ class Canaries:
     promoted: bool = False  # promoted: the old allocs the canaries stand for go
     abandoned: bool = False  # the rollout ended unpromoted: its canaries go
     paused: bool = False  # the rollout is paused: no canary is placed
+    stale: frozenset[str] = frozenset()  # unpromoted canaries of older rollouts: they go (as Nomad)
 
     def beside(self, alloc: Allocation, job: Job) -> bool:
         """An unpromoted canary of the current version: outside the group's count."""
@@ -173,7 +175,7 @@ def reconcile_group(
         if alloc.server_terminal():
             continue
         if alloc.client_terminal():
-            if stopped or alloc.next_allocation or canaries.beside(alloc, job):
+            if stopped or alloc.next_allocation or canaries.beside(alloc, job) or alloc.id in canaries.stale:
                 continue  # a failed canary holds no slot and is not rescheduled: its rollout fails
             if alloc.client_status == CLIENT_COMPLETE:
                 if batch:
@@ -207,6 +209,9 @@ def reconcile_group(
         live.append(alloc)
     if stopped or job is None or group is None:
         return plan
+    for alloc in [a for a in live if a.id in canaries.stale]:
+        plan.stop.append(Stop(alloc, STOP_CANARY_STALE))
+        live.remove(alloc)
     mine = [a for a in live if is_canary(a, job)]
     if canaries.abandoned:
         for alloc in mine:

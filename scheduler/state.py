@@ -27,6 +27,8 @@ class Snapshot:
     usage: dict[str, Resources]  # resources held by live allocs, per node (every job)
     deployment: Deployment | None = None  # the job's latest deployment
     versions: dict[int, Job] = field(default_factory=dict)  # kept versions of the job
+    # deployment id -> the canaries it placed in groups it never promoted
+    unpromoted_canaries: dict[str, set[str]] = field(default_factory=dict)
 
 
 def scan_usage(reader: StateReader, node_id: str) -> Resources:
@@ -64,4 +66,14 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
         usage=node_usage_map(reader, sorted(nodes), cache),
         deployment=reader.latest_deployment(ev.job_id),
         versions=versions,
+        unpromoted_canaries=_unpromoted_canaries(reader, ev.job_id),
     )
+
+
+def _unpromoted_canaries(reader: StateReader, job_id: str) -> dict[str, set[str]]:
+    out = {}
+    for dep in reader.deployments_by_job(job_id):
+        ids = {i for s in dep.task_groups.values() if not s.promoted for i in s.placed_canaries}
+        if ids:
+            out[dep.id] = ids
+    return out

@@ -424,6 +424,22 @@ def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harne
     assert sorted(a.name for a in live(h, "c")) == ["c.g[0]", "c.g[1]", "c.g[2]"]
 
 
+def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replaces(h: Harness) -> None:
+    """As Nomad's cancelUnneededCanaries: v1's canary does not linger as one more old alloc
+    (which would stop a v0 alloc as excess and leave two allocs with one name)."""
+    _settle_v0(h)
+    run_eval(h, register(h, _canary_job({"v": 1})))
+    with h.reader() as r:
+        (v1,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    _healthy(h, [v1])
+    plan = run_eval(h, register(h, _canary_job({"v": 2})))
+    assert [(s.id, s.desired_description) for s in plan.stop] == [(v1, "alloc not needed as it is a canary of a replaced deployment")]
+    (v2,) = plan.place
+    assert v2.deployment_status.canary and v2.job_version == 2
+    assert sorted((a.name, a.job_version) for a in live(h, "c")) == [
+        ("c.g[0]", 0), ("c.g[0]", 2), ("c.g[1]", 0), ("c.g[2]", 0)]  # v2's canary beside count v0 allocs
+
+
 def test_a_canary_that_dies_after_its_health_check_is_replaced_before_promotion(h: Harness) -> None:
     _settle_v0(h)
     run_eval(h, register(h, _canary_job({"v": 1})))
