@@ -440,10 +440,20 @@ def _job_update_to_groups(spec: dict[str, Any]) -> dict[str, Any]:
     spec = {k: v for k, v in spec.items() if k != "Update"}
     groups = spec.get("TaskGroups")
     if isinstance(groups, list):
-        spec["TaskGroups"] = [
-            {**g, "Update": {**update, **(g.get("Update") or {})}} if isinstance(g, dict) else g for g in groups
-        ]
+        spec["TaskGroups"] = [_with_default_update(g, update) for g in groups]
     return spec
+
+
+def _with_default_update(group: Any, update: dict[str, Any]) -> Any:
+    """The group with the job's update keys it lacks; a malformed group is left for the parser to name."""
+    if not isinstance(group, dict):
+        return group
+    own = group.get("Update")
+    if own is None:
+        return {**group, "Update": dict(update)}
+    if isinstance(own, dict):
+        return {**group, "Update": {**update, **own}}
+    return group
 
 
 def _finish(job: Job) -> Job:

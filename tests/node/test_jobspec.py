@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +38,7 @@ CORPUS = _corpus()
 def _general(spec: Any) -> Any:
     """What the general path alone makes of ``spec``: (job, warnings) or the error it raises."""
     try:
-        job, warnings = jobspec._general_parse(spec)
+        job, warnings = jobspec._general_parse(jobspec._job_update_to_groups(spec) if isinstance(spec, dict) else spec)
         return jobspec._finish(job), warnings
     except Exception as exc:  # the general path's error, whatever its type, is the reference
         return type(exc), str(exc)
@@ -144,3 +145,6 @@ def test_a_job_level_update_is_every_groups_default() -> None:
     assert (a.max_parallel, a.canary, a.auto_revert) == (3, 1, True)
     assert (b.max_parallel, b.canary, b.auto_revert) == (2, 1, True)
     assert spec["TaskGroups"][1].get("Update") is None  # the caller's spec is left as it was
+    bad = {"ID": "u", "Update": {"MaxParallel": 2}, "TaskGroups": [{"Name": "a", "Update": [1], "Tasks": [{"Name": "t"}]}]}
+    with pytest.raises(JobSpecError, match=r"TaskGroups\[0\]\.Update: expected map"):
+        parse_job(bad)
