@@ -579,6 +579,8 @@ def deployment_status_update(w: StateWriter, msg: m.DeploymentStatusUpdate) -> d
         # A finished rollout stays finished: a user's fail racing the watcher's
         # success must not turn a stable version's rollout into a failure.
         raise conflict(f"deployment {dep.id} is already {dep.status}: a finished deployment's status cannot change")
+    if msg.expect_status and dep.status != msg.expect_status:
+        raise conflict(f"deployment {dep.id} is {dep.status} now, not {msg.expect_status}: decide again")
     old = copy.deepcopy(dep)
     if dep.status == DEPLOYMENT_PAUSED and msg.status == DEPLOYMENT_RUNNING:
         _restart_deadlines(w, dep)

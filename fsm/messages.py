@@ -152,6 +152,9 @@ class DeploymentStatusUpdate:
     # A failed rollout's auto-revert: this stable version's spec registered
     # again as a new version (``eval`` places it), in the same entry.
     job: Job | None = None
+    # Compare-and-set: the status the decision was made on ("" for any). A
+    # watcher's decision must not, say, resume a rollout paused meanwhile.
+    expect_status: str = ""
 
 
 @dataclass

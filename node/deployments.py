@@ -82,6 +82,7 @@ class Decision:
     eval: Evaluation | None = None  # continue the rollout, or place the rollback
     rollback: Job | None = None  # the stable version to register again
     promote: list[str] | None = None  # promote these groups' canaries ([]: every group waiting)
+    decided_on: str = ""  # the status the decision was made on; "" to apply whatever the status now
 
     def entry(self) -> m.DeploymentPromote | m.DeploymentStatusUpdate:
         """The raft entry that carries the decision out (its eval in the same entry)."""
@@ -89,13 +90,13 @@ class Decision:
             return m.DeploymentPromote(deployment_id=self.deployment_id, groups=self.promote, eval=self.eval)
         return m.DeploymentStatusUpdate(
             deployment_id=self.deployment_id, status=self.status, status_description=self.description,
-            eval=self.eval, job=self.rollback,
+            eval=self.eval, job=self.rollback, expect_status=self.decided_on,
         )
 
 
 def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | None) -> Decision:
     """What to do with one active deployment at ``now`` (wall clock, ns)."""
-    out = Decision(dep.id)
+    out = Decision(dep.id, decided_on=dep.status)
     job = reader.job(dep.job_id)
     if job is None or job.stop:
         out.status, out.description = DEPLOYMENT_CANCELLED, DESC_STOPPED
@@ -196,10 +197,10 @@ def pause_or_resume(reader: StateReader, dep: Deployment, pause: bool) -> Decisi
     if pause:
         if dep.status == DEPLOYMENT_PAUSED:
             raise DeploymentError(f"deployment {dep.id} is already paused")
-        return Decision(dep.id, DEPLOYMENT_PAUSED, DESC_PAUSED)
+        return Decision(dep.id, DEPLOYMENT_PAUSED, DESC_PAUSED, decided_on=dep.status)
     if dep.status != DEPLOYMENT_PAUSED:
         raise DeploymentError(f"deployment {dep.id} is not paused: nothing to resume")
-    out = Decision(dep.id, DEPLOYMENT_RUNNING, DESC_RUNNING)
+    out = Decision(dep.id, DEPLOYMENT_RUNNING, DESC_RUNNING, decided_on=dep.status)
     job = reader.job(dep.job_id)
     if job is not None and not job.stop:
         out.eval = _next_batch(job, dep)

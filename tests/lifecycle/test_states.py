@@ -440,6 +440,26 @@ def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replace
         ("c.g[0]", 0), ("c.g[0]", 2), ("c.g[1]", 0), ("c.g[2]", 0)]  # v2's canary beside count v0 allocs
 
 
+def test_a_watcher_decision_made_before_a_pause_does_not_resume_the_rollout(h: Harness) -> None:
+    """The watcher's "requires manual promotion" is a status write (running); landing after an
+    operator's pause it would resume the rollout. It is made on "running", so it is refused."""
+    _settle_v0(h)
+    run_eval(h, register(h, _canary_job({"v": 1})))
+    with h.reader() as r:
+        d1 = r.latest_deployment("c")
+        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    _healthy(h, [canary])
+    with h.reader() as r:
+        waiting = decide(r, r.deployment(d1.id), h.time, 0)
+        paused = pause_or_resume(r, r.deployment(d1.id), pause=True)
+    assert waiting.description == "Deployment is running but requires manual promotion"
+    _decided(h, paused)
+    late = h.apply(waiting.entry())
+    assert late.code == "conflict" and "is paused now, not running" in late.error, late
+    with h.reader() as r:
+        assert r.deployment(d1.id).status == "paused"
+
+
 def test_a_canary_that_dies_after_its_health_check_is_replaced_before_promotion(h: Harness) -> None:
     _settle_v0(h)
     run_eval(h, register(h, _canary_job({"v": 1})))
