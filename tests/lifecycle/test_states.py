@@ -303,6 +303,16 @@ def _settle_v0(h: Harness) -> None:
     h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status="successful"))
 
 
+def _canary_rollout(h: Harness, **update: Any) -> tuple[Any, str]:
+    """v0 settled, then v1 registered and planned: v1's rollout and its one canary's id."""
+    _settle_v0(h)
+    run_eval(h, register(h, _canary_job({"v": 1}, **update)))
+    with h.reader() as r:
+        dep = r.latest_deployment("c")
+        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    return dep, canary
+
+
 def test_canaries_run_beside_the_old_allocs_until_promoted_then_replace_them(h: Harness) -> None:
     """Nomad's canary rollout: ``canary`` new allocs run beside ``count`` old ones; nothing is
     replaced until promotion, which needs every canary healthy; then the old alloc whose name a
@@ -378,11 +388,7 @@ def _fail_then_schedule(h: Harness, dep_id: str) -> Any:
 def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
     """``auto_promote`` promotes once every canary is healthy; a rollout that fails before
     promotion stops its canaries and leaves the old allocs running."""
-    _settle_v0(h)
-    run_eval(h, register(h, _canary_job({"v": 1}, auto_promote=True)))
-    with h.reader() as r:
-        d1 = r.latest_deployment("c")
-        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    d1, canary = _canary_rollout(h, auto_promote=True)
     _healthy(h, [canary])
     with h.reader() as r:
         auto = decide(r, r.deployment(d1.id), h.time, 0)
@@ -403,11 +409,8 @@ def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
 
 
 def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harness) -> None:
-    _settle_v0(h)
-    run_eval(h, register(h, _canary_job({"v": 1})))
+    d1, canary = _canary_rollout(h)
     with h.reader() as r:
-        d1 = r.latest_deployment("c")
-        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
         _decided(h, pause_or_resume(r, d1, pause=True))
     crashed = DeploymentStatus(healthy=False, timestamp=1)
     h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=canary, client_status="failed", deployment_status=crashed)]))
@@ -427,10 +430,7 @@ def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harne
 def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replaces(h: Harness) -> None:
     """As Nomad's cancelUnneededCanaries: v1's canary does not linger as one more old alloc
     (which would stop a v0 alloc as excess and leave two allocs with one name)."""
-    _settle_v0(h)
-    run_eval(h, register(h, _canary_job({"v": 1})))
-    with h.reader() as r:
-        (v1,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    _, v1 = _canary_rollout(h)
     _healthy(h, [v1])
     plan = run_eval(h, register(h, _canary_job({"v": 2})))
     assert [(s.id, s.desired_description) for s in plan.stop] == [(v1, "alloc not needed as it is a canary of a replaced deployment")]
@@ -443,11 +443,7 @@ def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replace
 def test_a_watcher_decision_made_before_a_pause_does_not_resume_the_rollout(h: Harness) -> None:
     """The watcher's "requires manual promotion" is a status write (running); landing after an
     operator's pause it would resume the rollout. It is made on "running", so it is refused."""
-    _settle_v0(h)
-    run_eval(h, register(h, _canary_job({"v": 1})))
-    with h.reader() as r:
-        d1 = r.latest_deployment("c")
-        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    d1, canary = _canary_rollout(h)
     _healthy(h, [canary])
     with h.reader() as r:
         waiting = decide(r, r.deployment(d1.id), h.time, 0)
@@ -461,11 +457,7 @@ def test_a_watcher_decision_made_before_a_pause_does_not_resume_the_rollout(h: H
 
 
 def test_a_canary_that_dies_after_its_health_check_is_replaced_before_promotion(h: Harness) -> None:
-    _settle_v0(h)
-    run_eval(h, register(h, _canary_job({"v": 1})))
-    with h.reader() as r:
-        d1 = r.latest_deployment("c")
-        (first,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    d1, first = _canary_rollout(h)
     _healthy(h, [first])
     h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=first, client_status="failed")]))  # then it crashed
     refused = h.apply(m.DeploymentPromote(deployment_id=d1.id))
