@@ -99,9 +99,13 @@ def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment
     return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
 
 
-def _canaries(job: Job, group: TaskGroup, snap: Snapshot, dep: Deployment | None) -> Canaries:
+def _stale_canaries(snap: Snapshot, dep: Deployment | None) -> frozenset[str]:
+    """Unpromoted canaries of every rollout but the current one."""
+    return frozenset(i for dep_id, ids in snap.unpromoted_canaries.items() if dep is None or dep_id != dep.id for i in ids)
+
+
+def _canaries(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozenset[str]) -> Canaries:
     """The group's canary phase, from its rollout (or the one this eval may start)."""
-    stale = frozenset(i for dep_id, ids in snap.unpromoted_canaries.items() if dep is None or dep_id != dep.id for i in ids)
     strategy = update_strategy(job, group)
     if dep is None:
         # A new version's rollout starts with canaries if it replaces anything destructively.
@@ -146,11 +150,12 @@ def schedule_generic(
     dep = _current_deployment(snap)
 
     plans: dict[str, GroupPlan] = {}
+    stale = _stale_canaries(snap, dep)
     for name in sorted(set(groups) | set(by_group)):
         group = groups.get(name)
         limit, canaries = UNLIMITED, None
         if job is not None and group is not None:
-            limit, canaries = _limit(job, group, snap.allocs, dep), _canaries(job, group, snap, dep)
+            limit, canaries = _limit(job, group, snap.allocs, dep), _canaries(job, group, dep, stale)
         plans[name] = reconcile_group(
             job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit,
             canaries=canaries,

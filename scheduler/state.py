@@ -56,6 +56,7 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
     versions: dict[int, Job] = {}
     if job is not None:
         versions = {v.version: v for v in reader.job_versions(job.id)}
+    deployments = reader.deployments_by_job(ev.job_id)  # read once: the latest, and every unpromoted canary
     return Snapshot(
         index=reader.applied_index,
         now=max(now, reader.last_time),
@@ -64,15 +65,15 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
         allocs=reader.allocs_by_job(ev.job_id),
         nodes=nodes,
         usage=node_usage_map(reader, sorted(nodes), cache),
-        deployment=reader.latest_deployment(ev.job_id),
+        deployment=max(deployments, key=lambda d: d.create_index) if deployments else None,
         versions=versions,
-        unpromoted_canaries=_unpromoted_canaries(reader, ev.job_id),
+        unpromoted_canaries=_unpromoted_canaries(deployments),
     )
 
 
-def _unpromoted_canaries(reader: StateReader, job_id: str) -> dict[str, set[str]]:
+def _unpromoted_canaries(deployments: list[Deployment]) -> dict[str, set[str]]:
     out = {}
-    for dep in reader.deployments_by_job(job_id):
+    for dep in deployments:
         ids = {i for s in dep.task_groups.values() if not s.promoted for i in s.placed_canaries}
         if ids:
             out[dep.id] = ids
