@@ -7,9 +7,13 @@ if it fails first), and the FSM counts them per task group. The watcher
 decides, for every active deployment:
 
 - *successful* when every group has ``healthy >= desired_total``;
-- *failed* when an alloc was unhealthy, or when no alloc became healthy
-  within ``progress_deadline`` of the last progress (the deployment's start,
-  the newest healthy alloc, or a resume: the FSM keeps ``require_progress_by``);
+- *failed* when no alloc became healthy within ``progress_deadline`` of the
+  last progress (the deployment's start, the newest healthy alloc, or a
+  resume: the FSM keeps ``require_progress_by``); or at once when an alloc
+  was unhealthy and either its group has no progress deadline or the alloc
+  cannot be rescheduled (its policy's attempts are used up). Any other
+  unhealthy alloc the scheduler replaces within the rollout, as Nomad's
+  ``shouldFailEarly`` and ``allowReplacements`` do;
 - *cancelled* when the job was stopped or a newer version replaced it;
 - on failure, if a group has ``auto_revert``, the newest stable version (one
   whose rollout succeeded) is registered again as a new version in the same
@@ -50,6 +54,7 @@ from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
 from node.heartbeat import job_eval
 from node.rpc_server import RequestContext
 from node.wakeup import wait_event
+from scheduler import reschedule
 
 if TYPE_CHECKING:
     from node.lifecycle import Lifecycle
@@ -108,7 +113,7 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     out.healthy = sum(s.healthy_allocs for s in states.values())
     if dep.status == DEPLOYMENT_PAUSED:
         return out  # frozen until resumed: no verdict, no next batch
-    if any(s.unhealthy_allocs > 0 for s in states.values()):
+    if _fails_early(reader, dep, job):
         return _fail(reader, dep, job, out, DESC_UNHEALTHY)
     waiting = {g: s for g, s in states.items() if s.awaits_promotion()}
     ready = {g for g, s in waiting.items() if healthy_canaries(reader, dep, g) >= s.desired_canaries}
@@ -131,6 +136,30 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     if seen_healthy is None or out.healthy > seen_healthy:
         out.eval = _next_batch(job, dep)
     return out
+
+
+def _fails_early(reader: StateReader, dep: Deployment, job: Job) -> bool:
+    """Whether an unhealthy alloc fails the rollout now rather than being replaced (Nomad's shouldFailEarly).
+
+    Without a progress deadline the first unhealthy alloc decides. With one,
+    only an alloc that can no longer be rescheduled does: waiting for the
+    deadline could not bring another healthy alloc in its place.
+    """
+    groups = {name for name, s in dep.task_groups.items() if s.unhealthy_allocs > 0}
+    if not groups:
+        return False
+    if any(not dep.task_groups[name].progress_deadline for name in groups):
+        return True
+    specs = {g.name: g for g in job.task_groups}
+    for alloc in reader.allocs_by_deployment(dep.id):
+        health, group = alloc.deployment_status, specs.get(alloc.task_group)
+        if group is None or health is None or health.healthy is not False:
+            continue
+        if alloc.next_allocation or alloc.server_terminal():
+            continue  # replaced already, or stopped by the scheduler
+        if not reschedule.eligible(reschedule.policy_for(job, group), alloc, reschedule.fail_time(alloc)):
+            return True
+    return False
 
 
 def _next_batch(job: Job, dep: Deployment) -> Evaluation:

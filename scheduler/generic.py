@@ -45,7 +45,7 @@ from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.feasibility import PlacementContext, ask_for
 from scheduler.plan import Plan
 from scheduler.ranking import Request, Selector
-from scheduler.reconcile import UNLIMITED, Canaries, GroupPlan, reconcile_group
+from scheduler.reconcile import UNLIMITED, GroupPlan, Rollout, reconcile_group
 from scheduler.reschedule import batch_followups, next_tracker, policy_for
 from scheduler.state import Snapshot
 
@@ -104,20 +104,25 @@ def _stale_canaries(snap: Snapshot, dep: Deployment | None) -> frozenset[str]:
     return frozenset(i for dep_id, ids in snap.unpromoted_canaries.items() if dep is None or dep_id != dep.id for i in ids)
 
 
-def _canaries(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozenset[str]) -> Canaries:
-    """The group's canary phase, from its rollout (or the one this eval may start)."""
+def _rollout(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozenset[str]) -> Rollout:
+    """The group's rollout as reconcile sees it: its canary phase, and whether it replaces unhealthy allocs."""
     strategy = update_strategy(job, group)
     if dep is None:
         # A new version's rollout starts with canaries if it replaces anything destructively.
-        return Canaries(wanted=strategy.canary if strategy is not None else 0, stale=stale)
+        return Rollout(wanted=strategy.canary if strategy is not None else 0, stale=stale)
     state = dep.task_groups.get(group.name)
-    if state is None or not state.desired_canaries:
-        return Canaries(stale=stale)
+    if state is None:
+        return Rollout(stale=stale)
+    # As Nomad: with a progress deadline an unhealthy alloc is replaced, and the deadline
+    # (not the first failure) decides the rollout; without one the watcher fails it.
+    replaces = dep.id if dep.active() and state.progress_deadline else ""
+    if not state.desired_canaries:
+        return Rollout(stale=stale, replaces_unhealthy=replaces)
     if state.promoted:
-        return Canaries(promoted=True, stale=stale)
+        return Rollout(promoted=True, stale=stale, replaces_unhealthy=replaces)
     if not dep.active() and dep.status != "successful":
-        return Canaries(abandoned=True, stale=stale)
-    return Canaries(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale)
+        return Rollout(abandoned=True, stale=stale)
+    return Rollout(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale, replaces_unhealthy=replaces)
 
 
 def schedule(
@@ -153,12 +158,12 @@ def schedule_generic(
     stale = _stale_canaries(snap, dep)
     for name in sorted(set(groups) | set(by_group)):
         group = groups.get(name)
-        limit, canaries = UNLIMITED, None
+        limit, rollout = UNLIMITED, None
         if job is not None and group is not None:
-            limit, canaries = _limit(job, group, snap.allocs, dep), _canaries(job, group, dep, stale)
+            limit, rollout = _limit(job, group, snap.allocs, dep), _rollout(job, group, dep, stale)
         plans[name] = reconcile_group(
             job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit,
-            canaries=canaries,
+            rollout=rollout,
         )
 
     # Stops first: what they free is available to this plan's placements.

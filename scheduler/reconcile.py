@@ -25,7 +25,13 @@ Classification of each alloc of the group:
   awaits promotion, that many allocs of the new version run beside the old
   ones (outside ``count``) and nothing is replaced destructively. Once
   promoted they are ordinary allocs, and each old alloc whose name a canary
-  took is stopped. A rollout that fails unpromoted stops its canaries.
+  took is stopped. A rollout that fails unpromoted stops its canaries. A
+  failed canary is rescheduled by the group's policy as a canary (it keeps
+  its canary slot while it waits).
+- unhealthy allocs of an active rollout whose group has a progress deadline
+  are rescheduled by the policy even while still running (Nomad's
+  ``allowReplacements``): the rollout goes on with their replacements, and
+  its progress deadline bounds how long that may take.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from fsm.structs import (
     Allocation,
     Job,
     Node,
+    ReschedulePolicy,
     TaskGroup,
 )
 from scheduler.reschedule import decide, policy_for
@@ -59,6 +66,7 @@ STOP_UPDATE = "alloc is being updated due to job update"
 STOP_CANARY_REPLACED = "alloc not needed as it was replaced by a promoted canary"
 STOP_CANARY_FAILED = "alloc not needed as its deployment failed before promotion"
 STOP_CANARY_STALE = "alloc not needed as it is a canary of a replaced deployment"
+STOP_RESCHEDULED = "alloc was rescheduled because it failed"
 
 # Group fields whose change is not destructive (Nomad updates these in place).
 _INPLACE_FIELDS = ("count", "update", "reschedule_policy")
@@ -85,18 +93,31 @@ class Placement:
 
 
 @dataclass
-class Canaries:
-    """Where the group's current rollout stands with canaries (from its deployment)."""
+class Rollout:
+    """Where the group's current rollout stands (from its deployment): canaries and unhealthy allocs."""
 
     wanted: int = 0  # canaries to run until promotion (0: the group has no canary phase now)
     promoted: bool = False  # promoted: the old allocs the canaries stand for go
     abandoned: bool = False  # the rollout ended unpromoted: its canaries go
     paused: bool = False  # the rollout is paused: no canary is placed
     stale: frozenset[str] = frozenset()  # unpromoted canaries of older rollouts: they go (as Nomad)
+    # The active rollout, if its group has a progress deadline: the allocs it saw turn
+    # unhealthy are rescheduled, running or not (Nomad's allowReplacements).
+    replaces_unhealthy: str = ""
 
     def beside(self, alloc: Allocation, job: Job) -> bool:
         """An unpromoted canary of the current version: outside the group's count."""
         return not self.promoted and is_canary(alloc, job)
+
+    def unhealthy(self, alloc: Allocation) -> bool:
+        """A live alloc this rollout reported unhealthy, to be rescheduled."""
+        health = alloc.deployment_status
+        return (
+            bool(self.replaces_unhealthy)
+            and alloc.deployment_id == self.replaces_unhealthy
+            and health is not None
+            and health.healthy is False
+        )
 
 
 def is_canary(alloc: Allocation, job: Job) -> bool:
@@ -132,6 +153,17 @@ class GroupPlan:
         return len(self.place) + len(self.stop) + len(self.inplace) + len(self.followups)
 
 
+def _reschedule(plan: GroupPlan, policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id: str,
+                *, canary: bool = False) -> Placement | None:
+    """A failed alloc's replacement now; None while it waits (a follow-up eval at its time) or for good."""
+    decision = decide(policy, alloc, now, eval_id)
+    if decision.decision == "now":
+        return Placement(alloc.name, previous=alloc, reschedule=True, delay=decision.delay, canary=canary)
+    if decision.decision == "later" and not alloc.followup_eval_id:
+        plan.followups.append(Followup(alloc, decision.at))
+    return None
+
+
 def _spec(job: Job, group: TaskGroup) -> dict:
     data = codec.to_wire(group)
     for name in _INPLACE_FIELDS:
@@ -158,7 +190,7 @@ def reconcile_group(
     *,
     versions: dict[int, Job] | None = None,
     limit: int = UNLIMITED,
-    canaries: Canaries | None = None,
+    rollout: Rollout | None = None,
 ) -> GroupPlan:
     """What to do with one task group (``group`` is None when the job no longer has it)."""
     plan = GroupPlan(group_name)
@@ -167,28 +199,38 @@ def reconcile_group(
     stopped = job_stopped or group is None
     batch = job is not None and job.type == "batch"
     policy = policy_for(job, group) if not stopped and job is not None and group is not None else None
-    canaries = canaries or Canaries()
+    rollout = rollout or Rollout()
     live: list[Allocation] = []
     held: list[Allocation] = []  # terminal allocs that keep their slot (done, waiting, given up)
     replace: list[Placement] = []
+    waiting_canaries: list[Allocation] = []  # failed canaries that keep their canary slot
+    canary_replace: list[Placement] = []  # failed canaries rescheduled now, as canaries
     for alloc in sorted(allocs, key=lambda a: (a.create_index, a.id)):
         if alloc.server_terminal():
             continue
         if alloc.client_terminal():
-            if stopped or alloc.next_allocation or canaries.beside(alloc, job) or alloc.id in canaries.stale:
-                continue  # a failed canary holds no slot and is not rescheduled: its rollout fails
+            if stopped or alloc.next_allocation or alloc.id in rollout.stale:
+                continue
+            if rollout.beside(alloc, job):
+                # An unpromoted canary: outside the count. A failed one of the rollout
+                # under way is rescheduled as a canary; an abandoned rollout's holds nothing.
+                if rollout.wanted and alloc.client_status == CLIENT_FAILED:
+                    again = _reschedule(plan, policy, alloc, now, eval_id, canary=True)
+                    if again is None:
+                        waiting_canaries.append(alloc)
+                    else:
+                        canary_replace.append(again)
+                continue
             if alloc.client_status == CLIENT_COMPLETE:
                 if batch:
                     held.append(alloc)
                 continue
             if alloc.client_status == CLIENT_FAILED:
-                decision = decide(policy, alloc, now, eval_id)
-                if decision.decision == "now":
-                    replace.append(Placement(alloc.name, previous=alloc, reschedule=True, delay=decision.delay))
-                else:
+                again = _reschedule(plan, policy, alloc, now, eval_id)
+                if again is None:
                     held.append(alloc)
-                    if decision.decision == "later" and not alloc.followup_eval_id:
-                        plan.followups.append(Followup(alloc, decision.at))
+                else:
+                    replace.append(again)
                 continue
             if alloc.client_status == CLIENT_LOST:
                 replace.append(Placement(alloc.name, previous=alloc, lost=True))
@@ -206,21 +248,30 @@ def reconcile_group(
             plan.stop.append(Stop(alloc, STOP_MIGRATE))
             replace.append(Placement(alloc.name, previous=alloc))
             continue
+        if rollout.unhealthy(alloc) and not alloc.next_allocation:
+            canary = rollout.wanted > 0 and rollout.beside(alloc, job)
+            again = _reschedule(plan, policy, alloc, now, eval_id, canary=canary)
+            if again is not None:
+                plan.stop.append(Stop(alloc, STOP_RESCHEDULED))
+                (canary_replace if canary else replace).append(again)
+                continue
         live.append(alloc)
     if stopped or job is None or group is None:
         return plan
-    for alloc in [a for a in live if a.id in canaries.stale]:
+    for alloc in [a for a in live if a.id in rollout.stale]:
         plan.stop.append(Stop(alloc, STOP_CANARY_STALE))
         live.remove(alloc)
     mine = [a for a in live if is_canary(a, job)]
-    if canaries.abandoned:
+    if rollout.abandoned:
         for alloc in mine:
             plan.stop.append(Stop(alloc, STOP_CANARY_FAILED))
         live = [a for a in live if a not in mine]
         mine = []
-    elif canaries.wanted:
+    elif rollout.wanted:
         live = [a for a in live if a not in mine]  # beside the group, not part of its count
-    elif canaries.promoted and mine:
+        mine += waiting_canaries
+        plan.place.extend(canary_replace)  # as failed allocs, even while paused
+    elif rollout.promoted and mine:
         names = {a.name for a in mine}
         for alloc in [a for a in live if a.job_version != job.version and a.name in names]:
             plan.stop.append(Stop(alloc, STOP_CANARY_REPLACED))
@@ -274,10 +325,11 @@ def reconcile_group(
             plan.inplace.append(updated)
         else:
             destructive.append(alloc)
-    if canaries.wanted and destructive and not canaries.paused:
-        taken = {a.name for a in mine}
+    if rollout.wanted and destructive and not rollout.paused:
+        standing = len(mine) + len(canary_replace)
+        taken = {a.name for a in mine} | {p.name for p in canary_replace}
         names = [a.name for a in destructive if a.name not in taken]
-        for name in names[: max(0, canaries.wanted - len(mine))]:
+        for name in names[: max(0, rollout.wanted - standing)]:
             plan.place.append(Placement(name, canary=True))
         limit = 0  # nothing is replaced before promotion
     allowed = max(0, min(limit, len(destructive)))

@@ -106,19 +106,34 @@ def test_a_new_version_rolls_out_through_a_successful_deployment(lifecycle_env: 
 
 
 def test_a_failing_version_with_auto_revert_rolls_back_to_the_last_stable_one(lifecycle_env: Env) -> None:
-    """Nomad's auto_revert: the failed rollout re-registers the newest stable version's spec."""
+    """Nomad's auto_revert: the failed rollout re-registers the newest stable version's spec.
+
+    The group has a progress deadline, so a crashed alloc is first rescheduled within the rollout
+    (one attempt); the rollout fails when the replacement crashes too, without waiting for the deadline.
+    """
     env = lifecycle_env
     update = {"MaxParallel": 1, "MinHealthyTime": 300_000_000, "AutoRevert": True}
-    env.call("job.register", {"job": spec("back", count=2, config={"v": 0}, update=update)})
+    once = {"Attempts": 1, "Interval": 3_600_000_000_000, "Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": False}
+
+    def spec_with(config: dict[str, Any]) -> dict[str, Any]:
+        body = spec("back", count=2, config=config, update=update)
+        body["Job"]["TaskGroups"][0]["ReschedulePolicy"] = once
+        return body
+
+    env.call("job.register", {"job": spec_with({"v": 0})})
 
     def deployment(version: int) -> dict[str, Any] | None:
         return deployment_of(env, "back", version)
 
     wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
     assert env.read("job.get", {"job_id": "back"})["Stable"] is True
-    env.call("job.register", {"job": spec("back", count=2, config={"v": 1, "run_for": "100ms", "exit_code": 1}, update=update)})
+    env.call("job.register", {"job": spec_with({"v": 1, "run_for": "100ms", "exit_code": 1})})
     failed = wait_until(lambda: (d := deployment(1)) and d["Status"] == "failed" and d, 60, "the failing version's rollout failed")
     assert failed["StatusDescription"] == "Failed due to unhealthy allocations - rolling back to job version 0", failed
+    # Its first alloc crashed and was replaced within the rollout; the replacement crashed too.
+    v1 = [a for a in allocs(env, "back") if a["JobVersion"] == 1]
+    assert any(a["PreviousAllocation"] and a["DeploymentID"] == failed["ID"] for a in v1), v1
+    assert failed["TaskGroups"]["g"]["PlacedAllocs"] >= 2 and failed["TaskGroups"]["g"]["UnhealthyAllocs"] >= 2, failed
     back = wait_until(lambda: (d := deployment(2)) and d["Status"] == "successful" and d, 60, "the rollback's rollout succeeded")
     job = env.read("job.get", {"job_id": "back"})
     assert job["Version"] == 2 and job["TaskGroups"][0]["Tasks"][0]["Config"] == {"v": 0} and job["Stable"] is True

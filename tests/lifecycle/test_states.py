@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 
 from fsm import messages as m
 from fsm.caches import NodeUsageCache
-from fsm.structs import MINUTE, SECOND, DeploymentStatus, Evaluation, Job, TaskState, UpdateStrategy
+from fsm.structs import (
+    HOUR,
+    MINUTE,
+    SECOND,
+    DeploymentStatus,
+    Evaluation,
+    Job,
+    ReschedulePolicy,
+    TaskState,
+    UpdateStrategy,
+)
 from node.deployments import DeploymentError, decide, pause_or_resume
 from node.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
@@ -137,8 +147,11 @@ def test_a_rollout_counts_placed_and_moved_allocs_and_their_fresh_health(h: Harn
 
 
 def _rollout(h: Harness, config: dict[str, Any], *, auto_revert: bool = True) -> Any:
-    """Register a version of service job "r" and plan it; its deployment."""
-    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, auto_revert=auto_revert)
+    """Register a version of service job "r" and plan it; its deployment.
+
+    No progress deadline: as in Nomad, the first unhealthy alloc then fails the rollout.
+    """
+    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, auto_revert=auto_revert, progress_deadline=0)
     run_eval(h, register(h, job("r", count=1, update=update, config=config)))
     with h.reader() as r:
         return max(r.deployments_by_job("r"), key=lambda d: d.create_index)
@@ -396,7 +409,7 @@ def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
     h.ok(auto.entry())
     with h.reader() as r:
         assert r.deployment(d1.id).task_groups["g"].promoted
-    run_eval(h, register(h, _canary_job({"v": 2})))  # a new version cancels v1's rollout
+    run_eval(h, register(h, _canary_job({"v": 2}, progress_deadline=0)))  # a new version cancels v1's rollout
     with h.reader() as r:
         d2 = r.latest_deployment("c")
         (canary,) = [a for a in r.allocs_by_job("c") if a.job_version == 2]
@@ -408,7 +421,16 @@ def test_auto_promote_and_a_failed_canary_rollout(h: Harness) -> None:
     assert len(live(h, "c")) == 3 and all(a.job_version < 2 for a in live(h, "c"))
 
 
-def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harness) -> None:
+def _followup(plan: Any) -> Evaluation:
+    """The plan's follow-up eval, which reschedules a failed alloc after its delay."""
+    (follow,) = [e for e in plan.evals if e.triggered_by == "alloc-failure" and e.wait_until]
+    return follow
+
+
+def test_a_failed_canary_is_rescheduled_as_a_canary_after_its_delay_even_while_paused(h: Harness) -> None:
+    """As Nomad: with a progress deadline a crashed canary does not fail the rollout; it keeps its
+    canary slot (no fresh canary, no old alloc stopped as excess) until its reschedule delay has
+    passed, then a canary replaces it, paused or not, and the rollout can be promoted."""
     d1, canary = _canary_rollout(h)
     with h.reader() as r:
         _decided(h, pause_or_resume(r, d1, pause=True))
@@ -417,14 +439,72 @@ def test_a_failed_canary_takes_no_slot_and_a_paused_rollout_places_none(h: Harne
     ev = Evaluation(id="ev-crash", job_id="c", type="service", status="pending")
     h.ok(m.EvalUpsert(evals=[ev]))
     plan = run_eval(h, ev)
-    # Not rescheduled as an ordinary alloc, no new canary while paused, and no old alloc
-    # stopped as if the failed canary were one too many.
-    assert (plan.place, plan.stop) == ([], [])
+    assert plan.place == [] and [s.id for s in plan.stop if s.desired_status == "stop"] == []
+    (again,) = run_eval(h, _followup(plan)).place
+    assert again.deployment_status.canary and again.deployment_id == d1.id and again.previous_allocation == canary
+    assert again.reschedule_tracker.events[-1].prev_alloc_id == canary
     with h.reader() as r:
         _decided(h, pause_or_resume(r, r.deployment(d1.id), pause=False))
-    plan = _fail_then_schedule(h, d1.id)
-    assert (plan.place, plan.stop) == ([], [])
-    assert sorted(a.name for a in live(h, "c")) == ["c.g[0]", "c.g[1]", "c.g[2]"]
+        assert decide(r, r.deployment(d1.id), h.time, 0).status == ""  # not failed: replaced
+        assert r.deployment(d1.id).task_groups["g"].placed_canaries == [canary, again.id]
+    _healthy(h, [again.id])
+    assert h.ok(m.DeploymentPromote(deployment_id=d1.id))["promoted"] == ["g"]
+    assert sorted(a.name for a in live(h, "c")) == ["c.g[0]", "c.g[0]", "c.g[1]", "c.g[2]"]
+
+
+def _crash(h: Harness, alloc_id: str, *, running: bool = False) -> None:
+    health = DeploymentStatus(healthy=False, timestamp=h.time)
+    status = "running" if running else "failed"
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=alloc_id, client_status=status, deployment_status=health)]))
+
+
+def test_with_a_progress_deadline_an_unhealthy_alloc_is_replaced_until_its_attempts_run_out(h: Harness) -> None:
+    """Nomad's shouldFailEarly: with a progress deadline an unhealthy alloc fails the rollout only
+    once it cannot be rescheduled; until then its replacement joins the same rollout."""
+    h.ok(m.NodeRegister(node=node("n")))
+    policy = ReschedulePolicy(attempts=1, interval=HOUR, delay=5 * SECOND, delay_function="constant", unlimited=False)
+    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE)
+    run_eval(h, register(h, job("u", count=1, update=update, reschedule_policy=policy)))
+    with h.reader() as r:
+        (dep,) = r.deployments_by_job("u")
+        (first,) = r.alloc_ids_by_job("u")
+    _crash(h, first)
+    with h.reader() as r:
+        assert decide(r, r.deployment(dep.id), h.time, 0).status == ""  # one attempt left: it goes on
+    ev = Evaluation(id="ev-crash", job_id="u", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert plan.place == []  # after the policy's 5 s delay
+    (second,) = run_eval(h, _followup(plan)).place
+    assert (second.previous_allocation, second.deployment_id) == (first, dep.id)
+    _crash(h, second.id)  # the one attempt is used: nothing can become healthy in its place
+    with h.reader() as r:
+        state = r.deployment(dep.id).task_groups["g"]
+        failed = decide(r, r.deployment(dep.id), h.time, 0)
+    assert (state.placed_allocs, state.unhealthy_allocs) == (2, 2)
+    assert (failed.status, failed.description) == ("failed", "Failed due to unhealthy allocations")
+
+
+def test_a_running_alloc_reported_unhealthy_is_stopped_and_replaced_in_its_rollout(h: Harness) -> None:
+    """Nomad's allowReplacements: a live alloc that failed its health check is rescheduled; the
+    rollout succeeds once the replacement is healthy."""
+    h.ok(m.NodeRegister(node=node("n")))
+    update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE)
+    run_eval(h, register(h, job("u", count=1, update=update)))  # the default policy: unlimited, 30 s on
+    with h.reader() as r:
+        (dep,) = r.deployments_by_job("u")
+        (first,) = r.alloc_ids_by_job("u")
+    _crash(h, first, running=True)
+    ev = Evaluation(id="ev-unhealthy", job_id="u", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, _followup(run_eval(h, ev)))  # it keeps running until its delay has passed
+    assert [(s.id, s.desired_description) for s in plan.stop] == [(first, "alloc was rescheduled because it failed")]
+    (second,) = plan.place
+    assert (second.previous_allocation, second.deployment_id) == (first, dep.id)
+    assert [a.id for a in live(h, "u")] == [second.id]
+    _healthy(h, [second.id])
+    with h.reader() as r:
+        assert decide(r, r.deployment(dep.id), h.time, 0).status == "successful"
 
 
 def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replaces(h: Harness) -> None:
@@ -464,7 +544,9 @@ def test_a_canary_that_dies_after_its_health_check_is_replaced_before_promotion(
     assert refused.code == "bad_request" and "0/1 healthy canaries" in refused.error, refused
     ev = Evaluation(id="ev-again", job_id="c", type="service", status="pending")
     h.ok(m.EvalUpsert(evals=[ev]))
-    (second,) = run_eval(h, ev).place  # a new canary, not an ordinary replacement
+    plan = run_eval(h, ev)
+    assert plan.place == []  # rescheduled after its policy's delay, as any failed alloc
+    (second,) = run_eval(h, _followup(plan)).place  # a new canary, not an ordinary replacement
     assert second.deployment_status.canary and second.deployment_id == d1.id
     _healthy(h, [second.id])
     assert h.ok(m.DeploymentPromote(deployment_id=d1.id))["promoted"] == ["g"]
