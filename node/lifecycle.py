@@ -48,6 +48,8 @@ from fsm.store import StateReader
 from fsm.structs import (
     CLIENT_COMPLETE,
     CLIENT_FAILED,
+    CLIENT_PENDING,
+    CLIENT_RUNNING,
     DESIRED_RUN,
     EVAL_BLOCKED,
     EVAL_CANCELED,
@@ -101,6 +103,18 @@ def current(server: Server) -> Lifecycle | None:
     return _CURRENT.get(server)
 
 
+def _needs_rescheduling(alloc: dict[str, Any]) -> bool:
+    """A wanted alloc (wire map) that failed, or that its rollout found unhealthy, not yet replaced
+    or waiting for a follow-up eval: the scheduler must see it (a rollout with a progress deadline
+    replaces an unhealthy alloc even while it runs, as Nomad's deployment watcher asks)."""
+    if alloc.get("next_allocation") or alloc.get("followup_eval_id"):
+        return False
+    if alloc["client_status"] == CLIENT_FAILED:
+        return True
+    health = alloc.get("deployment_status") or {}
+    return alloc["client_status"] in (CLIENT_PENDING, CLIENT_RUNNING) and health.get("healthy") is False
+
+
 @dataclass
 class NodeView:
     status: str
@@ -143,7 +157,7 @@ class Initial:
             if job_id in covered or job_id in needy or alloc["desired_status"] != DESIRED_RUN:
                 continue
             status = alloc["client_status"]
-            if status == CLIENT_FAILED and not alloc.get("next_allocation") and not alloc.get("followup_eval_id"):
+            if _needs_rescheduling(alloc):
                 needy[job_id] = TRIGGER_ALLOC_FAILURE
             elif status not in (CLIENT_FAILED, CLIENT_COMPLETE, "lost"):
                 view = init.nodes.get(alloc["node_id"])
@@ -366,7 +380,7 @@ class Lifecycle:
         status = alloc["client_status"]
         desired = alloc["desired_status"]
         if desired == DESIRED_RUN and not alloc.get("next_allocation"):
-            if status == CLIENT_FAILED and not alloc.get("followup_eval_id"):
+            if _needs_rescheduling(alloc):
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_FAILURE)
             elif status == CLIENT_COMPLETE:
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_STOP)

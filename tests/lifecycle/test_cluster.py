@@ -146,6 +146,35 @@ def test_a_failing_version_with_auto_revert_rolls_back_to_the_last_stable_one(li
     env.call("job.stop", {"job_id": "back"})
 
 
+def test_a_running_alloc_reported_unhealthy_is_replaced_within_its_rollout(lifecycle_env: Env) -> None:
+    """Nomad's allowReplacements: a health report of "unhealthy" for a running alloc (a client's
+    failed checks) makes the leader evaluate the job, and the rollout, which has a progress
+    deadline, stops and replaces that alloc after its reschedule delay instead of failing."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 600_000_000_000}  # the client never judges it healthy itself
+    body = spec("sick", count=1, update=update)
+    body["Job"]["TaskGroups"][0]["ReschedulePolicy"] = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
+    env.call("job.register", {"job": body})
+    (first,) = wait_until(lambda: [a for a in allocs(env, "sick") if a["ClientStatus"] == "running"], 60, "running")
+    dep = deployment_of(env, "sick", 0)
+    assert dep is not None and first["DeploymentID"] == dep["ID"]
+    env.call("alloc.update", {"allocs": [{"ID": first["ID"], "ClientStatus": "running",
+                                          "DeploymentStatus": {"Healthy": False, "Timestamp": time.time_ns()}}]})
+
+    def replaced() -> dict[str, Any] | None:
+        rows = {a["ID"]: a for a in allocs(env, "sick")}
+        return next((a for a in rows.values() if a["PreviousAllocation"] == first["ID"]), None)
+
+    second = wait_until(replaced, 60, "the unhealthy alloc replaced")
+    old = env.read("alloc.get", {"alloc_id": first["ID"]})
+    assert (old["DesiredStatus"], old["DesiredDescription"]) == ("stop", "alloc was rescheduled because it failed"), old
+    assert second["DeploymentID"] == dep["ID"] and second["RescheduleTracker"]["Events"], second
+    dep = env.read("deployment.get", {"deployment_id": dep["ID"]})
+    state = dep["TaskGroups"]["g"]
+    assert dep["Status"] == "running" and (state["PlacedAllocs"], state["UnhealthyAllocs"]) == (2, 1), dep
+    env.call("job.stop", {"job_id": "sick"})
+
+
 def test_deployment_fail_rolls_back_by_cli_and_http_and_refuses_a_finished_one(lifecycle_env: Env) -> None:
     """`nomad deployment fail`: an operator fails a rollout that is still running; with
     auto_revert the last stable version comes back. A finished rollout cannot be failed."""
