@@ -114,6 +114,31 @@ def _check_reschedule(job: Job) -> None:
             raise JobSpecError(f"{where}.Interval: must be at least 15s (15000000000 ns)")
 
 
+def _check_update(job: Job) -> None:
+    """Nomad's UpdateStrategy rules: deadlines that can be met in order, and canaries for AutoPromote."""
+    for group in job.task_groups:
+        update = group.update
+        if update is None:
+            continue
+        where = f"Job.TaskGroups[{group.name}].Update"
+        if update.max_parallel < 0:
+            raise JobSpecError(f"{where}.MaxParallel: must not be negative (0 replaces every alloc at once)")
+        if update.min_healthy_time < 0:
+            raise JobSpecError(f"{where}.MinHealthyTime: must not be negative")
+        if update.healthy_deadline <= 0:
+            raise JobSpecError(f"{where}.HealthyDeadline: must be greater than zero")
+        if update.progress_deadline < 0:
+            raise JobSpecError(f"{where}.ProgressDeadline: must not be negative (0: the first unhealthy alloc fails the rollout)")
+        if update.min_healthy_time >= update.healthy_deadline:
+            raise JobSpecError(f"{where}.MinHealthyTime: must be less than HealthyDeadline "
+                               f"({update.min_healthy_time} >= {update.healthy_deadline} ns)")
+        if update.progress_deadline and update.healthy_deadline >= update.progress_deadline:
+            raise JobSpecError(f"{where}.HealthyDeadline: must be less than ProgressDeadline "
+                               f"({update.healthy_deadline} >= {update.progress_deadline} ns), or set ProgressDeadline to 0")
+        if update.auto_promote and update.canary == 0:
+            raise JobSpecError(f"{where}.AutoPromote: needs a Canary count greater than zero")
+
+
 def _general_parse(spec: dict[str, Any]) -> tuple[Job, list[str]]:
     """The reference path: snake-case everything, prune, strictly decode (names any bad field).
 
@@ -468,6 +493,7 @@ def _finish(job: Job) -> Job:
     except ApplyRejected as exc:
         raise JobSpecError(exc.message) from None
     _check_reschedule(job)
+    _check_update(job)
     # Bookkeeping is the server's: whatever the spec says is replaced.
     job.status, job.version, job.stable = "pending", 0, False
     return job

@@ -151,7 +151,9 @@ def test_a_running_alloc_reported_unhealthy_is_replaced_within_its_rollout(lifec
     failed checks) makes the leader evaluate the job, and the rollout, which has a progress
     deadline, stops and replaces that alloc after its reschedule delay instead of failing."""
     env = lifecycle_env
-    update = {"MaxParallel": 1, "MinHealthyTime": 600_000_000_000}  # the client never judges it healthy itself
+    # the client never judges it healthy itself (Nomad's order: MinHealthyTime < HealthyDeadline < ProgressDeadline)
+    update = {"MaxParallel": 1, "MinHealthyTime": 600_000_000_000, "HealthyDeadline": 700_000_000_000,
+              "ProgressDeadline": 800_000_000_000}
     body = spec("sick", count=1, update=update)
     body["Job"]["TaskGroups"][0]["ReschedulePolicy"] = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
     env.call("job.register", {"job": body})
@@ -186,7 +188,8 @@ def test_deployment_fail_rolls_back_by_cli_and_http_and_refuses_a_finished_one(l
         return deployment_of(env, "undo", version)
 
     wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
-    slow = {**update, "MinHealthyTime": 600 * 1_000_000_000}  # never healthy within the test
+    # never healthy within the test (Nomad's order: MinHealthyTime < HealthyDeadline < ProgressDeadline)
+    slow = {**update, "MinHealthyTime": 600_000_000_000, "HealthyDeadline": 700_000_000_000, "ProgressDeadline": 800_000_000_000}
     env.call("job.register", {"job": spec("undo", count=1, config={"v": 1}, update=slow)})
     d1 = wait_until(lambda: deployment(1), 30, "the second version's deployment")
     out = env.cli("deployment", "fail", d1["ID"][:8])
