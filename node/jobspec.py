@@ -19,7 +19,7 @@ from typing import Any
 
 from fsm import codec
 from fsm.errors import ApplyRejected, CodecError
-from fsm.structs import HOUR, SECOND, Job, ReschedulePolicy
+from fsm.structs import HOUR, SECOND, Job, ReschedulePolicy, UpdateStrategy
 from fsm.validate import check_job
 from node.nomadjson import DATA_MAPS, from_nomad, pascal, snake
 
@@ -98,45 +98,45 @@ def default_reschedule(job_type: str) -> ReschedulePolicy:
     return ReschedulePolicy()
 
 
-def _check_reschedule(job: Job) -> None:
+def _check_groups(job: Job) -> None:
+    """Nomad's rules for each group's reschedule policy and update strategy (one-line errors naming the field)."""
     for group in job.task_groups:
-        policy = group.reschedule_policy
-        if policy is None:
-            continue
-        where = f"Job.TaskGroups[{group.name}].ReschedulePolicy"
-        if policy.attempts > 0 and policy.unlimited:
-            raise JobSpecError(f"{where}: Attempts > 0 together with Unlimited is invalid; set one of them")
-        if policy.delay_function not in ("constant", "exponential", "fibonacci"):
-            raise JobSpecError(f"{where}.DelayFunction: must be constant, exponential or fibonacci")
-        if policy.delay < 5 * SECOND:
-            raise JobSpecError(f"{where}.Delay: must be at least 5s (5000000000 ns)")
-        if policy.attempts > 0 and policy.interval < 15 * SECOND:
-            raise JobSpecError(f"{where}.Interval: must be at least 15s (15000000000 ns)")
+        where = f"Job.TaskGroups[{group.name}]"
+        if group.reschedule_policy is not None:
+            _check_reschedule(group.reschedule_policy, f"{where}.ReschedulePolicy")
+        if group.update is not None:
+            _check_update(group.update, f"{where}.Update")
 
 
-def _check_update(job: Job) -> None:
-    """Nomad's UpdateStrategy rules: deadlines that can be met in order, and canaries for AutoPromote."""
-    for group in job.task_groups:
-        update = group.update
-        if update is None:
-            continue
-        where = f"Job.TaskGroups[{group.name}].Update"
-        if update.max_parallel < 0:
-            raise JobSpecError(f"{where}.MaxParallel: must not be negative (0 replaces every alloc at once)")
-        if update.min_healthy_time < 0:
-            raise JobSpecError(f"{where}.MinHealthyTime: must not be negative")
-        if update.healthy_deadline <= 0:
-            raise JobSpecError(f"{where}.HealthyDeadline: must be greater than zero")
-        if update.progress_deadline < 0:
-            raise JobSpecError(f"{where}.ProgressDeadline: must not be negative (0: the first unhealthy alloc fails the rollout)")
-        if update.min_healthy_time >= update.healthy_deadline:
-            raise JobSpecError(f"{where}.MinHealthyTime: must be less than HealthyDeadline "
-                               f"({update.min_healthy_time} >= {update.healthy_deadline} ns)")
-        if update.progress_deadline and update.healthy_deadline >= update.progress_deadline:
-            raise JobSpecError(f"{where}.HealthyDeadline: must be less than ProgressDeadline "
-                               f"({update.healthy_deadline} >= {update.progress_deadline} ns), or set ProgressDeadline to 0")
-        if update.auto_promote and update.canary == 0:
-            raise JobSpecError(f"{where}.AutoPromote: needs a Canary count greater than zero")
+def _check_reschedule(policy: ReschedulePolicy, where: str) -> None:
+    if policy.attempts > 0 and policy.unlimited:
+        raise JobSpecError(f"{where}: Attempts > 0 together with Unlimited is invalid; set one of them")
+    if policy.delay_function not in ("constant", "exponential", "fibonacci"):
+        raise JobSpecError(f"{where}.DelayFunction: must be constant, exponential or fibonacci")
+    if policy.delay < 5 * SECOND:
+        raise JobSpecError(f"{where}.Delay: must be at least 5s (5000000000 ns)")
+    if policy.attempts > 0 and policy.interval < 15 * SECOND:
+        raise JobSpecError(f"{where}.Interval: must be at least 15s (15000000000 ns)")
+
+
+def _check_update(update: UpdateStrategy, where: str) -> None:
+    """Deadlines that can be met in order, and canaries for AutoPromote."""
+    if update.max_parallel < 0:
+        raise JobSpecError(f"{where}.MaxParallel: must not be negative (0 replaces every alloc at once)")
+    if update.min_healthy_time < 0:
+        raise JobSpecError(f"{where}.MinHealthyTime: must not be negative")
+    if update.healthy_deadline <= 0:
+        raise JobSpecError(f"{where}.HealthyDeadline: must be greater than zero")
+    if update.progress_deadline < 0:
+        raise JobSpecError(f"{where}.ProgressDeadline: must not be negative (0: the first unhealthy alloc fails the rollout)")
+    if update.min_healthy_time >= update.healthy_deadline:
+        raise JobSpecError(f"{where}.MinHealthyTime: must be less than HealthyDeadline "
+                           f"({update.min_healthy_time} >= {update.healthy_deadline} ns)")
+    if update.progress_deadline and update.healthy_deadline >= update.progress_deadline:
+        raise JobSpecError(f"{where}.HealthyDeadline: must be less than ProgressDeadline "
+                           f"({update.healthy_deadline} >= {update.progress_deadline} ns), or set ProgressDeadline to 0")
+    if update.auto_promote and update.canary == 0:
+        raise JobSpecError(f"{where}.AutoPromote: needs a Canary count greater than zero")
 
 
 def _general_parse(spec: dict[str, Any]) -> tuple[Job, list[str]]:
@@ -492,8 +492,7 @@ def _finish(job: Job) -> Job:
         check_job(job)
     except ApplyRejected as exc:
         raise JobSpecError(exc.message) from None
-    _check_reschedule(job)
-    _check_update(job)
+    _check_groups(job)
     # Bookkeeping is the server's: whatever the spec says is replaced.
     job.status, job.version, job.stable = "pending", 0, False
     return job
