@@ -188,6 +188,26 @@ class Workload:
     def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:
         raise NotImplementedError
 
+    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
+        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
+
+        The rollout (it has a progress deadline) stops and replaces that alloc
+        after its reschedule delay, instead of failing; the job keeps running.
+        """
+        try:
+            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
+            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
+        except (RPCError, OSError):
+            return
+        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
+        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
+        if not running:
+            return
+        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        health = {"Healthy": False, "Timestamp": time.time_ns()}
+        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
+                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
+
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Reads after the faults are healed (default: none)."""
 
@@ -350,6 +370,26 @@ class SetWorkload(Workload):
             return
         lane.complete("ok")
 
+    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
+        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
+
+        The rollout (it has a progress deadline) stops and replaces that alloc
+        after its reschedule delay, instead of failing; the job keeps running.
+        """
+        try:
+            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
+            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
+        except (RPCError, OSError):
+            return
+        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
+        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
+        if not running:
+            return
+        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        health = {"Healthy": False, "Timestamp": time.time_ns()}
+        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
+                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
+
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         rng = random.Random(0)
         with ctx.client(rng) as client:
@@ -389,7 +429,9 @@ def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = Tr
     """
     spec = _job(job_id, {})
     update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "Canary": 1, "AutoPromote": auto_promote}
-    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "Tasks": [
+    # An alloc its rollout finds unhealthy is replaced within the run (Nomad's shortest delay).
+    reschedule = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
+    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "ReschedulePolicy": reschedule, "Tasks": [
         {"Name": "t", "Driver": "sim", "Config": {"release": release}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
     return spec
 
@@ -403,7 +445,8 @@ class LifecycleWorkload(Workload):
     register batch jobs ``life-N`` that run 0.3-2 s and finish, service jobs
     ``keep-N`` that run until the end and are never stopped (but rescaled,
     so their rollouts move allocs in place, and released, so a canary goes
-    first; their rollouts are promoted, paused and resumed), stop some
+    first; their rollouts are promoted, paused and resumed, and their allocs
+    sometimes reported unhealthy, so the rollout replaces them), stop some
     ``life`` jobs, read single jobs and force GC; an observer lane lists all
     of them twice a second. After healing, the final phase forces GC and
     records jobs, evaluations and allocations. ``checkers.check_gc``:
@@ -509,6 +552,9 @@ class LifecycleWorkload(Workload):
         elif roll < 0.17 and keep_ids:
             self._hold_or_resume(lane, client, rng.choice(keep_ids))
             return
+        elif roll < 0.18 and keep_ids:
+            self._sicken(lane, client, rng, rng.choice(keep_ids))
+            return
         elif roll < 0.7 or not known:
             job_id = f"life-{self.ctx.unique()}"
             run_for = f"{rng.randint(300, 2000)}ms"
@@ -556,6 +602,26 @@ class LifecycleWorkload(Workload):
         pause = dep["Status"] == "running"
         self._call(lane, client, {"f": "pause" if pause else "resume", "deployment": dep["ID"]}, "deployment.pause",
                    {"deployment_id": dep["ID"], "pause": pause}, lambda r: None)
+
+    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
+        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
+
+        The rollout (it has a progress deadline) stops and replaces that alloc
+        after its reschedule delay, instead of failing; the job keeps running.
+        """
+        try:
+            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
+            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
+        except (RPCError, OSError):
+            return
+        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
+        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
+        if not running:
+            return
+        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        health = {"Healthy": False, "Timestamp": time.time_ns()}
+        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
+                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Force GC until it finds nothing more, then record jobs, evals and allocs."""
@@ -691,6 +757,26 @@ class JournalWorkload(Workload):
             if not self.done.is_set():
                 self.done.wait(0.2)  # back off before resubscribing to a server that is down
         self._write({"t": ctx.clock.now(), "server": server, "kind": "end", "index": last})
+
+    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
+        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
+
+        The rollout (it has a progress deadline) stops and replaces that alloc
+        after its reschedule delay, instead of failing; the job keeps running.
+        """
+        try:
+            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
+            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
+        except (RPCError, OSError):
+            return
+        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
+        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
+        if not running:
+            return
+        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        health = {"Healthy": False, "Timestamp": time.time_ns()}
+        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
+                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Let every subscriber reach the index the cluster has applied, then stop them."""
