@@ -204,6 +204,8 @@ class Workload:
         if not running:
             return
         alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        with self._lock:
+            self.resting[job_id] = time.monotonic() + 15.0
         health = {"Healthy": False, "Timestamp": time.time_ns()}
         self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
                    {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
@@ -386,6 +388,8 @@ class SetWorkload(Workload):
         if not running:
             return
         alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        with self._lock:
+            self.resting[job_id] = time.monotonic() + 15.0
         health = {"Healthy": False, "Timestamp": time.time_ns()}
         self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
                    {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
@@ -471,6 +475,9 @@ class LifecycleWorkload(Workload):
         self.registered: list[str] = []
         self.keep_ids: list[str] = []
         self.releases: dict[str, int] = {}  # keep job -> its task config's release number
+        # keep job -> until when it is not rescaled: its rollout has time to replace an alloc
+        # reported unhealthy (after the 5 s reschedule delay) before a newer version cancels it
+        self.resting: dict[str, float] = {}
         self.keeps = 0
 
     def probe(self, client: RPCClient) -> str | None:
@@ -542,6 +549,8 @@ class LifecycleWorkload(Workload):
             job_id = rng.choice(keep_ids)
             count = rng.randint(1, 3)
             with self._lock:
+                if self.resting.get(job_id, 0.0) > time.monotonic():
+                    return
                 if rng.random() < 0.3:
                     self.releases[job_id] = self.releases.get(job_id, 0) + 1
                 release = self.releases.get(job_id, 0)
@@ -619,6 +628,8 @@ class LifecycleWorkload(Workload):
         if not running:
             return
         alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        with self._lock:
+            self.resting[job_id] = time.monotonic() + 15.0
         health = {"Healthy": False, "Timestamp": time.time_ns()}
         self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
                    {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
@@ -774,6 +785,8 @@ class JournalWorkload(Workload):
         if not running:
             return
         alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
+        with self._lock:
+            self.resting[job_id] = time.monotonic() + 15.0
         health = {"Healthy": False, "Timestamp": time.time_ns()}
         self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
                    {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
