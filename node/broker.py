@@ -18,7 +18,11 @@ replicating.
     it is acked the newest waiting one goes on and the older ones are
     returned by ``take_cancelable`` to be written as ``canceled`` (they would
     only repeat its work).
-  - ``wait_until``: an eval is held until that wall-clock time.
+  - ``wait_until``: an eval is held until that time. It is in the state's
+    time (``state_clock``: the wall clock, never before the newest time the
+    log recorded), and the hold is measured on the monotonic clock from
+    enqueue: after a leader whose clock ran ahead has pinned the state's
+    time forward, a 5 s reschedule delay still takes 5 s, not the skew.
   - an eval enqueued again while it is out for delivery (a blocked eval
     unblocked while its worker still finishes) is requeued after the ack.
 
@@ -48,7 +52,7 @@ from node.wakeup import wait_event
 
 MAX_EXPECTED = 10_000
 Clock = Callable[[], float]  # monotonic seconds
-WallClock = Callable[[], int]  # wall-clock ns
+StateClock = Callable[[], int]  # ns, in the time the state's records (and wait_until) use
 
 
 class BrokerError(Exception):
@@ -84,7 +88,7 @@ class EvalBroker:
     nack_delay: float = 1.0
     nack_delay_later: float = 20.0
     clock: Clock = time.monotonic
-    wall_clock: WallClock = time.time_ns
+    state_clock: StateClock = time.time_ns
     stats: BrokerStats = field(default_factory=BrokerStats)
 
     def __post_init__(self) -> None:
@@ -94,7 +98,7 @@ class EvalBroker:
         self._where: dict[str, str] = {}  # eval id -> ready | waiting | delayed | nack-wait | unacked
         self._job_active: dict[tuple[str, str], str] = {}  # job -> its eval that is ready or unacked
         self._job_waiting: dict[tuple[str, str], list[str]] = {}  # job -> evals waiting behind it
-        self._delayed: list[tuple[int, int, str]] = []  # (wait_until ns, seq, eval id)
+        self._delayed: list[tuple[float, int, str]] = []  # (monotonic due, seq, eval id)
         self._nack_wait: list[tuple[float, int, str]] = []  # (monotonic due, seq, eval id)
         self._unacked: dict[str, _Unacked] = {}
         self._requeue: dict[str, Evaluation] = {}
@@ -117,9 +121,10 @@ class EvalBroker:
             return
         self.stats.enqueued += 1
         self._evals[ev.id] = ev
-        if ev.wait_until and ev.wait_until > self.wall_clock():
+        hold = (ev.wait_until - self.state_clock()) / 1e9 if ev.wait_until else 0.0
+        if hold > 0:
             self._where[ev.id] = "delayed"
-            heapq.heappush(self._delayed, (ev.wait_until, next(self._seq), ev.id))
+            heapq.heappush(self._delayed, (self.clock() + hold, next(self._seq), ev.id))
             self._wake.set()
             return
         self._admit(ev)
@@ -143,8 +148,8 @@ class EvalBroker:
     # -- delivery -----------------------------------------------------------------
     def tick(self) -> float | None:
         """Move due delayed evals to ready and nack timed-out deliveries; seconds until the next due item."""
-        now, wall = self.clock(), self.wall_clock()
-        while self._delayed and self._delayed[0][0] <= wall:
+        now = self.clock()
+        while self._delayed and self._delayed[0][0] <= now:
             _, _, eval_id = heapq.heappop(self._delayed)
             ev = self._evals.get(eval_id)
             if ev is not None and self._where.get(eval_id) == "delayed":
@@ -160,7 +165,7 @@ class EvalBroker:
                 self.nack(eval_id, out.token)
         waits = []
         if self._delayed:
-            waits.append((self._delayed[0][0] - wall) / 1e9)
+            waits.append(self._delayed[0][0] - now)
         if self._nack_wait:
             waits.append(self._nack_wait[0][0] - now)
         if self._unacked:

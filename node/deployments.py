@@ -99,8 +99,8 @@ class Decision:
         )
 
 
-def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | None) -> Decision:
-    """What to do with one active deployment at ``now`` (wall clock, ns)."""
+def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | None, skew: int = 0) -> Decision:
+    """What to do with one active deployment at ``now`` (the state's time, ns; ``skew`` ahead of the wall clock)."""
     out = Decision(dep.id, decided_on=dep.status)
     job = reader.job(dep.job_id)
     if job is None or job.stop:
@@ -113,7 +113,7 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     out.healthy = sum(s.healthy_allocs for s in states.values())
     if dep.status == DEPLOYMENT_PAUSED:
         return out  # frozen until resumed: no verdict, no next batch
-    if _fails_early(reader, dep, job):
+    if _fails_early(reader, dep, job, skew):
         return _fail(reader, dep, job, out, DESC_UNHEALTHY)
     waiting = {g: s for g, s in states.items() if s.awaits_promotion()}
     ready = {g for g, s in waiting.items() if healthy_canaries(reader, dep, g) >= s.desired_canaries}
@@ -138,7 +138,7 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     return out
 
 
-def _fails_early(reader: StateReader, dep: Deployment, job: Job) -> bool:
+def _fails_early(reader: StateReader, dep: Deployment, job: Job, skew: int) -> bool:
     """Whether an unhealthy alloc fails the rollout now rather than being replaced (Nomad's shouldFailEarly).
 
     Without a progress deadline the first unhealthy alloc decides. With one,
@@ -157,7 +157,7 @@ def _fails_early(reader: StateReader, dep: Deployment, job: Job) -> bool:
             continue
         if alloc.next_allocation or alloc.server_terminal():
             continue  # replaced already, or stopped by the scheduler
-        if not reschedule.eligible(reschedule.policy_for(job, group), alloc, reschedule.fail_time(alloc)):
+        if not reschedule.eligible(reschedule.policy_for(job, group), alloc, reschedule.fail_time(alloc, skew)):
             return True
     return False
 
@@ -204,12 +204,13 @@ def fail_by_user(reader: StateReader, dep: Deployment) -> Decision:
 
 def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Decision]:
     """Decisions for the active deployments among ``ids``."""
-    now = max(time.time_ns(), reader.last_time)
+    wall = time.time_ns()
+    now = max(wall, reader.last_time)
     out = []
     for dep_id in ids:
         dep = reader.deployment(dep_id)
         if dep is not None and dep.active():
-            out.append(decide(reader, dep, now, seen.get(dep_id)))
+            out.append(decide(reader, dep, now, seen.get(dep_id), now - wall))
     return out
 
 

@@ -199,7 +199,7 @@ class EvalWriter:
         extra: list[Evaluation] = []
         if status == EVAL_FAILED:
             # Nomad: a failed eval gets a delayed follow-up so the job is tried again later.
-            wait_until = time.time_ns() + int(self.followup_delay * SECOND)
+            wait_until = self.server.state_now() + int(self.followup_delay * SECOND)
             for ev in todo:
                 follow = Evaluation(
                     id=new_uuid(),
@@ -232,6 +232,7 @@ class Lifecycle:
             nack_timeout=cfg.eval_nack_timeout,
             nack_delay=cfg.eval_nack_delay,
             nack_delay_later=cfg.eval_nack_delay_later,
+            state_clock=server.state_now,
         )
         self.blocked = BlockedEvals()
         self.applier = PlanApplier(server)

@@ -163,7 +163,7 @@ def schedule_generic(
             limit, rollout = _limit(job, group, snap.allocs, dep), _rollout(job, group, dep, stale)
         plans[name] = reconcile_group(
             job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit,
-            rollout=rollout,
+            rollout=rollout, skew=snap.skew,
         )
 
     # Stops first: what they free is available to this plan's placements.

@@ -154,9 +154,9 @@ class GroupPlan:
 
 
 def _reschedule(plan: GroupPlan, policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id: str,
-                *, canary: bool = False) -> Placement | None:
+                *, canary: bool = False, skew: int = 0) -> Placement | None:
     """A failed alloc's replacement now; None while it waits (a follow-up eval at its time) or for good."""
-    decision = decide(policy, alloc, now, eval_id)
+    decision = decide(policy, alloc, now, eval_id, skew)
     if decision.decision == "now":
         return Placement(alloc.name, previous=alloc, reschedule=True, delay=decision.delay, canary=canary)
     if decision.decision == "later" and not alloc.followup_eval_id:
@@ -191,6 +191,7 @@ def reconcile_group(
     versions: dict[int, Job] | None = None,
     limit: int = UNLIMITED,
     rollout: Rollout | None = None,
+    skew: int = 0,
 ) -> GroupPlan:
     """What to do with one task group (``group`` is None when the job no longer has it)."""
     plan = GroupPlan(group_name)
@@ -215,7 +216,7 @@ def reconcile_group(
                 # An unpromoted canary: outside the count. A failed one of the rollout
                 # under way is rescheduled as a canary; an abandoned rollout's holds nothing.
                 if rollout.wanted and alloc.client_status == CLIENT_FAILED:
-                    again = _reschedule(plan, policy, alloc, now, eval_id, canary=True)
+                    again = _reschedule(plan, policy, alloc, now, eval_id, canary=True, skew=skew)
                     if again is None:
                         waiting_canaries.append(alloc)
                     else:
@@ -226,7 +227,7 @@ def reconcile_group(
                     held.append(alloc)
                 continue
             if alloc.client_status == CLIENT_FAILED:
-                again = _reschedule(plan, policy, alloc, now, eval_id)
+                again = _reschedule(plan, policy, alloc, now, eval_id, skew=skew)
                 if again is None:
                     held.append(alloc)
                 else:
@@ -250,7 +251,7 @@ def reconcile_group(
             continue
         if rollout.unhealthy(alloc) and not alloc.next_allocation:
             canary = rollout.wanted > 0 and rollout.beside(alloc, job)
-            again = _reschedule(plan, policy, alloc, now, eval_id, canary=canary)
+            again = _reschedule(plan, policy, alloc, now, eval_id, canary=canary, skew=skew)
             if again is not None:
                 plan.stop.append(Stop(alloc, STOP_RESCHEDULED))
                 (canary_replace if canary else replace).append(again)

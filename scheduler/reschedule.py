@@ -55,10 +55,11 @@ def policy_for(job: Job, group: TaskGroup) -> ReschedulePolicy | None:
     return group.reschedule_policy if group.reschedule_policy is not None else default_policy(job.type)
 
 
-def fail_time(alloc: Allocation) -> int:
-    """When the alloc failed: its tasks' latest finish time, else its last modify time."""
+def fail_time(alloc: Allocation, skew: int = 0) -> int:
+    """When the alloc failed, in the state's time: its tasks' latest finish time (a client's
+    wall clock, moved by ``skew``, how far the state's time runs ahead), else its modify time."""
     finished = [t.finished_at for t in alloc.task_states.values() if t.finished_at]
-    return max(finished) if finished else alloc.modify_time
+    return max(finished) + skew if finished else alloc.modify_time
 
 
 def _events(alloc: Allocation) -> list[RescheduleEvent]:
@@ -77,7 +78,7 @@ def eligible(policy: ReschedulePolicy | None, alloc: Allocation, failed_at: int)
     return attempted < policy.attempts
 
 
-def next_delay(policy: ReschedulePolicy, alloc: Allocation) -> int:
+def next_delay(policy: ReschedulePolicy, alloc: Allocation, skew: int = 0) -> int:
     events = _events(alloc)
     delay = policy.delay
     if not events:
@@ -93,7 +94,7 @@ def next_delay(policy: ReschedulePolicy, alloc: Allocation) -> int:
         return delay
     if policy.max_delay > 0 and delay > policy.max_delay:
         delay = policy.max_delay
-        if fail_time(alloc) - events[-1].reschedule_time > delay:
+        if fail_time(alloc, skew) - events[-1].reschedule_time > delay:
             delay = policy.delay
     return delay
 
@@ -105,13 +106,18 @@ class RescheduleDecision:
     delay: int = 0
 
 
-def decide(policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id: str) -> RescheduleDecision:
-    """Whether a failed alloc is replaced now, later (follow-up eval) or never."""
-    failed_at = fail_time(alloc)
+def decide(policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id: str, skew: int = 0) -> RescheduleDecision:
+    """Whether a failed alloc is replaced now, later (follow-up eval) or never.
+
+    ``now`` is the state's time. After a leader whose clock ran ahead, that time
+    stays ahead of the wall clock (the FSM's time never goes back) by ``skew``;
+    a client's finish time is moved by it, so a failure is as old as it really is.
+    """
+    failed_at = min(fail_time(alloc, skew), now)
     if not eligible(policy, alloc, failed_at):
         return RescheduleDecision("never")
     assert policy is not None
-    delay = next_delay(policy, alloc)
+    delay = next_delay(policy, alloc, skew)
     at = failed_at + delay
     if alloc.followup_eval_id and alloc.followup_eval_id == eval_id:
         return RescheduleDecision("now", at, delay)

@@ -29,6 +29,9 @@ class Snapshot:
     versions: dict[int, Job] = field(default_factory=dict)  # kept versions of the job
     # deployment id -> the canaries it placed in groups it never promoted
     unpromoted_canaries: dict[str, set[str]] = field(default_factory=dict)
+    # How far the state's time runs ahead of the wall clock (after a leader whose clock ran
+    # ahead): what a client's wall-clock stamp must be moved by to compare with ``now``.
+    skew: int = 0
 
 
 def scan_usage(reader: StateReader, node_id: str) -> Resources:
@@ -57,9 +60,11 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
     if job is not None:
         versions = {v.version: v for v in reader.job_versions(job.id)}
     deployments = reader.deployments_by_job(ev.job_id)  # read once: the latest, and every unpromoted canary
+    state_now = max(now, reader.last_time)
     return Snapshot(
         index=reader.applied_index,
-        now=max(now, reader.last_time),
+        now=state_now,
+        skew=state_now - now,
         eval=ev,
         job=job,
         allocs=reader.allocs_by_job(ev.job_id),

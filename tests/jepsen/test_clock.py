@@ -26,6 +26,7 @@ from jepsen_like.runner import (
 )
 from jepsen_like.testbed import Testbed
 from jepsen_like.workloads import _job
+from tests.conditions import wait_until
 from tests.jepsen.support import short_run
 
 pytestmark = pytest.mark.cluster
@@ -95,3 +96,44 @@ def test_a_clock_jump_right_after_the_leader_dies_waits_for_the_next_leader(cloc
         assert targets != [old] and clock_testbed.leader() in targets, what
     finally:
         undo()
+
+
+def test_a_reschedule_delay_after_a_leader_clock_jump_takes_the_delay_not_the_skew(clock_testbed: Testbed) -> None:
+    """A leader whose clock ran an hour ahead pins the state's time an hour forward (the FSM's
+    time never goes back). A running alloc reported unhealthy then has a modify time an hour
+    ahead of the restored clock; its rollout must replace it after its 5 s reschedule delay,
+    not after an hour (a campaign found such follow-up evals still pending at the end)."""
+    leader = clock_testbed.wait_for_leader(30.0)
+    clock_testbed.start_client_sim(1)
+    # The client never judges it healthy itself (Nomad's order: MinHealthyTime < HealthyDeadline <
+    # ProgressDeadline); the progress deadline outlasts the jump, which would otherwise fail the rollout.
+    update = {"MaxParallel": 1, "MinHealthyTime": 600 * 10**9, "HealthyDeadline": 700 * 10**9, "ProgressDeadline": 7200 * 10**9}
+    spec = {"ID": "sick", "Type": "service", "TaskGroups": [{
+        "Name": "g", "Count": 1, "Update": update,
+        "ReschedulePolicy": {"Delay": 5 * 10**9, "DelayFunction": "constant", "Unlimited": True},
+        "Tasks": [{"Name": "t", "Driver": "sim"}]}]}
+    with clock_testbed.client(leader, timeout=10.0) as client:
+        client.call("job.register", {"job": spec})
+        allocs = lambda: client.call("alloc.list", {"job_id": "sick"})["data"]  # noqa: E731
+        (first,) = wait_until(lambda: [a for a in allocs() if a["ClientStatus"] == "running"], 30, "the alloc running")
+        assert clock_testbed.set_clock_offset(leader, 3600 * 10**9)
+        submit_time(clock_testbed, leader, "pin")  # an entry stamped an hour ahead
+        assert clock_testbed.set_clock_offset(leader, 0)
+        health = {"Healthy": False, "Timestamp": time.time_ns()}
+        client.call("alloc.update", {"allocs": [{"ID": first["ID"], "ClientStatus": "running", "DeploymentStatus": health}]})
+        reported = time.monotonic()
+        wait_until(lambda: any(a["PreviousAllocation"] == first["ID"] for a in allocs()), 40,
+                   "the unhealthy alloc replaced after its 5 s delay (not the hour of skew)")
+        assert time.monotonic() - reported >= 4.0, "the delay itself was kept"
+        # A crash the client stamps with its own (wall) clock, an hour behind the state's time:
+        # its delay is neither skipped (the stamp looks an hour old) nor stretched.
+        crashy = {"ID": "crashy", "Type": "batch", "TaskGroups": [{
+            "Name": "g", "Count": 1, "Tasks": [{"Name": "t", "Driver": "sim", "Config": {"run_for": "200ms", "exit_code": 1}}],
+            "ReschedulePolicy": {"Attempts": 3, "Interval": 3 * 3600 * 10**9, "Delay": 5 * 10**9,
+                                 "DelayFunction": "constant", "Unlimited": False}}]}
+        client.call("job.register", {"job": crashy})
+        crashed = lambda: client.call("alloc.list", {"job_id": "crashy"})["data"]  # noqa: E731
+        wait_until(lambda: any(a["ClientStatus"] == "failed" for a in crashed()), 30, "the batch alloc crashed")
+        failed = time.monotonic()
+        wait_until(lambda: any(a["PreviousAllocation"] for a in crashed()), 40, "the crash rescheduled after its delay")
+    assert time.monotonic() - failed >= 3.5, "the crash's delay was kept, not skipped"

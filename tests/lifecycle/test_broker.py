@@ -27,7 +27,7 @@ def ev(eval_id: str, job: str = "j", *, priority: int = 50, index: int = 1, stat
 
 
 def broker(clock: Clock, **kw) -> EvalBroker:
-    return EvalBroker(clock=lambda: clock.mono, wall_clock=lambda: clock.wall, **kw)
+    return EvalBroker(clock=lambda: clock.mono, state_clock=lambda: clock.wall, **kw)
 
 
 def drain(b: EvalBroker) -> list[str]:
@@ -124,6 +124,21 @@ def test_wait_until_holds_an_eval_until_its_time() -> None:
     assert drain(b) == ["now"]
     assert b.counts()["Delayed"] == 1
     c.advance(5.1)
+    assert drain(b) == ["later"]
+
+
+def test_a_wait_is_measured_from_the_state_time_it_was_set_in_not_a_skewed_wall_clock() -> None:
+    """After a leader whose clock ran an hour ahead, the state's time is pinned an hour ahead of
+    this leader's wall clock: an eval to run 5 s after a failure recorded in that time is held 5 s
+    (of this server's monotonic clock), not an hour and 5 s."""
+    c = Clock()
+    pinned = c.wall + 3600 * 10**9  # the newest time the log recorded
+    b = EvalBroker(clock=lambda: c.mono, state_clock=lambda: max(c.wall, pinned))
+    b.enqueue(ev("later", wait_until=pinned + 5 * 10**9))
+    assert drain(b) == [] and b.counts()["Delayed"] == 1
+    c.advance(4.9)
+    assert drain(b) == []
+    c.advance(0.2)
     assert drain(b) == ["later"]
 
 

@@ -241,6 +241,25 @@ def test_failed_allocs_reschedule_now_later_or_never() -> None:
     assert [p.previous.id for p in gp.place if p.previous] == [later_alloc.id]
 
 
+def test_a_client_finish_time_is_moved_by_the_skew_of_the_states_time() -> None:
+    """After a leader whose clock ran an hour ahead, the state's time (the scheduler's ``now``)
+    stays an hour ahead of the wall clock. A task that a client saw finish 1 s ago (its wall
+    clock) failed 1 s ago in the state's time too: 4 s of its 5 s delay are left, neither none
+    (its raw stamp is an hour old) nor an hour more."""
+    policy = ReschedulePolicy(attempts=1, interval=HOUR, delay=5 * SECOND, delay_function="constant", unlimited=False)
+    j = job(type="batch", count=1, reschedule_policy=policy)
+    wall = NOW
+    crashed = _failed(j, 0, finished=wall - SECOND)
+    state_now = wall + HOUR
+    decision = rs.decide(policy, crashed, state_now, "e1", skew=state_now - wall)
+    assert (decision.decision, decision.at) == ("later", state_now + 4 * SECOND)
+    assert rs.decide(policy, crashed, state_now, "e1").decision == "now"  # unmoved, the delay would be lost
+    # Without a finish time the modify time is already in the state's time.
+    recorded = _failed(j, 0, finished=0)
+    recorded.modify_time = state_now
+    assert rs.decide(policy, recorded, state_now, "e1", skew=HOUR).at == state_now + 5 * SECOND
+
+
 def test_new_version_updates_destructively_up_to_the_limit_or_in_place() -> None:
     v0 = job(count=3, config={"v": 1})
     v1 = job(count=3, config={"v": 2}, version=1)

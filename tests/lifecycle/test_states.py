@@ -686,3 +686,21 @@ def test_in_flight_plans_count_until_the_snapshot_shows_them(h: Harness) -> None
     with h.reader() as r:
         _, free = check_plan(r, plan_b, cache, claims)
     assert free == {}
+
+
+def test_a_canary_reported_unhealthy_after_its_health_check_is_replaced_as_a_canary(h: Harness) -> None:
+    """A running canary whose checks fail after it was judged healthy (the rollout awaits promotion):
+    it no longer vouches for the version, and the rollout replaces it with a new canary."""
+    d1, canary = _canary_rollout(h)
+    _healthy(h, [canary])
+    _crash(h, canary, running=True)
+    refused = h.apply(m.DeploymentPromote(deployment_id=d1.id))
+    assert refused.code == "bad_request" and "0/1 healthy canaries" in refused.error, refused
+    ev = Evaluation(id="ev-sick", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, _followup(run_eval(h, ev)))
+    assert [(s.id, s.desired_description) for s in plan.stop] == [(canary, "alloc was rescheduled because it failed")]
+    (again,) = plan.place
+    assert again.deployment_status.canary and again.previous_allocation == canary and again.deployment_id == d1.id
+    _healthy(h, [again.id])
+    assert h.ok(m.DeploymentPromote(deployment_id=d1.id))["promoted"] == ["g"]
