@@ -188,28 +188,6 @@ class Workload:
     def step(self, lane: Lane, client: RPCClient, rng: random.Random) -> None:
         raise NotImplementedError
 
-    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
-        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
-
-        The rollout (it has a progress deadline) stops and replaces that alloc
-        after its reschedule delay, instead of failing; the job keeps running.
-        """
-        try:
-            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
-            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
-        except (RPCError, OSError):
-            return
-        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
-        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
-        if not running:
-            return
-        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
-        with self._lock:
-            self.resting[job_id] = time.monotonic() + 15.0
-        health = {"Healthy": False, "Timestamp": time.time_ns()}
-        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
-                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
-
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Reads after the faults are healed (default: none)."""
 
@@ -371,28 +349,6 @@ class SetWorkload(Workload):
             lane.complete(classify(err), {"error": error_text(err)})
             return
         lane.complete("ok")
-
-    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
-        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
-
-        The rollout (it has a progress deadline) stops and replaces that alloc
-        after its reschedule delay, instead of failing; the job keeps running.
-        """
-        try:
-            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
-            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
-        except (RPCError, OSError):
-            return
-        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
-        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
-        if not running:
-            return
-        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
-        with self._lock:
-            self.resting[job_id] = time.monotonic() + 15.0
-        health = {"Healthy": False, "Timestamp": time.time_ns()}
-        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
-                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         rng = random.Random(0)
@@ -768,28 +724,6 @@ class JournalWorkload(Workload):
             if not self.done.is_set():
                 self.done.wait(0.2)  # back off before resubscribing to a server that is down
         self._write({"t": ctx.clock.now(), "server": server, "kind": "end", "index": last})
-
-    def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
-        """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
-
-        The rollout (it has a progress deadline) stops and replaces that alloc
-        after its reschedule delay, instead of failing; the job keeps running.
-        """
-        try:
-            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
-            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
-        except (RPCError, OSError):
-            return
-        active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
-        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
-        if not running:
-            return
-        alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
-        with self._lock:
-            self.resting[job_id] = time.monotonic() + 15.0
-        health = {"Healthy": False, "Timestamp": time.time_ns()}
-        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
-                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Let every subscriber reach the index the cluster has applied, then stop them."""
