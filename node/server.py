@@ -448,13 +448,13 @@ class Server:
         leader = self.raft.leader_address
         return self.rpc_of_raft.get(leader) if leader else None
 
-    # -- auth ---------------------------------------------------------------------------
     def state_now(self) -> int:
         """Now, in the time the state's records use (ns): the wall clock, but never before the
         newest time the log recorded. A leader whose clock ran ahead pins the state's times
         forward; delays set in that time must not wait for the skew as well."""
         return max(time.time_ns(), self.fsm.last_time)
 
+    # -- auth ---------------------------------------------------------------------------
     async def local(self, fn: Callable[[StateReader], Any]) -> Any:
         """Run ``fn`` on this server's committed state, off the loop."""
 
