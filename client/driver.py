@@ -1,6 +1,6 @@
 """The ``sim`` task driver: what a simulated task does, from its ``Config``.
 
-``{"run_for": "2s", "exit_code": 0, "fail_rate": 0.0}``:
+``{"run_for": "2s", "exit_code": 0, "fail_rate": 0.0, "healthy": true, "unhealthy_rate": 0.0}``:
 
 - ``run_for`` (Go duration string, or nanoseconds as an integer): the task
   exits after that long. Without it the task runs until it is stopped.
@@ -8,6 +8,10 @@
 - ``fail_rate`` (0..1): the chance that the task fails anyway (for load
   tests). A task without ``run_for`` that draws a failure fails after
   ``fail_after`` (default a random 0.5-5 s).
+- ``healthy`` (default true): false means the task runs but its health
+  checks never pass, so an alloc of a deployment is reported unhealthy once
+  the group's ``healthy_deadline`` has passed, as Nomad's client reports it.
+- ``unhealthy_rate`` (0..1): the chance that a task's checks never pass.
 
 An allocation runs all its group's tasks: it completes when every task has
 exited successfully, fails as soon as one fails, and runs until stopped if
@@ -58,6 +62,8 @@ class TaskSpec:
     exit_code: int = 0
     fail_rate: float = 0.0
     fail_after: float | None = None
+    healthy: bool = True
+    unhealthy_rate: float = 0.0
 
 
 def task_spec(task: dict[str, Any]) -> TaskSpec:
@@ -73,24 +79,37 @@ def task_spec(task: dict[str, Any]) -> TaskSpec:
     exit_code = config.get("exit_code", 0)
     if not isinstance(exit_code, int) or isinstance(exit_code, bool):
         raise DriverError(f"task {name}: exit_code must be an integer")
-    fail_rate = config.get("fail_rate", 0.0)
-    if not isinstance(fail_rate, int | float) or isinstance(fail_rate, bool) or not 0 <= fail_rate <= 1:
-        raise DriverError(f"task {name}: fail_rate must be a number between 0 and 1")
+    fail_rate = _rate(config, "fail_rate", name)
     fail_after = parse_duration(config["fail_after"], f"task {name}: fail_after") if "fail_after" in config else None
-    return TaskSpec(name, run_for, exit_code, float(fail_rate), fail_after)
+    healthy = config.get("healthy", True)
+    if not isinstance(healthy, bool):
+        raise DriverError(f"task {name}: healthy must be true or false")
+    return TaskSpec(name, run_for, exit_code, fail_rate, fail_after, healthy, _rate(config, "unhealthy_rate", name))
+
+
+def _rate(config: dict[str, Any], key: str, task: str) -> float:
+    value = config.get(key, 0.0)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise DriverError(f"task {task}: {key} must be a number between 0 and 1")
+    return float(value)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How an allocation's run ends: after ``after`` seconds (None: never), failed or not."""
+    """How an allocation's run ends: after ``after`` seconds (None: never), failed or not.
+
+    ``healthy`` is false when some task's health checks never pass.
+    """
 
     after: float | None
     failed: bool
     description: str
+    healthy: bool = True
 
 
 def plan_run(tasks: list[TaskSpec], rng: random.Random) -> Outcome:
-    """Decide up front when and how a simulated allocation ends."""
+    """Decide up front when and how a simulated allocation ends, and whether its checks pass."""
+    healthy = all(t.healthy and not (t.unhealthy_rate and rng.random() < t.unhealthy_rate) for t in tasks)
     ends: list[tuple[float | None, bool, str]] = []
     for t in tasks:
         if t.fail_rate and rng.random() < t.fail_rate:
@@ -104,7 +123,7 @@ def plan_run(tasks: list[TaskSpec], rng: random.Random) -> Outcome:
     failures = [e for e in ends if e[1]]
     if failures:
         after, _, why = min(failures, key=lambda e: e[0] if e[0] is not None else float("inf"))
-        return Outcome(after, True, why)
+        return Outcome(after, True, why, healthy)
     if any(e[0] is None for e in ends) or not ends:
-        return Outcome(None, False, "")
-    return Outcome(max(e[0] for e in ends if e[0] is not None), False, "all tasks exited successfully")
+        return Outcome(None, False, "", healthy)
+    return Outcome(max(e[0] for e in ends if e[0] is not None), False, "all tasks exited successfully", healthy)

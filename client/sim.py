@@ -14,7 +14,8 @@ clients would:
   config; reports ``running``, then ``complete``/``failed``; stops a task
   when the server stops its alloc; for allocs of a deployment it reports
   health once the task has run for the group's ``min_healthy_time``
-  (unhealthy if it fails first), as Nomad's client does;
+  (unhealthy if it fails first, or once ``healthy_deadline`` passes when its
+  task's checks never pass), as Nomad's client does;
 - batches status changes into ``alloc.update`` calls (every
   ``report_interval``, at most ``REPORT_BATCH`` allocs per call).
 
@@ -43,7 +44,8 @@ from node.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
 from node.rpc_client import AsyncRPCClient
 
 REPORT_BATCH = 200
-DEFAULT_MIN_HEALTHY = 10.0  # Nomad's default update.min_healthy_time, for service groups without one
+# Nomad's update defaults (seconds), for service groups without an update block.
+UPDATE_DEFAULTS = {"MinHealthyTime": 10.0, "HealthyDeadline": 300.0}
 RPC_TIMEOUT = 15.0
 STREAM_HEARTBEAT = 5.0
 TERMINAL = ("complete", "failed", "lost")
@@ -393,7 +395,7 @@ class SimClient:
             names = [t.name for t in tasks]
             self._report(run, "running", "", {n: {"State": "running", "StartedAt": now_ns} for n in names})
             self.say(f"alloc {run.alloc_id[:8]} running on {self.nodes[run.node_id].name}")
-            health = asyncio.create_task(self._health(run, job, group))
+            health = asyncio.create_task(self._health(run, job, group, outcome.healthy))
             try:
                 if outcome.after is None:
                     await asyncio.Event().wait()  # until stopped
@@ -422,21 +424,23 @@ class SimClient:
             self.done.add(run.alloc_id)
             self.runs.pop(run.alloc_id, None)
 
-    async def _health(self, run: Run, job: dict[str, Any], group: dict[str, Any]) -> None:
-        """Report the alloc healthy once it ran ``min_healthy_time`` in its deployment (service allocs only).
+    async def _health(self, run: Run, job: dict[str, Any], group: dict[str, Any], healthy: bool) -> None:
+        """Report the alloc's health in its deployment (service allocs only).
 
-        Again after an in-place update moves it into a new deployment, with
-        that version's ``min_healthy_time``.
+        Healthy once it ran ``min_healthy_time``; unhealthy when its checks
+        never pass and ``healthy_deadline`` has gone by, as Nomad's client
+        judges it. Again after an in-place update moves it into a new
+        deployment, with that version's times.
         """
         while True:
             if job.get("Type") != "service":
                 return
-            wait = _min_healthy(group)
+            wait = _update_time(group, "MinHealthyTime" if healthy else "HealthyDeadline")
             while (left := wait - (time.monotonic() - max(run.started, run.joined))) > 0:
                 await asyncio.sleep(left)
             if run.deployment_id and run.healthy_reported != run.deployment_id:
                 run.healthy_reported = run.deployment_id
-                self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": True, "Timestamp": time.time_ns()}})
+                self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": healthy, "Timestamp": time.time_ns()}})
             run.moved.clear()
             await run.moved.wait()
             try:
@@ -481,10 +485,10 @@ class SimClient:
                 return
 
 
-def _min_healthy(group: dict[str, Any]) -> float:
-    """The group's ``update.min_healthy_time`` in seconds (Nomad's default without one)."""
-    min_healthy = (group.get("Update") or {}).get("MinHealthyTime")
-    return DEFAULT_MIN_HEALTHY if min_healthy is None else float(min_healthy) / 1e9
+def _update_time(group: dict[str, Any], key: str) -> float:
+    """The group's ``update`` duration ``key`` in seconds (Nomad's default without one)."""
+    value = (group.get("Update") or {}).get(key)
+    return UPDATE_DEFAULTS[key] if value is None else float(value) / 1e9
 
 
 def load_nodes(path: str) -> list[SimNode]:

@@ -386,13 +386,16 @@ def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = Tr
 
     Each ``release`` changes the task's config, so the allocs are replaced
     through one canary first (promoted by ``auto_promote`` or by the workload).
+    One alloc in twenty never passes its health checks, so the client itself
+    reports it unhealthy at ``HealthyDeadline`` and its rollout replaces it.
     """
     spec = _job(job_id, {})
-    update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "Canary": 1, "AutoPromote": auto_promote}
+    update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "HealthyDeadline": 3_000_000_000, "Canary": 1,
+              "AutoPromote": auto_promote}
     # An alloc its rollout finds unhealthy is replaced within the run (Nomad's shortest delay).
     reschedule = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
     spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "ReschedulePolicy": reschedule, "Tasks": [
-        {"Name": "t", "Driver": "sim", "Config": {"release": release}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
+        {"Name": "t", "Driver": "sim", "Config": {"release": release, "unhealthy_rate": 0.05}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
     return spec
 
 

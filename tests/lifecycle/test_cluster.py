@@ -146,6 +146,38 @@ def test_a_failing_version_with_auto_revert_rolls_back_to_the_last_stable_one(li
     env.call("job.stop", {"job_id": "back"})
 
 
+def test_a_version_whose_checks_never_pass_is_replaced_then_rolled_back(lifecycle_env: Env) -> None:
+    """The client's own health verdict end to end: a task whose checks never pass keeps running,
+    the client reports it unhealthy at healthy_deadline, the rollout replaces it once (its
+    reschedule attempts), and when the replacement is unhealthy too, it fails and auto-reverts."""
+    env = lifecycle_env
+    update = {"MaxParallel": 1, "MinHealthyTime": 200_000_000, "HealthyDeadline": 1_000_000_000,
+              "ProgressDeadline": 60_000_000_000, "AutoRevert": True}
+    once = {"Attempts": 1, "Interval": 3_600_000_000_000, "Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": False}
+
+    def spec_with(config: dict[str, Any]) -> dict[str, Any]:
+        body = spec("checks", count=1, config=config, update=update)
+        body["Job"]["TaskGroups"][0]["ReschedulePolicy"] = once
+        return body
+
+    env.call("job.register", {"job": spec_with({"v": 0})})
+    wait_until(lambda: (deployment_of(env, "checks", 0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    env.call("job.register", {"job": spec_with({"v": 1, "healthy": False})})
+    failed = wait_until(lambda: (d := deployment_of(env, "checks", 1)) and d["Status"] == "failed" and d, 60,
+                        "the unhealthy version's rollout failed")
+    assert failed["StatusDescription"] == "Failed due to unhealthy allocations - rolling back to job version 0", failed
+    v1 = [a for a in allocs(env, "checks") if a["JobVersion"] == 1]
+    first = next(a for a in v1 if a["PreviousAllocation"] not in {b["ID"] for b in v1})  # the v0 alloc's replacement
+    assert first["DesiredDescription"] == "alloc was rescheduled because it failed", first
+    assert any(a["PreviousAllocation"] == first["ID"] and a["DeploymentID"] == failed["ID"] for a in v1), v1
+    assert all(a["ClientStatus"] != "failed" for a in v1), "unhealthy, not crashed"
+    back = wait_until(lambda: (d := deployment_of(env, "checks", 2)) and d["Status"] == "successful" and d, 60,
+                      "the rollback's rollout succeeded")
+    rows = live(allocs(env, "checks"))
+    assert len(rows) == 1 and rows[0]["JobVersion"] == 2 and rows[0]["DeploymentID"] == back["ID"], rows
+    env.call("job.stop", {"job_id": "checks"})
+
+
 def test_a_running_alloc_reported_unhealthy_is_replaced_within_its_rollout(lifecycle_env: Env) -> None:
     """Nomad's allowReplacements: a health report of "unhealthy" for a running alloc (a client's
     failed checks) makes the leader evaluate the job, and the rollout, which has a progress

@@ -28,6 +28,7 @@ class ScriptedServer:
         self.streams = streams
         self.lists = lists
         self.updates: list[dict[str, Any]] = []
+        self.job: dict[str, Any] = JOB
 
     async def call(self, method: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         if method == "node.register":
@@ -35,7 +36,7 @@ class ScriptedServer:
         if method == "node.heartbeat":
             return {"HeartbeatTTL": 10.0}
         if method == "job.get":
-            return {"data": JOB}
+            return {"data": self.job}
         if method == "alloc.update":
             self.updates.extend(args["allocs"])
             return {}
@@ -125,5 +126,33 @@ def test_an_alloc_stopped_before_it_ran_here_is_acknowledged() -> None:
         async with _running(sim):
             await _until(_reported(server, "a2", "complete"), "the stop acknowledged")
             assert sim.stats.started == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("healthy", [True, False])
+def test_an_alloc_is_reported_healthy_after_min_healthy_time_or_unhealthy_after_healthy_deadline(healthy: bool) -> None:
+    """A task whose checks never pass (``"healthy": false``) stays running and is reported
+    unhealthy once the group's healthy_deadline has gone by, as Nomad's client reports it."""
+    async def scenario() -> None:
+        server = ScriptedServer([], [])
+        server.job = {**JOB, "TaskGroups": [{
+            "Name": "g", "Update": {"MinHealthyTime": 50_000_000, "HealthyDeadline": 400_000_000},
+            "Tasks": [{"Name": "t", "Driver": "sim", "Config": {"healthy": healthy}}]}]}
+        sim = _sim(server)
+        node_id = next(iter(sim.nodes))
+        alloc = {"ID": "a3", "NodeID": node_id, "JobID": "j", "JobVersion": 0, "TaskGroup": "g",
+                 "DeploymentID": "d1", "DesiredStatus": "run", "ClientStatus": "pending"}
+        server.streams = [RPCError(RESET_REQUIRED, "the journal moved past index 3")]
+        server.lists = [{"data": [alloc], "index": 9}]
+        loop = asyncio.get_running_loop()
+        async with _running(sim):
+            start = loop.time()
+            health = lambda: [u["DeploymentStatus"] for u in server.updates if "DeploymentStatus" in u]  # noqa: E731
+            await _until(health, "the alloc's health reported")
+            took = loop.time() - start
+            assert [h["Healthy"] for h in health()] == [healthy]
+            assert took >= (0.05 if healthy else 0.4)
+            assert all(u["ClientStatus"] == "running" for u in server.updates), server.updates
 
     asyncio.run(scenario())
