@@ -387,12 +387,14 @@ def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = Tr
     Each ``release`` changes the task's config, so the allocs are replaced
     through one canary first (promoted by ``auto_promote`` or by the workload).
     One alloc in twenty never passes its health checks, so the client itself
-    reports it unhealthy at ``HealthyDeadline`` and its rollout replaces it.
+    reports it unhealthy at ``HealthyDeadline``; its rollout then replaces
+    nothing more and fails at its progress deadline, unless a newer version
+    comes first.
     """
     spec = _job(job_id, {})
-    update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "HealthyDeadline": 3_000_000_000, "Canary": 1,
-              "AutoPromote": auto_promote}
-    # An alloc its rollout finds unhealthy is replaced within the run (Nomad's shortest delay).
+    update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "HealthyDeadline": 3_000_000_000,
+              "ProgressDeadline": 10_000_000_000, "Canary": 1, "AutoPromote": auto_promote}
+    # An alloc that crashes in a rollout is replaced within the run (Nomad's shortest delay).
     reschedule = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
     spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "ReschedulePolicy": reschedule, "Tasks": [
         {"Name": "t", "Driver": "sim", "Config": {"release": release, "unhealthy_rate": 0.05}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
@@ -574,8 +576,9 @@ class LifecycleWorkload(Workload):
     def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
         """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
 
-        The rollout (it has a progress deadline) stops and replaces that alloc
-        after its reschedule delay, instead of failing; the job keeps running.
+        As in Nomad the alloc keeps running and is not replaced; its rollout
+        replaces nothing more and fails at its progress deadline. The job is
+        not rescaled meanwhile, so the deadline is reached.
         """
         try:
             deployments = client.call("deployment.list", {"job_id": job_id})["data"]

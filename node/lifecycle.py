@@ -48,8 +48,6 @@ from fsm.store import StateReader
 from fsm.structs import (
     CLIENT_COMPLETE,
     CLIENT_FAILED,
-    CLIENT_PENDING,
-    CLIENT_RUNNING,
     DESIRED_RUN,
     EVAL_BLOCKED,
     EVAL_CANCELED,
@@ -104,15 +102,12 @@ def current(server: Server) -> Lifecycle | None:
 
 
 def _needs_rescheduling(alloc: dict[str, Any]) -> bool:
-    """A wanted alloc (wire map) that failed, or that its rollout found unhealthy, not yet replaced
-    or waiting for a follow-up eval: the scheduler must see it (a rollout with a progress deadline
-    replaces an unhealthy alloc even while it runs, as Nomad's deployment watcher asks)."""
-    if alloc.get("next_allocation") or alloc.get("followup_eval_id"):
-        return False
-    if alloc["client_status"] == CLIENT_FAILED:
-        return True
-    health = alloc.get("deployment_status") or {}
-    return alloc["client_status"] in (CLIENT_PENDING, CLIENT_RUNNING) and health.get("healthy") is False
+    """A wanted alloc (wire map) that failed, not yet replaced or waiting for a follow-up eval.
+
+    Only failed allocs are rescheduled, as in Nomad: a running alloc whose
+    checks fail stays, and its rollout's progress deadline decides.
+    """
+    return alloc["client_status"] == CLIENT_FAILED and not alloc.get("next_allocation") and not alloc.get("followup_eval_id")
 
 
 @dataclass

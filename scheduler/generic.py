@@ -105,7 +105,7 @@ def _stale_canaries(snap: Snapshot, dep: Deployment | None) -> frozenset[str]:
 
 
 def _rollout(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozenset[str]) -> Rollout:
-    """The group's rollout as reconcile sees it: its canary phase, and whether it replaces unhealthy allocs."""
+    """The group's rollout as reconcile sees it: its canary phase, and the active rollout's id."""
     strategy = update_strategy(job, group)
     if dep is None:
         # A new version's rollout starts with canaries if it replaces anything destructively.
@@ -113,16 +113,14 @@ def _rollout(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozense
     state = dep.task_groups.get(group.name)
     if state is None:
         return Rollout(stale=stale)
-    # As Nomad: with a progress deadline an unhealthy alloc is replaced, and the deadline
-    # (not the first failure) decides the rollout; without one the watcher fails it.
-    replaces = dep.id if dep.active() and state.progress_deadline else ""
+    active = dep.id if dep.active() else ""
     if not state.desired_canaries:
-        return Rollout(stale=stale, replaces_unhealthy=replaces)
+        return Rollout(stale=stale, active=active)
     if state.promoted:
-        return Rollout(promoted=True, stale=stale, replaces_unhealthy=replaces)
+        return Rollout(promoted=True, stale=stale, active=active)
     if not dep.active() and dep.status != "successful":
         return Rollout(abandoned=True, stale=stale)
-    return Rollout(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale, replaces_unhealthy=replaces)
+    return Rollout(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale, active=active)
 
 
 def schedule(

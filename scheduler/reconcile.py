@@ -28,10 +28,12 @@ Classification of each alloc of the group:
   took is stopped. A rollout that fails unpromoted stops its canaries. A
   failed canary is rescheduled by the group's policy as a canary (it keeps
   its canary slot while it waits).
-- unhealthy allocs of an active rollout whose group has a progress deadline
-  are rescheduled by the policy even while still running (Nomad's
-  ``allowReplacements``): the rollout goes on with their replacements, and
-  its progress deadline bounds how long that may take.
+- the rollout's budget (Nomad's computeUnderProvisionedBy): placements take
+  ``max_parallel`` slots first, and while any alloc the active rollout
+  placed is unhealthy (running with failed checks, or failed and waiting
+  for its reschedule delay), nothing more is replaced. A running unhealthy
+  alloc is not rescheduled (only failed and lost ones are, as in Nomad):
+  the rollout stalls until its progress deadline decides.
 """
 
 from __future__ import annotations
@@ -66,7 +68,6 @@ STOP_UPDATE = "alloc is being updated due to job update"
 STOP_CANARY_REPLACED = "alloc not needed as it was replaced by a promoted canary"
 STOP_CANARY_FAILED = "alloc not needed as its deployment failed before promotion"
 STOP_CANARY_STALE = "alloc not needed as it is a canary of a replaced deployment"
-STOP_RESCHEDULED = "alloc was rescheduled because it failed"
 
 # Group fields whose change is not destructive (Nomad updates these in place).
 _INPLACE_FIELDS = ("count", "update", "reschedule_policy")
@@ -101,23 +102,16 @@ class Rollout:
     abandoned: bool = False  # the rollout ended unpromoted: its canaries go
     paused: bool = False  # the rollout is paused: no canary is placed
     stale: frozenset[str] = frozenset()  # unpromoted canaries of older rollouts: they go (as Nomad)
-    # The active rollout, if its group has a progress deadline: the allocs it saw turn
-    # unhealthy are rescheduled, running or not (Nomad's allowReplacements).
-    replaces_unhealthy: str = ""
+    active: str = ""  # the id of the rollout under way, if one is
 
     def beside(self, alloc: Allocation, job: Job) -> bool:
         """An unpromoted canary of the current version: outside the group's count."""
         return not self.promoted and is_canary(alloc, job)
 
-    def unhealthy(self, alloc: Allocation) -> bool:
-        """A live alloc this rollout reported unhealthy, to be rescheduled."""
+    def stalled_by(self, alloc: Allocation) -> bool:
+        """An alloc the rollout under way placed and found unhealthy: nothing more is replaced."""
         health = alloc.deployment_status
-        return (
-            bool(self.replaces_unhealthy)
-            and alloc.deployment_id == self.replaces_unhealthy
-            and health is not None
-            and health.healthy is False
-        )
+        return bool(self.active) and alloc.deployment_id == self.active and health is not None and health.healthy is False
 
 
 def is_canary(alloc: Allocation, job: Job) -> bool:
@@ -249,13 +243,6 @@ def reconcile_group(
             plan.stop.append(Stop(alloc, STOP_MIGRATE))
             replace.append(Placement(alloc.name, previous=alloc))
             continue
-        if rollout.unhealthy(alloc) and not alloc.next_allocation:
-            canary = rollout.wanted > 0 and rollout.beside(alloc, job)
-            again = _reschedule(plan, policy, alloc, now, eval_id, canary=canary, skew=skew)
-            if again is not None:
-                plan.stop.append(Stop(alloc, STOP_RESCHEDULED))
-                (canary_replace if canary else replace).append(again)
-                continue
         live.append(alloc)
     if stopped or job is None or group is None:
         return plan
@@ -333,6 +320,11 @@ def reconcile_group(
         for name in names[: max(0, rollout.wanted - standing)]:
             plan.place.append(Placement(name, canary=True))
         limit = 0  # nothing is replaced before promotion
+    # Nomad's budget: what this plan places takes max_parallel slots first, and an
+    # unhealthy alloc of the rollout under way stops it (its progress deadline decides).
+    if any(rollout.stalled_by(a) for a in live + held):
+        limit = 0
+    limit -= sum(1 for p in plan.place if not p.canary)
     allowed = max(0, min(limit, len(destructive)))
     for alloc in destructive[:allowed]:
         plan.stop.append(Stop(alloc, STOP_UPDATE))

@@ -100,8 +100,8 @@ def test_a_clock_jump_right_after_the_leader_dies_waits_for_the_next_leader(cloc
 
 def test_a_reschedule_delay_after_a_leader_clock_jump_takes_the_delay_not_the_skew(clock_testbed: Testbed) -> None:
     """A leader whose clock ran an hour ahead pins the state's time an hour forward (the FSM's
-    time never goes back). A running alloc reported unhealthy then has a modify time an hour
-    ahead of the restored clock; its rollout must replace it after its 5 s reschedule delay,
+    time never goes back). An alloc reported failed without task times then has a modify time
+    an hour ahead of the restored clock; it must be replaced after its 5 s reschedule delay,
     not after an hour (a campaign found such follow-up evals still pending at the end)."""
     leader = clock_testbed.wait_for_leader(30.0)
     clock_testbed.start_client_sim(1)
@@ -120,10 +120,10 @@ def test_a_reschedule_delay_after_a_leader_clock_jump_takes_the_delay_not_the_sk
         submit_time(clock_testbed, leader, "pin")  # an entry stamped an hour ahead
         assert clock_testbed.set_clock_offset(leader, 0)
         health = {"Healthy": False, "Timestamp": time.time_ns()}
-        client.call("alloc.update", {"allocs": [{"ID": first["ID"], "ClientStatus": "running", "DeploymentStatus": health}]})
+        client.call("alloc.update", {"allocs": [{"ID": first["ID"], "ClientStatus": "failed", "DeploymentStatus": health}]})
         reported = time.monotonic()
         wait_until(lambda: any(a["PreviousAllocation"] == first["ID"] for a in allocs()), 40,
-                   "the unhealthy alloc replaced after its 5 s delay (not the hour of skew)")
+                   "the failed alloc replaced after its 5 s delay (not the hour of skew)")
         assert time.monotonic() - reported >= 4.0, "the delay itself was kept"
         # A crash the client stamps with its own (wall) clock, an hour behind the state's time:
         # its delay is neither skipped (the stamp looks an hour old) nor stretched.

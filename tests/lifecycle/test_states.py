@@ -485,26 +485,73 @@ def test_with_a_progress_deadline_an_unhealthy_alloc_is_replaced_until_its_attem
     assert (failed.status, failed.description) == ("failed", "Failed due to unhealthy allocations")
 
 
-def test_a_running_alloc_reported_unhealthy_is_stopped_and_replaced_in_its_rollout(h: Harness) -> None:
-    """Nomad's allowReplacements: a live alloc that failed its health check is rescheduled; the
-    rollout succeeds once the replacement is healthy."""
-    h.ok(m.NodeRegister(node=node("n")))
+def _stops(plan: Any) -> list[str]:
+    """The ids of the allocs a plan stops (not the follow-up marks it sets on waiting ones)."""
+    return [s.id for s in plan.stop if s.desired_status != "run"]
+
+
+def _roll_v1(h: Harness, count: int, *, count_v1: int | None = None, policy: ReschedulePolicy | None = None) -> Any:
+    """Service job "u" at v0 with ``count`` healthy allocs, then v1 (a destructive change,
+    max_parallel 1, a 10 min progress deadline) registered; v1's deployment and first plan."""
+    for i in range(3):
+        h.ok(m.NodeRegister(node=node(f"n{i}")))
     update = UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE)
-    run_eval(h, register(h, job("u", count=1, update=update)))  # the default policy: unlimited, 30 s on
+    run_eval(h, register(h, job("u", count=count, update=update, config={"v": 0}, reschedule_policy=policy)))
+    _healthy(h, [a.id for a in live(h, "u")])
+    plan = run_eval(h, register(h, job("u", count=count_v1 or count, update=update, config={"v": 1}, reschedule_policy=policy)))
     with h.reader() as r:
-        (dep,) = r.deployments_by_job("u")
-        (first,) = r.alloc_ids_by_job("u")
-    _crash(h, first, running=True)
+        return r.latest_deployment("u"), plan
+
+
+def test_a_running_alloc_reported_unhealthy_stalls_its_rollout_until_the_progress_deadline(h: Harness) -> None:
+    """Nomad: only failed allocs are rescheduled. An alloc that runs but fails its checks stays,
+    nothing more of the rollout is replaced while it is unhealthy (computeUnderProvisionedBy),
+    and the progress deadline fails the rollout."""
+    dep, first = _roll_v1(h, 2)
+    assert len(first.stop) == 1 and len(first.place) == 1  # max_parallel 1
+    (new,) = first.place
+    _crash(h, new.id, running=True)
     ev = Evaluation(id="ev-unhealthy", job_id="u", type="service", status="pending")
     h.ok(m.EvalUpsert(evals=[ev]))
-    plan = run_eval(h, _followup(run_eval(h, ev)))  # it keeps running until its delay has passed
-    assert [(s.id, s.desired_description) for s in plan.stop] == [(first, "alloc was rescheduled because it failed")]
-    (second,) = plan.place
-    assert (second.previous_allocation, second.deployment_id) == (first, dep.id)
-    assert [a.id for a in live(h, "u")] == [second.id]
-    _healthy(h, [second.id])
+    plan = run_eval(h, ev)
+    assert (plan.place, _stops(plan), [e for e in plan.evals if e.triggered_by == "alloc-failure"]) == ([], [], [])
+    assert sorted(a.job_version for a in live(h, "u")) == [0, 1]  # the other old alloc keeps running
     with h.reader() as r:
-        assert decide(r, r.deployment(dep.id), h.time, 0).status == "successful"
+        assert decide(r, r.deployment(dep.id), h.time, 0).status == ""  # attempts left: the deadline decides
+        late = decide(r, r.deployment(dep.id), h.time + 11 * MINUTE, 0)
+    assert (late.status, late.description) == ("failed", "Failed due to progress deadline")
+
+
+def test_a_failed_alloc_waiting_for_its_delay_stalls_its_rollout(h: Harness) -> None:
+    """Nomad: the failed alloc waits in the group (untainted) for its reschedule delay, unhealthy,
+    so no other old alloc is replaced meanwhile; its replacement then takes the max_parallel slot."""
+    dep, first = _roll_v1(h, 2)
+    (new,) = first.place
+    _crash(h, new.id)
+    ev = Evaluation(id="ev-crash", job_id="u", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert (plan.place, _stops(plan)) == ([], [])
+    again = run_eval(h, _followup(plan))
+    (second,) = again.place
+    assert second.previous_allocation == new.id and _stops(again) == []  # still one at a time
+    _healthy(h, [second.id])
+    ev2 = Evaluation(id="ev-next", job_id="u", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev2]))
+    assert len(_stops(run_eval(h, ev2))) == 1  # the healthy replacement lets the rollout go on
+
+
+def test_new_placements_take_max_parallel_slots_before_destructive_updates(h: Harness) -> None:
+    """Nomad: scaling 1 -> 3 with a destructive change places the two new allocs first; with
+    max_parallel 1 the old alloc is replaced only once they are healthy."""
+    dep, first = _roll_v1(h, 1, count_v1=3)
+    (old,) = [a.id for a in live(h, "u") if a.job_version == 0]
+    assert len(first.place) == 2 and _stops(first) == [] and all(p.job_version == 1 for p in first.place)
+    _healthy(h, [p.id for p in first.place])
+    ev = Evaluation(id="ev-next", job_id="u", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert _stops(plan) == [old] and len(plan.place) == 1
 
 
 def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replaces(h: Harness) -> None:
@@ -688,19 +735,19 @@ def test_in_flight_plans_count_until_the_snapshot_shows_them(h: Harness) -> None
     assert free == {}
 
 
-def test_a_canary_reported_unhealthy_after_its_health_check_is_replaced_as_a_canary(h: Harness) -> None:
-    """A running canary whose checks fail after it was judged healthy (the rollout awaits promotion):
-    it no longer vouches for the version, and the rollout replaces it with a new canary."""
-    d1, canary = _canary_rollout(h)
+def test_a_canary_reported_unhealthy_after_its_health_check_blocks_promotion_until_the_deadline(h: Harness) -> None:
+    """A running canary whose checks fail after it was judged healthy no longer vouches for the
+    version: promotion is refused, it is not rescheduled (it did not fail, as in Nomad), and the
+    rollout, no longer waiting on an operator, fails at its progress deadline."""
+    d1, canary = _canary_rollout(h, progress_deadline=10 * MINUTE)
     _healthy(h, [canary])
     _crash(h, canary, running=True)
     refused = h.apply(m.DeploymentPromote(deployment_id=d1.id))
     assert refused.code == "bad_request" and "0/1 healthy canaries" in refused.error, refused
     ev = Evaluation(id="ev-sick", job_id="c", type="service", status="pending")
     h.ok(m.EvalUpsert(evals=[ev]))
-    plan = run_eval(h, _followup(run_eval(h, ev)))
-    assert [(s.id, s.desired_description) for s in plan.stop] == [(canary, "alloc was rescheduled because it failed")]
-    (again,) = plan.place
-    assert again.deployment_status.canary and again.previous_allocation == canary and again.deployment_id == d1.id
-    _healthy(h, [again.id])
-    assert h.ok(m.DeploymentPromote(deployment_id=d1.id))["promoted"] == ["g"]
+    plan = run_eval(h, ev)
+    assert (plan.place, _stops(plan), [e for e in plan.evals if e.triggered_by == "alloc-failure"]) == ([], [], [])
+    with h.reader() as r:
+        late = decide(r, r.deployment(d1.id), h.time + 11 * MINUTE, 0)
+    assert (late.status, late.description) == ("failed", "Failed due to progress deadline")
