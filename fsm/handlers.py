@@ -23,6 +23,7 @@ from fsm.store import META_ACL_BOOTSTRAP, StateReader
 from fsm.structs import (
     CLIENT_PENDING,
     CLIENT_TERMINAL,
+    DEPLOYMENT_DESC_RUNNING,
     DEPLOYMENT_PAUSED,
     DEPLOYMENT_RUNNING,
     DEPLOYMENT_SUCCESSFUL,
@@ -665,6 +666,11 @@ def deployment_promote(w: StateWriter, msg: m.DeploymentPromote) -> dict[str, An
             raise bad(f"deployment {dep.id}: task group {group!r} has {healthy}/{state.desired_canaries} healthy canaries; "
                       "promote once every canary is healthy")
         state.promoted = True
+        if state.progress_deadline:
+            # As Nomad: the rest of the rollout gets a whole deadline from the promotion,
+            # however long the healthy canaries waited for it.
+            state.require_progress_by = w.now + state.progress_deadline
+    dep.status_description = DEPLOYMENT_DESC_RUNNING  # no longer awaiting promotion
     w.put_deployment(dep, old, "DeploymentPromotion")
     return {"deployment_id": dep.id, "promoted": chosen, "eval_ids": _upsert_evals(w, [msg.eval] if msg.eval else [])}
 

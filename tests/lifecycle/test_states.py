@@ -751,3 +751,25 @@ def test_a_canary_reported_unhealthy_after_its_health_check_blocks_promotion_unt
     with h.reader() as r:
         late = decide(r, r.deployment(d1.id), h.time + 11 * MINUTE, 0)
     assert (late.status, late.description) == ("failed", "Failed due to progress deadline")
+
+
+def test_a_promotion_gives_the_rest_of_the_rollout_a_whole_progress_deadline(h: Harness) -> None:
+    """Nomad's UpdateDeploymentPromotion: healthy canaries may wait for an operator as long as
+    it takes; the promotion restarts the deadline, so a late one does not fail the rollout (and
+    auto-revert a good version) at once. It also clears "requires manual promotion"."""
+    d1, canary = _canary_rollout(h, progress_deadline=10 * MINUTE)
+    _healthy(h, [canary])
+    with h.reader() as r:
+        waiting = decide(r, r.deployment(d1.id), h.time, 0)
+    _decided(h, waiting)
+    with h.reader() as r:
+        assert r.deployment(d1.id).status_description == "Deployment is running but requires manual promotion"
+    h.time += 30 * MINUTE
+    h.ok(m.DeploymentPromote(deployment_id=d1.id))
+    with h.reader() as r:
+        dep = r.deployment(d1.id)
+        assert dep.task_groups["g"].require_progress_by == h.time + 10 * MINUTE
+        assert dep.status_description == "Deployment is running"
+        assert decide(r, dep, h.time + MINUTE, 0).status == ""
+        late = decide(r, dep, h.time + 11 * MINUTE, 0)
+    assert (late.status, late.description) == ("failed", "Failed due to progress deadline")
