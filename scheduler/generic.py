@@ -114,12 +114,13 @@ def _rollout(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozense
     if state is None:
         return Rollout(stale=stale)
     active = dep.id if dep.active() else ""
+    paused, failed = dep.status == "paused", dep.id if dep.status == "failed" else ""
     if not state.desired_canaries:
-        return Rollout(stale=stale, active=active)
+        return Rollout(stale=stale, active=active, paused=paused, failed=failed)
     if state.promoted:
-        return Rollout(promoted=True, stale=stale, active=active)
+        return Rollout(promoted=True, stale=stale, active=active, paused=paused, failed=failed)
     if not dep.active() and dep.status != "successful":
-        return Rollout(abandoned=True, stale=stale)
+        return Rollout(abandoned=True, stale=stale, failed=failed)
     return Rollout(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale, active=active)
 
 
@@ -267,7 +268,7 @@ def _deployment_for(
     for name, (strategy, gp) in sorted(rolling.items()):
         canaries = sum(1 for p in gp.place if p.canary)
         states[name] = DeploymentState(
-            desired_total=len(gp.place) - canaries + gp.pending_updates + len(gp.inplace),
+            desired_total=len(gp.place) - canaries + gp.pending_updates + gp.pending_places + len(gp.inplace),
             placed_allocs=0,
             desired_canaries=canaries,
             auto_promote=strategy.auto_promote,

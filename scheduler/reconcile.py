@@ -28,6 +28,10 @@ Classification of each alloc of the group:
   took is stopped. A rollout that fails unpromoted stops its canaries. A
   failed canary is rescheduled by the group's policy as a canary (it keeps
   its canary slot while it waits).
+- while the current version's rollout is paused, failed or awaiting
+  promotion of its canaries (Nomad's deploymentPlaceReady), only lost and
+  failed allocs are replaced (not a failed rollout's own): free slots are
+  not filled with the version under test.
 - the rollout's budget (Nomad's computeUnderProvisionedBy): placements take
   ``max_parallel`` slots first, and while any alloc the active rollout
   placed is unhealthy (running with failed checks, or failed and waiting
@@ -100,7 +104,8 @@ class Rollout:
     wanted: int = 0  # canaries to run until promotion (0: the group has no canary phase now)
     promoted: bool = False  # promoted: the old allocs the canaries stand for go
     abandoned: bool = False  # the rollout ended unpromoted: its canaries go
-    paused: bool = False  # the rollout is paused: no canary is placed
+    paused: bool = False  # the rollout is paused: no canary or fresh alloc is placed
+    failed: str = ""  # the id of the current version's rollout if it failed: its failed allocs stay
     stale: frozenset[str] = frozenset()  # unpromoted canaries of older rollouts: they go (as Nomad)
     active: str = ""  # the id of the rollout under way, if one is
 
@@ -140,6 +145,7 @@ class GroupPlan:
     inplace: list[Allocation] = field(default_factory=list)
     followups: list[Followup] = field(default_factory=list)
     pending_updates: int = 0  # destructive updates held back by max_parallel
+    pending_places: int = 0  # new slots left empty while the rollout is paused, failed or canarying
     running: int = 0  # live allocs kept (for counts in tests and eval descriptions)
 
     @property
@@ -221,6 +227,9 @@ def reconcile_group(
                     held.append(alloc)
                 continue
             if alloc.client_status == CLIENT_FAILED:
+                if rollout.failed and alloc.deployment_id == rollout.failed:
+                    held.append(alloc)  # Nomad: a failed rollout's allocs are not rescheduled
+                    continue
                 again = _reschedule(plan, policy, alloc, now, eval_id, skew=skew)
                 if again is None:
                     held.append(alloc)
@@ -281,13 +290,6 @@ def reconcile_group(
         replace = replace[: count - occupied]
         fresh = count - occupied - len(replace)
 
-    used = {name_index(a.name) for a in live + held} | {name_index(p.name) for p in replace}
-    next_free = 0
-    for _ in range(fresh):
-        while next_free in used:
-            next_free += 1
-        used.add(next_free)
-        plan.place.append(Placement(alloc_name(job.id, group.name, next_free)))
     plan.place.extend(replace)
 
     # As Nomad: a failed service alloc of an older version that keeps its slot
@@ -313,6 +315,17 @@ def reconcile_group(
             plan.inplace.append(updated)
         else:
             destructive.append(alloc)
+    canarying = rollout.wanted > 0 and bool(destructive or rollout.active)
+    if canarying or rollout.paused or rollout.failed:
+        # Nomad's deploymentPlaceReady: only lost and failed allocs are replaced.
+        plan.pending_places, fresh = fresh, 0
+    used = {name_index(a.name) for a in live + held} | {name_index(p.name) for p in replace}
+    next_free = 0
+    for _ in range(fresh):
+        while next_free in used:
+            next_free += 1
+        used.add(next_free)
+        plan.place.append(Placement(alloc_name(job.id, group.name, next_free)))
     if rollout.wanted and destructive and not rollout.paused:
         standing = len(mine) + len(canary_replace)
         taken = {a.name for a in mine} | {p.name for p in canary_replace}

@@ -773,3 +773,39 @@ def test_a_promotion_gives_the_rest_of_the_rollout_a_whole_progress_deadline(h: 
         assert decide(r, dep, h.time + MINUTE, 0).status == ""
         late = decide(r, dep, h.time + 11 * MINUTE, 0)
     assert (late.status, late.description) == ("failed", "Failed due to progress deadline")
+
+
+def test_while_canaries_await_promotion_a_scale_up_places_nothing_more(h: Harness) -> None:
+    """Nomad's NewCanaries_ScaleUp: a new version that also grows the group places only its
+    canaries; the new slots are filled once it is promoted, not with the version under test."""
+    _settle_v0(h)
+    grown = _canary_job({"v": 1})
+    grown.task_groups[0].count = 5
+    plan = run_eval(h, register(h, grown))
+    assert [p.deployment_status.canary for p in plan.place] == [True] and _stops(plan) == []
+    with h.reader() as r:
+        dep = r.latest_deployment("c")
+        assert dep.task_groups["g"].desired_total == 5
+        (canary,) = [a.id for a in r.allocs_by_job("c") if a.job_version == 1]
+    _healthy(h, [canary])
+    ev = Evaluation(id="ev-wait", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    assert run_eval(h, ev).place == []
+    h.ok(m.DeploymentPromote(deployment_id=dep.id))
+    ev = Evaluation(id="ev-promoted", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    assert run_eval(h, ev).place  # now the rollout goes on
+
+
+def test_a_failed_rollouts_own_failed_allocs_are_not_rescheduled(h: Harness) -> None:
+    """Nomad's FailedDeployment_DontReschedule: once the rollout failed (here by the operator,
+    without auto_revert), its crashed allocs stay dead instead of being retried on a version
+    that was rejected; lost allocs are still replaced."""
+    dep, first = _roll_v1(h, 2)
+    (new,) = first.place
+    h.ok(m.DeploymentStatusUpdate(deployment_id=dep.id, status="failed", status_description="Deployment marked as failed"))
+    _crash(h, new.id)
+    ev = Evaluation(id="ev-crash", job_id="u", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert (plan.place, _stops(plan), [e for e in plan.evals if e.triggered_by == "alloc-failure"]) == ([], [], [])
