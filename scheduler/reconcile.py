@@ -9,7 +9,9 @@ Classification of each alloc of the group:
 
 - server-terminal (desired stop/evict): history; ignored.
 - client complete: a batch alloc is done and keeps its slot; a service
-  alloc's slot is free again (a fresh placement takes its name).
+  alloc's slot is free again (a fresh placement takes its name). A batch
+  alloc of an older version that ended (complete, failed or lost) holds
+  nothing: a new version of a batch job runs again, as in Nomad.
 - client failed, not yet replaced: rescheduled now (replacement carries the
   reschedule tracker), later (a follow-up eval; the slot stays taken) or
   never (attempts used up; the slot stays taken).
@@ -212,6 +214,8 @@ def reconcile_group(
         if alloc.client_terminal():
             if stopped or alloc.next_allocation or alloc.id in rollout.stale:
                 continue
+            if batch and alloc.job_version != job.version:
+                continue  # Nomad's filterOldTerminalAllocs: a new version of a batch job runs again
             if rollout.beside(alloc, job):
                 # An unpromoted canary: outside the count. A failed one of the rollout
                 # under way is rescheduled as a canary; an abandoned rollout's holds nothing.

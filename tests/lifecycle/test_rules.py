@@ -323,9 +323,11 @@ def test_reconcile_never_wants_more_than_count(count, kind, specs, limit) -> Non
     stopped = {s.alloc.id for s in gp.stop}
     live_after = [a for a in allocs if not a.terminal() and a.id not in stopped]
     assert len(live_after) + len(gp.place) <= count
-    # Finished batch allocs keep their slots; everything else (failed ones long past their
-    # reschedule delay, lost ones, finished service ones) is replaced: the group reaches count.
-    held = [a for a in allocs if a.desired_status == "run" and a.client_status == "complete" and kind == "batch"]
+    # Finished batch allocs of this version keep their slots; everything else (failed ones long
+    # past their reschedule delay, lost ones, finished service ones, an older batch version's
+    # ended ones) is replaced: the group reaches count.
+    held = [a for a in allocs if a.desired_status == "run" and a.client_status == "complete" and kind == "batch"
+            and a.job_version == j1.version]
     assert len(live_after) + len(gp.place) == max(0, count - len(held))
     # Lost allocs are always marked lost, never just left running on a down node.
     for a in allocs:

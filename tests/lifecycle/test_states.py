@@ -809,3 +809,19 @@ def test_a_failed_rollouts_own_failed_allocs_are_not_rescheduled(h: Harness) -> 
     h.ok(m.EvalUpsert(evals=[ev]))
     plan = run_eval(h, ev)
     assert (plan.place, _stops(plan), [e for e in plan.evals if e.triggered_by == "alloc-failure"]) == ([], [], [])
+
+
+def test_a_new_version_of_a_finished_batch_job_runs_again(h: Harness) -> None:
+    """Nomad's Batch_Rerun (filterOldTerminalAllocs): the ended allocs of an older version
+    hold no slot, so re-submitting a changed batch job runs it again."""
+    h.ok(m.NodeRegister(node=node("n")))
+    run_eval(h, register(h, job("b", type="batch", count=2, config={"v": 0})))
+    with h.reader() as r:
+        ids = r.alloc_ids_by_job("b")
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=ids[0], client_status="complete"),
+                                     m.AllocClientState(id=ids[1], client_status="failed")]))
+    same = Evaluation(id="ev-same", job_id="b", type="batch", status="pending")
+    h.ok(m.EvalUpsert(evals=[same]))
+    assert len(run_eval(h, same).place) <= 1  # the same version: only the failed one may be retried
+    plan = run_eval(h, register(h, job("b", type="batch", count=2, config={"v": 1})))
+    assert sorted(p.name for p in plan.place if p.job_version == 1) == ["b.g[0]", "b.g[1]"]
