@@ -114,8 +114,8 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     out.healthy = sum(s.healthy_allocs for s in states.values())
     if dep.status == DEPLOYMENT_PAUSED:
         return out  # frozen until resumed: no verdict, no next batch
-    if _fails_early(reader, dep, job, skew):
-        return _fail(reader, dep, job, out, DESC_UNHEALTHY)
+    if failing := _failing_early(reader, dep, job, skew):
+        return _fail(reader, dep, job, out, DESC_UNHEALTHY, failing)
     waiting = {g: s for g, s in states.items() if s.awaits_promotion()}
     ready = {g for g, s in waiting.items() if healthy_canaries(reader, dep, g) >= s.desired_canaries}
     if waiting and ready == set(waiting):
@@ -133,14 +133,16 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
         # healthy canaries waiting for an operator's promotion are not stuck.
         deadline = state.require_progress_by or dep.create_time + state.progress_deadline
         if state.progress_deadline and state.healthy_allocs < state.desired_total and now > deadline and name not in ready:
-            return _fail(reader, dep, job, out, DESC_DEADLINE)
+            # As Nomad's shouldFail: every group not done yet may ask for the rollback.
+            undone = {g for g, s in states.items() if g not in ready and s.healthy_allocs < s.desired_total}
+            return _fail(reader, dep, job, out, DESC_DEADLINE, undone)
     if seen_healthy is None or out.healthy > seen_healthy:
         out.eval = _next_batch(job, dep)
     return out
 
 
-def _fails_early(reader: StateReader, dep: Deployment, job: Job, skew: int) -> bool:
-    """Whether an unhealthy alloc fails the rollout now rather than being replaced (Nomad's shouldFailEarly).
+def _failing_early(reader: StateReader, dep: Deployment, job: Job, skew: int) -> set[str]:
+    """The groups whose unhealthy allocs fail the rollout now, not at its deadline (Nomad's shouldFailEarly).
 
     Without a progress deadline the first unhealthy alloc decides. With one,
     only an alloc that can no longer be rescheduled does: waiting for the
@@ -148,19 +150,18 @@ def _fails_early(reader: StateReader, dep: Deployment, job: Job, skew: int) -> b
     """
     groups = {name for name, s in dep.task_groups.items() if s.unhealthy_allocs > 0}
     if not groups:
-        return False
-    if any(not dep.task_groups[name].progress_deadline for name in groups):
-        return True
+        return set()
+    failing = {name for name in groups if not dep.task_groups[name].progress_deadline}
     specs = {g.name: g for g in job.task_groups}
     for alloc in reader.allocs_by_deployment(dep.id):
         health, group = alloc.deployment_status, specs.get(alloc.task_group)
-        if group is None or health is None or health.healthy is not False:
+        if group is None or group.name not in groups or group.name in failing or health is None or health.healthy is not False:
             continue
         if alloc.next_allocation or alloc.server_terminal():
             continue  # replaced already, or stopped by the scheduler
         if not reschedule.eligible(reschedule.policy_for(job, group), alloc, reschedule.fail_time(alloc, skew)):
-            return True
-    return False
+            failing.add(group.name)
+    return failing
 
 
 def _next_batch(job: Job, dep: Deployment) -> Evaluation:
@@ -170,15 +171,20 @@ def _next_batch(job: Job, dep: Deployment) -> Evaluation:
     return ev
 
 
-def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: str) -> Decision:
-    """Fail the rollout, rolling back to the newest stable version where a group asks for it.
+def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: str,
+          groups: set[str] | None = None) -> Decision:
+    """Fail the rollout, rolling back to the newest stable version if a failing group asks for it.
+
+    ``groups`` are the groups whose failure it is (None: the operator failed
+    it, and any group's ``auto_revert`` counts), as in Nomad's watcher: a
+    group that rolled out fine does not revert the job for another's failure.
 
     Nomad goes back to the newest stable version even if it is the failed
     version's spec (it then only says so): that stops a rollback that fails
     too from rolling back to itself again and again.
     """
     out.status, out.description = DEPLOYMENT_FAILED, why
-    if not any(s.auto_revert for s in dep.task_groups.values()):
+    if not any(s.auto_revert for g, s in dep.task_groups.items() if groups is None or g in groups):
         return out
     stable = next((v for v in reader.job_versions(job.id) if v.stable), None)
     if stable is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 from collections import Counter
@@ -24,7 +25,7 @@ from fsm.structs import (
     TaskState,
     UpdateStrategy,
 )
-from node.deployments import DeploymentError, decide, pause_or_resume
+from node.deployments import DeploymentError, decide, fail_by_user, pause_or_resume
 from node.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
@@ -825,3 +826,35 @@ def test_a_new_version_of_a_finished_batch_job_runs_again(h: Harness) -> None:
     assert len(run_eval(h, same).place) <= 1  # the same version: only the failed one may be retried
     plan = run_eval(h, register(h, job("b", type="batch", count=2, config={"v": 1})))
     assert sorted(p.name for p in plan.place if p.job_version == 1) == ["b.g[0]", "b.g[1]"]
+
+
+def _two_groups(version: int) -> Job:
+    """Job "two": group "web" with auto_revert, group "worker" without; ``version`` in both configs."""
+    web = job("two", count=1, config={"v": version},
+              update=UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE, auto_revert=True))
+    worker = dataclasses.replace(copy.deepcopy(web.task_groups[0]), name="worker",
+                                 update=UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE))
+    web.task_groups[0].name = "web"
+    web.task_groups.append(worker)
+    return web
+
+
+def test_only_a_failing_group_with_auto_revert_rolls_the_job_back(h: Harness) -> None:
+    """Nomad's watcher: a group that rolled out fine does not revert the job because another
+    group without auto_revert missed its deadline; the operator's `deployment fail` still does."""
+    h.ok(m.NodeRegister(node=node("n")))
+    run_eval(h, register(h, _two_groups(0)))
+    with h.reader() as r:
+        (d0,) = r.deployments_by_job("two")
+        _healthy(h, r.alloc_ids_by_job("two"))
+    h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status="successful"))  # v0 stable
+    run_eval(h, register(h, _two_groups(1)))
+    with h.reader() as r:
+        d1 = r.latest_deployment("two")
+        web = [a.id for a in r.allocs_by_job("two") if a.job_version == 1 and a.task_group == "web"]
+    _healthy(h, web)
+    with h.reader() as r:
+        late = decide(r, r.deployment(d1.id), h.time + 11 * MINUTE, 0)
+        by_user = fail_by_user(r, r.deployment(d1.id))
+    assert (late.status, late.description, late.rollback) == ("failed", "Failed due to progress deadline", None)
+    assert by_user.description == "Deployment marked as failed - rolling back to job version 0"
