@@ -45,7 +45,7 @@ from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.feasibility import PlacementContext, ask_for
 from scheduler.plan import Plan
 from scheduler.ranking import Request, Selector
-from scheduler.reconcile import UNLIMITED, GroupPlan, Rollout, reconcile_group
+from scheduler.reconcile import UNLIMITED, GroupPlan, Placement, Rollout, reconcile_group
 from scheduler.reschedule import batch_followups, next_tracker, policy_for
 from scheduler.state import Snapshot
 
@@ -200,12 +200,14 @@ def schedule_generic(
         policy = policy_for(job, group)
         unplaced = 0
         for p in wanted[: admitted.count]:
-            request = Request(ask, previous_node=p.previous.node_id if p.reschedule and p.previous else "")
+            runs, runs_group = _version_to_place(snap, job, group, p)
+            ask_p = ask if runs is job else ask_for(runs, runs_group)
+            request = Request(ask_p, previous_node=p.previous.node_id if p.reschedule and p.previous else "")
             node = selector.select(request)
             if node is None:
                 unplaced += 1
                 continue
-            selector.claim(node, ask)
+            selector.claim(node, ask_p)
             plan.place.append(
                 Allocation(
                     id=new_id(),
@@ -215,13 +217,15 @@ def schedule_generic(
                     task_group=name,
                     name=p.name,
                     namespace=job.namespace,
-                    job_version=job.version,
-                    resources=copy.copy(ask.resources),
+                    job_version=runs.version,
+                    resources=copy.copy(ask_p.resources),
                     desired_status=DESIRED_RUN,
                     client_status=CLIENT_PENDING,
                     previous_allocation=p.previous.id if p.previous is not None else "",
-                    reschedule_tracker=next_tracker(p.previous, now, p.delay, policy) if p.reschedule and p.previous else None,
-                    deployment_id=dep_id if update_strategy(job, group) is not None else "",
+                    reschedule_tracker=next_tracker(p.previous, now, p.delay, policy if runs is job else policy_for(runs, runs_group))
+                    if p.reschedule and p.previous else None,
+                    # A downgraded replacement is an old version's alloc, outside the rollout under test.
+                    deployment_id=dep_id if update_strategy(job, group) is not None and runs is job else "",
                     deployment_status=DeploymentStatus(canary=True) if p.canary and dep_id else None,
                 )
             )
@@ -242,6 +246,19 @@ def schedule_generic(
     within = plan.deployment.id if plan.deployment is not None else (dep.id if dep is not None and dep.active() else "")
     _finish_eval(plan, snap, failures, queued, next_eval, within)
     return plan
+
+
+def _version_to_place(snap: Snapshot, job: Job, group: TaskGroup, p: Placement) -> tuple[Job, TaskGroup]:
+    """The job version a placement runs: the current one, or for a downgraded replacement the
+    group's last settled version, if it is kept and not older than the alloc it replaces."""
+    if not p.downgrade or group.name not in snap.settled:
+        return job, group
+    old = snap.versions.get(snap.settled[group.name])
+    old_group = next((g for g in old.task_groups if g.name == group.name), None) if old is not None else None
+    floor = p.previous.job_version if p.previous is not None else 0
+    if old is None or old_group is None or old.version < floor or old.version == job.version:
+        return job, group
+    return old, old_group
 
 
 def _deployment_for(

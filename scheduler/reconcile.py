@@ -30,6 +30,10 @@ Classification of each alloc of the group:
   took is stopped. A rollout that fails unpromoted stops its canaries. A
   failed canary is rescheduled by the group's policy as a canary (it keeps
   its canary slot while it waits).
+- while canaries await promotion, a lost, failed or migrated old alloc is
+  replaced with the newest version a rollout settled (promoted, or rolled
+  out without canaries), not the version under test (Nomad's
+  downgradedJobForPlacement; the generic scheduler picks that version).
 - while the current version's rollout is paused, failed or awaiting
   promotion of its canaries (Nomad's deploymentPlaceReady), only lost and
   failed allocs are replaced (not a failed rollout's own): free slots are
@@ -97,6 +101,7 @@ class Placement:
     lost: bool = False  # replaces an alloc lost with its node
     destructive: bool = False  # replaces an older-version alloc stopped in the same plan
     canary: bool = False  # runs beside the old allocs until the rollout is promoted
+    downgrade: bool = False  # while canaries await promotion: replaced with the last settled version
 
 
 @dataclass
@@ -320,6 +325,10 @@ def reconcile_group(
         else:
             destructive.append(alloc)
     canarying = rollout.wanted > 0 and bool(destructive or rollout.active)
+    for p in replace:
+        # Nomad's downgradeNonCanary: a lost, failed or migrated old alloc is not
+        # replaced with the version its canaries are still testing.
+        p.downgrade = canarying
     if canarying or rollout.paused or rollout.failed:
         # Nomad's deploymentPlaceReady: only lost and failed allocs are replaced.
         plan.pending_places, fresh = fresh, 0

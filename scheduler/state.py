@@ -29,6 +29,8 @@ class Snapshot:
     versions: dict[int, Job] = field(default_factory=dict)  # kept versions of the job
     # deployment id -> the canaries it placed in groups it never promoted
     unpromoted_canaries: dict[str, set[str]] = field(default_factory=dict)
+    # group -> the newest job version a rollout settled it on (promoted, or without canaries)
+    settled: dict[str, int] = field(default_factory=dict)
     # How far the state's time runs ahead of the wall clock (after a leader whose clock ran
     # ahead): what a client's wall-clock stamp must be moved by to compare with ``now``.
     skew: int = 0
@@ -73,7 +75,19 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
         deployment=max(deployments, key=lambda d: d.create_index) if deployments else None,
         versions=versions,
         unpromoted_canaries=_unpromoted_canaries(deployments),
+        settled=_settled_versions(deployments),
     )
+
+
+def _settled_versions(deployments: list[Deployment]) -> dict[str, int]:
+    """Per group, the newest version whose rollout promoted it or had no canaries (Nomad's
+    downgradedJobForPlacement): what replaces an old alloc while a newer version's canaries wait."""
+    out: dict[str, int] = {}
+    for dep in sorted(deployments, key=lambda d: -d.job_version):
+        for name, state in dep.task_groups.items():
+            if name not in out and (state.promoted or not state.desired_canaries):
+                out[name] = dep.job_version
+    return out
 
 
 def _unpromoted_canaries(deployments: list[Deployment]) -> dict[str, set[str]]:

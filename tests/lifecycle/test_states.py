@@ -858,3 +858,25 @@ def test_only_a_failing_group_with_auto_revert_rolls_the_job_back(h: Harness) ->
         by_user = fail_by_user(r, r.deployment(d1.id))
     assert (late.status, late.description, late.rollback) == ("failed", "Failed due to progress deadline", None)
     assert by_user.description == "Deployment marked as failed - rolling back to job version 0"
+
+
+def test_while_canaries_await_promotion_a_lost_or_failed_old_alloc_comes_back_as_the_old_version(h: Harness) -> None:
+    """Nomad's downgradeNonCanary: churn during a canary soak must not move allocs onto the
+    version under test. A crashed v0 alloc is rescheduled as v0 (outside the rollout), and the
+    promotion later replaces it like any other old alloc."""
+    d1, canary = _canary_rollout(h, progress_deadline=10 * MINUTE)
+    old = next(a for a in live(h, "c") if a.job_version == 0)
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(
+        id=old.id, client_status="failed", task_states={"t": TaskState(state="dead", failed=True, finished_at=h.time - HOUR)})]))
+    ev = Evaluation(id="ev-crash", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    (again,) = run_eval(h, ev).place
+    assert (again.previous_allocation, again.job_version, again.deployment_id) == (old.id, 0, "")
+    assert not (again.deployment_status and again.deployment_status.canary)
+    _healthy(h, [canary])
+    h.ok(m.DeploymentPromote(deployment_id=d1.id))
+    ev = Evaluation(id="ev-promoted", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    plan = run_eval(h, ev)
+    assert len(_stops(plan)) == 2  # the canary took g[0]'s name; one more old alloc goes now
+    assert all(p.job_version == 1 for p in plan.place)
