@@ -342,8 +342,18 @@ def reconcile_group(
     if rollout.wanted and destructive and not rollout.paused:
         standing = len(mine) + len(canary_replace)
         taken = {a.name for a in mine} | {p.name for p in canary_replace}
-        names = [a.name for a in destructive if a.name not in taken]
-        for name in names[: max(0, rollout.wanted - standing)]:
+        want = max(0, rollout.wanted - standing)
+        names = [a.name for a in destructive if a.name not in taken][:want]
+        # Nomad's NextCanaries: the names of allocs to replace first, then free ones, so a group
+        # runs all the canaries it asks for even when it has fewer allocs to replace.
+        in_use = {name_index(n) for n in taken | set(names)} | {name_index(a.name) for a in live + held}
+        in_use |= {name_index(p.name) for p in plan.place}
+        index = 0
+        while len(names) < want:
+            if index not in in_use:
+                names.append(alloc_name(job.id, group.name, index))
+            index += 1
+        for name in names:
             plan.place.append(Placement(name, canary=True))
         limit = 0  # nothing is replaced before promotion
     # Nomad's budget: what this plan places takes max_parallel slots first, and an

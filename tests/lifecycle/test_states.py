@@ -880,3 +880,24 @@ def test_while_canaries_await_promotion_a_lost_or_failed_old_alloc_comes_back_as
     plan = run_eval(h, ev)
     assert len(_stops(plan)) == 2  # the canary took g[0]'s name; one more old alloc goes now
     assert all(p.job_version == 1 for p in plan.place)
+
+
+def test_a_group_runs_all_the_canaries_it_asks_for_even_with_fewer_allocs_to_replace(h: Harness) -> None:
+    """Nomad's NextCanaries (its NewCanaries_CountGreater): count 2 with canary 3 runs 3 canaries,
+    the third under a free name, and promotion leaves count allocs of the new version."""
+    for i in range(4):
+        h.ok(m.NodeRegister(node=node(f"n{i}")))
+    strategy = UpdateStrategy(max_parallel=2, min_healthy_time=SECOND, canary=3)
+    run_eval(h, register(h, job("k", count=2, update=strategy, config={"v": 0})))
+    _healthy(h, [a.id for a in live(h, "k")])
+    plan = run_eval(h, register(h, job("k", count=2, update=strategy, config={"v": 1})))
+    assert sorted(p.name for p in plan.place if p.deployment_status.canary) == ["k.g[0]", "k.g[1]", "k.g[2]"]
+    with h.reader() as r:
+        dep = r.latest_deployment("k")
+    assert dep.task_groups["g"].desired_canaries == 3
+    _healthy(h, [p.id for p in plan.place])
+    h.ok(m.DeploymentPromote(deployment_id=dep.id))
+    ev = Evaluation(id="ev-promoted", job_id="k", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    run_eval(h, ev)
+    assert sorted((a.name, a.job_version) for a in live(h, "k")) == [("k.g[0]", 1), ("k.g[1]", 1)]
