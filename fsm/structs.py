@@ -40,6 +40,8 @@ DEPLOYMENT_STATUSES = (
 )
 DEPLOYMENT_ACTIVE = frozenset((DEPLOYMENT_RUNNING, DEPLOYMENT_PAUSED))
 DEPLOYMENT_DESC_RUNNING = "Deployment is running"
+DEPLOYMENT_DESC_NEEDS_PROMOTION = "Deployment is running but requires manual promotion"
+DEPLOYMENT_DESC_AUTO_PROMOTION = "Deployment is running pending automatic promotion"
 
 NODE_INIT, NODE_READY, NODE_DOWN = "initializing", "ready", "down"
 NODE_STATUSES = (NODE_INIT, NODE_READY, NODE_DOWN)

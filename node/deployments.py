@@ -40,6 +40,7 @@ from fsm.handlers import healthy_canaries, job_spec
 from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,
+    DEPLOYMENT_DESC_NEEDS_PROMOTION,
     DEPLOYMENT_DESC_RUNNING,
     DEPLOYMENT_FAILED,
     DEPLOYMENT_PAUSED,
@@ -72,7 +73,7 @@ DESC_NEWER = "Cancelled due to newer version of job"
 DESC_FAILED_BY_USER = "Deployment marked as failed"
 DESC_PAUSED = "Deployment is paused"
 DESC_RUNNING = DEPLOYMENT_DESC_RUNNING
-DESC_NEEDS_PROMOTION = "Deployment is running but requires manual promotion"
+DESC_NEEDS_PROMOTION = DEPLOYMENT_DESC_NEEDS_PROMOTION
 
 
 class DeploymentError(Exception):

@@ -26,6 +26,9 @@ from collections import Counter, defaultdict
 from fsm.messages import AllocStop
 from fsm.structs import (
     CLIENT_PENDING,
+    DEPLOYMENT_DESC_AUTO_PROMOTION,
+    DEPLOYMENT_DESC_NEEDS_PROMOTION,
+    DEPLOYMENT_DESC_RUNNING,
     DEPLOYMENT_RUNNING,
     DESIRED_RUN,
     DESIRED_STOP,
@@ -301,9 +304,17 @@ def _deployment_for(
         job_modify_index=job.job_modify_index,
         job_create_index=job.create_index,
         status=DEPLOYMENT_RUNNING,
-        status_description="Deployment is running",
+        status_description=_first_description(states),
         task_groups=states,
     )
+
+
+def _first_description(states: dict[str, DeploymentState]) -> str:
+    """As Nomad's reconciler: a rollout with canaries says from the start who promotes it."""
+    canaried = [s for s in states.values() if s.desired_canaries]
+    if not canaried:
+        return DEPLOYMENT_DESC_RUNNING
+    return DEPLOYMENT_DESC_AUTO_PROMOTION if all(s.auto_promote for s in canaried) else DEPLOYMENT_DESC_NEEDS_PROMOTION
 
 
 def _join_rollout(plans: dict[str, GroupPlan], groups: dict[str, TaskGroup], job: Job | None, dep_id: str) -> None:

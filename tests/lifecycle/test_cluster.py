@@ -279,7 +279,8 @@ def test_canaries_wait_for_promotion_by_cli_then_replace_the_old_allocs(lifecycl
     wait_until(lambda: (deployment(0) or {}).get("Status") == "successful", 60, "first deployment successful")
     env.call("job.register", {"job": spec("bird", count=2, config={"v": 1}, update=update)})
     waiting = "Deployment is running but requires manual promotion"
-    d1 = wait_until(lambda: (d := deployment(1)) and d["StatusDescription"] == waiting and d, 60, "the canary healthy")
+    d1 = wait_until(lambda: (d := deployment(1)) and d["StatusDescription"] == waiting and d["TaskGroups"]["g"]["HealthyAllocs"]
+                    and d, 60, "the canary healthy")
     rows = live(allocs(env, "bird"))
     assert sorted(a["JobVersion"] for a in rows) == [0, 0, 1], rows  # the canary runs beside count old allocs
     shown = env.cli("deployment", "status", d1["ID"])

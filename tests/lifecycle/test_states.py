@@ -351,11 +351,9 @@ def test_canaries_run_beside_the_old_allocs_until_promoted_then_replace_them(h: 
     _healthy(h, [canary.id])
     with h.reader() as r:
         assert r.alloc(canary.id).deployment_status.canary  # the client's report keeps the scheduler's flag
-        waiting = decide(r, r.deployment(d1.id), h.time + 60 * MINUTE, 0)  # healthy and waiting: not stuck
-    assert (waiting.status, waiting.description) == ("running", "Deployment is running but requires manual promotion")
-    h.ok(waiting.entry())
-    with h.reader() as r:
-        assert decide(r, r.deployment(d1.id), h.time, 1).status == ""  # said once; never successful unpromoted
+        # Said from the start (as Nomad); healthy and waiting is not stuck, and never successful unpromoted.
+        assert r.deployment(d1.id).status_description == "Deployment is running but requires manual promotion"
+        assert decide(r, r.deployment(d1.id), h.time + 60 * MINUTE, 0).status == ""
     promote = Evaluation(id="ev-promote", job_id="c", type="service", status="pending", deployment_id=d1.id)
     assert h.ok(m.DeploymentPromote(deployment_id=d1.id, eval=promote))["promoted"] == ["g"]
     # A second promotion (the watcher's auto-promote racing an operator's) is a conflict: state moved on.
@@ -569,9 +567,13 @@ def test_a_newer_version_stops_the_unpromoted_canaries_of_the_rollout_it_replace
 
 
 def test_a_watcher_decision_made_before_a_pause_does_not_resume_the_rollout(h: Harness) -> None:
-    """The watcher's "requires manual promotion" is a status write (running); landing after an
-    operator's pause it would resume the rollout. It is made on "running", so it is refused."""
+    """After a resume ("Deployment is running") the watcher says "requires manual promotion" again
+    once the canaries are healthy. That is a status write (running); landing after an operator's
+    second pause it would resume the rollout. It is made on "running", so it is refused."""
     d1, canary = _canary_rollout(h)
+    for pause in (True, False):
+        with h.reader() as r:
+            _decided(h, pause_or_resume(r, r.deployment(d1.id), pause=pause))
     _healthy(h, [canary])
     with h.reader() as r:
         waiting = decide(r, r.deployment(d1.id), h.time, 0)
@@ -761,9 +763,6 @@ def test_a_promotion_gives_the_rest_of_the_rollout_a_whole_progress_deadline(h: 
     d1, canary = _canary_rollout(h, progress_deadline=10 * MINUTE)
     _healthy(h, [canary])
     with h.reader() as r:
-        waiting = decide(r, r.deployment(d1.id), h.time, 0)
-    _decided(h, waiting)
-    with h.reader() as r:
         assert r.deployment(d1.id).status_description == "Deployment is running but requires manual promotion"
     h.time += 30 * MINUTE
     h.ok(m.DeploymentPromote(deployment_id=d1.id))
@@ -901,3 +900,12 @@ def test_a_group_runs_all_the_canaries_it_asks_for_even_with_fewer_allocs_to_rep
     h.ok(m.EvalUpsert(evals=[ev]))
     run_eval(h, ev)
     assert sorted((a.name, a.job_version) for a in live(h, "k")) == [("k.g[0]", 1), ("k.g[1]", 1)]
+
+
+def test_a_canary_rollout_says_from_the_start_who_promotes_it(h: Harness) -> None:
+    """Nomad's reconciler sets the description of a new rollout with canaries at creation."""
+    manual, _ = _canary_rollout(h)
+    assert manual.status_description == "Deployment is running but requires manual promotion"
+    run_eval(h, register(h, _canary_job({"v": 2}, auto_promote=True)))
+    with h.reader() as r:
+        assert r.latest_deployment("c").status_description == "Deployment is running pending automatic promotion"
