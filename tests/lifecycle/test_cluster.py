@@ -306,6 +306,37 @@ def test_canaries_wait_for_promotion_by_cli_then_replace_the_old_allocs(lifecycl
     env.call("job.stop", {"job_id": "bird"})
 
 
+def test_an_old_alloc_lost_during_a_canary_soak_comes_back_as_the_old_version(lifecycle_env: Env) -> None:
+    """Nomad's downgradeNonCanary on real processes: while a canary waits for promotion, a client
+    dies; its old alloc is replaced with the old version, outside the rollout, so the version
+    under test runs only as the canary. The promotion then replaces every old alloc."""
+    env = lifecycle_env
+    victim = env.start_sim(1, "soak")
+    update = {"MaxParallel": 2, "MinHealthyTime": 200_000_000, "Canary": 1}
+    env.call("job.register", {"job": spec("soak", count=4, config={"v": 0}, update=update)})
+    wait_until(lambda: (deployment_of(env, "soak", 0) or {}).get("Status") == "successful", 60, "first deployment successful")
+    on_victim = [a["ID"] for a in live(allocs(env, "soak")) if a["NodeID"] in victim.nodes]
+    assert on_victim, "anti-affinity spreads the 4 allocs over the 4 nodes, the victim's too"
+    env.call("job.register", {"job": spec("soak", count=4, config={"v": 1}, update=update)})
+    d1 = wait_until(lambda: (d := deployment_of(env, "soak", 1)) and d["TaskGroups"]["g"]["HealthyAllocs"] and d, 60,
+                    "the canary healthy")
+    victim.kill()
+
+    def replaced() -> list[dict[str, Any]]:
+        rows = allocs(env, "soak")
+        return [a for a in rows if a["PreviousAllocation"] in on_victim and a["ClientStatus"] == "running"]
+
+    (again,) = wait_until(replaced, 60, "the lost old alloc replaced")
+    assert (again["JobVersion"], again["DeploymentID"]) == (0, ""), again
+    assert sum(a["JobVersion"] == 1 for a in live(allocs(env, "soak"))) == 1, "only the canary runs the version under test"
+    out = env.cli("deployment", "promote", d1["ID"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_until(lambda: (deployment_of(env, "soak", 1) or {}).get("Status") == "successful", 90, "the promoted rollout finished")
+    rows = live(allocs(env, "soak"))
+    assert len(rows) == 4 and all(a["JobVersion"] == 1 for a in rows), rows
+    env.call("job.stop", {"job_id": "soak"})
+
+
 def test_job_revert_runs_a_kept_version_again_by_cli_and_http(lifecycle_env: Env) -> None:
     """`nomad job revert`: the kept version's spec becomes the newest version and is placed."""
     env = lifecycle_env
