@@ -118,6 +118,8 @@ def decide(policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id
         return RescheduleDecision("never")
     assert policy is not None
     delay = next_delay(policy, alloc, skew)
+    if not policy.unlimited and _events(alloc) and delay >= policy.interval:
+        return RescheduleDecision("never")  # as Nomad: a limited policy's next delay must fit in its interval
     at = failed_at + delay
     if alloc.followup_eval_id and alloc.followup_eval_id == eval_id:
         return RescheduleDecision("now", at, delay)

@@ -12,6 +12,7 @@ from fsm import codec
 from fsm.messages import PlanApply
 from fsm.structs import (
     HOUR,
+    MINUTE,
     SECOND,
     Constraint,
     DeploymentStatus,
@@ -374,6 +375,17 @@ def test_eligibility_counts_attempts_inside_the_interval() -> None:
     for e in old.reschedule_tracker.events:
         e.reschedule_time = NOW - 2 * HOUR
     assert rs.eligible(policy, old, NOW)
+
+
+def test_a_limited_policys_next_delay_must_fit_in_its_interval() -> None:
+    """Nomad's nextRescheduleTime: with attempts left, a delay that grew to the interval ends it."""
+    policy = ReschedulePolicy(attempts=5, interval=MINUTE, delay=20 * SECOND, delay_function="exponential",
+                              max_delay=HOUR, unlimited=False)
+    assert rs.decide(policy, _with_delays([]), NOW, "e").decision != "never"  # a first delay of 20 s
+    assert rs.decide(policy, _with_delays([20 * SECOND]), NOW, "e").decision != "never"  # 40 s
+    assert rs.decide(policy, _with_delays([20 * SECOND, 40 * SECOND]), NOW, "e").decision == "never"  # 80 s
+    unlimited = ReschedulePolicy(interval=MINUTE, delay=20 * SECOND, delay_function="exponential", max_delay=HOUR)
+    assert rs.decide(unlimited, _with_delays([20 * SECOND, 40 * SECOND]), NOW, "e").decision != "never"
 
 
 def test_followups_share_an_eval_within_five_seconds() -> None:
