@@ -29,7 +29,10 @@ from fsm.structs import (
     DEPLOYMENT_DESC_AUTO_PROMOTION,
     DEPLOYMENT_DESC_NEEDS_PROMOTION,
     DEPLOYMENT_DESC_RUNNING,
+    DEPLOYMENT_FAILED,
+    DEPLOYMENT_PAUSED,
     DEPLOYMENT_RUNNING,
+    DEPLOYMENT_SUCCESSFUL,
     DESIRED_RUN,
     DESIRED_STOP,
     EVAL_BLOCKED,
@@ -96,8 +99,8 @@ def _limit(job: Job, group: TaskGroup, allocs: list[Allocation], dep: Deployment
         return strategy.max_parallel
     if not dep.active():
         # A failed or cancelled rollout stops; a successful one has nothing left to roll.
-        return 0 if dep.status != "successful" else strategy.max_parallel
-    if dep.status == "paused":
+        return 0 if dep.status != DEPLOYMENT_SUCCESSFUL else strategy.max_parallel
+    if dep.status == DEPLOYMENT_PAUSED:
         return 0  # held by the operator (`deployment pause`): nothing more is replaced
     return max(0, strategy.max_parallel - _in_flight(allocs, group.name, dep))
 
@@ -117,14 +120,14 @@ def _rollout(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozense
     if state is None:
         return Rollout(stale=stale)
     active = dep.id if dep.active() else ""
-    paused, failed = dep.status == "paused", dep.id if dep.status == "failed" else ""
+    paused, failed = dep.status == DEPLOYMENT_PAUSED, dep.id if dep.status == DEPLOYMENT_FAILED else ""
     if not state.desired_canaries:
         return Rollout(stale=stale, active=active, paused=paused, failed=failed)
     if state.promoted:
         return Rollout(promoted=True, stale=stale, active=active, paused=paused, failed=failed)
-    if not dep.active() and dep.status != "successful":
+    if not dep.active() and dep.status != DEPLOYMENT_SUCCESSFUL:
         return Rollout(abandoned=True, stale=stale, failed=failed)
-    return Rollout(wanted=state.desired_canaries, paused=dep.status == "paused", stale=stale, active=active)
+    return Rollout(wanted=state.desired_canaries, paused=paused, stale=stale, active=active)
 
 
 def schedule(
