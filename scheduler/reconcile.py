@@ -171,6 +171,17 @@ def _reschedule(plan: GroupPlan, policy: ReschedulePolicy | None, alloc: Allocat
     return None
 
 
+def _free_names(job_id: str, group: str, used: set[int], n: int) -> list[str]:
+    """The ``n`` lowest alloc names whose indexes are not in ``used``."""
+    names: list[str] = []
+    index = 0
+    while len(names) < n:
+        if index not in used:
+            names.append(alloc_name(job_id, group, index))
+        index += 1
+    return names
+
+
 def _spec(job: Job, group: TaskGroup) -> dict:
     data = codec.to_wire(group)
     for name in _INPLACE_FIELDS:
@@ -333,12 +344,8 @@ def reconcile_group(
         # Nomad's deploymentPlaceReady: only lost and failed allocs are replaced.
         plan.pending_places, fresh = fresh, 0
     used = {name_index(a.name) for a in live + held} | {name_index(p.name) for p in replace}
-    next_free = 0
-    for _ in range(fresh):
-        while next_free in used:
-            next_free += 1
-        used.add(next_free)
-        plan.place.append(Placement(alloc_name(job.id, group.name, next_free)))
+    for name in _free_names(job.id, group.name, used, fresh):
+        plan.place.append(Placement(name))
     if rollout.wanted and destructive and not rollout.paused:
         standing = len(mine) + len(canary_replace)
         taken = {a.name for a in mine} | {p.name for p in canary_replace}
@@ -346,13 +353,8 @@ def reconcile_group(
         names = [a.name for a in destructive if a.name not in taken][:want]
         # Nomad's NextCanaries: the names of allocs to replace first, then free ones, so a group
         # runs all the canaries it asks for even when it has fewer allocs to replace.
-        in_use = {name_index(n) for n in taken | set(names)} | {name_index(a.name) for a in live + held}
-        in_use |= {name_index(p.name) for p in plan.place}
-        index = 0
-        while len(names) < want:
-            if index not in in_use:
-                names.append(alloc_name(job.id, group.name, index))
-            index += 1
+        used |= {name_index(n) for n in taken | set(names)} | {name_index(p.name) for p in plan.place}
+        names += _free_names(job.id, group.name, used, want - len(names))
         for name in names:
             plan.place.append(Placement(name, canary=True))
         limit = 0  # nothing is replaced before promotion
