@@ -21,6 +21,11 @@ Faults (``--nemesis`` names):
   did. Needs servers started with a small ``raft_compaction_entries`` (the
   runner does that when this nemesis is enabled); skipped with the reason
   otherwise (see ``SnapshotLag.unavailable``).
+* ``client-kill`` -- kill -9 the simulated client (lifecycle runs), hold
+  until the servers have marked its nodes down (bounded), then start it
+  again on the same node ids: its allocs are lost and replaced, placements
+  wait in blocked evals while no node is up, and a rollout waiting on its
+  canaries replaces lost old allocs with the last settled version.
 * ``clock`` -- jump the leader's wall clock by a seeded offset (±0.5 s to
   ±1 day), then restore it; needs the servers' test-only wall-clock switch,
   which the runner turns on when this nemesis is enabled (``ClockJump``).
@@ -348,6 +353,44 @@ class ClockJump(Fault):
         return undo, [target], f"jump {target}'s wall clock {seconds:+g}s (leader)"
 
 
+class ClientKill(Fault):
+    name = "client-kill"
+
+    def unavailable(self, testbed: Testbed) -> str | None:
+        if testbed.client_sim is None:
+            return "no simulated client in this run (a lifecycle workload starts one)"
+        return None
+
+    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+        testbed.kill_client_sim()
+
+        def undo() -> str:
+            down = _await_nodes_down(testbed, NODES_DOWN_WAIT)
+            testbed.restart_client_sim()
+            return "restarted the simulated client" + ("" if down else f" (its nodes not all down within {NODES_DOWN_WAIT:g}s)")
+
+        return undo, ["client-sim"], "kill -9 the simulated client"
+
+
+#: How long the client-kill nemesis holds for the servers to mark the dead client's nodes down.
+NODES_DOWN_WAIT = 30.0
+
+
+def _await_nodes_down(testbed: Testbed, timeout: float) -> bool:
+    """Whether every node the servers know became ``down`` within ``timeout`` (any server's view)."""
+    deadline = time.monotonic() + timeout
+    with RPCClient(testbed.rpc_addresses, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            try:
+                nodes = client.call("node.list", {"stale": True})["data"]
+            except (RPCError, OSError):
+                nodes = []
+            if nodes and all(n["Status"] == "down" for n in nodes):
+                return True
+            time.sleep(0.5)
+    return False
+
+
 FAULTS: dict[str, Callable[[], Fault]] = {
     "kill": Kill,
     "kill-all": KillAll,
@@ -355,6 +398,7 @@ FAULTS: dict[str, Callable[[], Fault]] = {
     "partition": Partition,
     "snapshot-lag": SnapshotLag,
     "clock": ClockJump,
+    "client-kill": ClientKill,
 }
 
 

@@ -36,6 +36,8 @@ FAULT_COLORS = {
     "pause": "#4c72b0",
     "partition": "#8172b2",
     "snapshot-lag": "#55a868",
+    "clock": "#c49c3a",
+    "client-kill": "#64b5cd",
 }
 STATUS_COLORS = {"ok": "#4caf50", "fail": "#9e9e9e", "info": "#ff9800"}
 

@@ -76,6 +76,7 @@ class Testbed:
     proxies: LinkProxies | None
     paused: set[str] = field(default_factory=set)
     client_sim: subprocess.Popen[bytes] | None = None
+    client_sim_args: list[str] = field(default_factory=list)  # to start it again (the client-kill nemesis)
     #: the servers' ``raft_compaction_entries`` when the testbed set one (None: the profile's default)
     compaction_entries: int | None = None
     #: the file (in each server's data_dir) its wall-clock offset is read from, when the servers run
@@ -195,11 +196,32 @@ class Testbed:
         self.paused.discard(name)
 
     def start_client_sim(self, nodes: int, seed: int = 0) -> None:
-        """``caravan client sim`` with ``nodes`` simulated client nodes, as one more process."""
+        """``caravan client sim`` with ``nodes`` simulated client nodes, as one more process.
+
+        Its state file keeps the node ids, so a restart brings the same nodes back.
+        """
+        self.client_sim_args = [
+            sys.executable, "-m", "node.cli", "client", "sim", "--nodes", str(nodes),
+            "--servers", ",".join(self.rpc_addresses), "--seed", str(seed), "--name-prefix", "sim",
+            "--state-file", str(self.directory / "client-sim-nodes.json")]
+        self._spawn_client_sim()
+
+    def kill_client_sim(self) -> None:
+        """kill -9 the simulated client: its nodes stop heartbeating, as a crashed Nomad client's."""
+        proc = self.client_sim
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10.0)
+
+    def restart_client_sim(self) -> None:
+        if self.client_sim is not None and self.client_sim.poll() is None:
+            return
+        self._spawn_client_sim()
+
+    def _spawn_client_sim(self) -> None:
         log = open(self.directory / "client-sim.log", "ab")  # noqa: SIM115 - handed to the child
         self.client_sim = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "client", "sim", "--nodes", str(nodes),
-             "--servers", ",".join(self.rpc_addresses), "--seed", str(seed), "--name-prefix", "sim"],
+            self.client_sim_args,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -63,6 +63,18 @@ def test_lifecycle_under_faults_collects_safely(tmp_path: Path) -> None:
     assert gc["status"] == "ok" and gc["details"]["collected_jobs"] > 5, r.explain()
 
 
+def test_a_killed_simulated_client_loses_its_allocs_and_comes_back(tmp_path: Path) -> None:
+    """The client-kill nemesis: the servers mark the dead client's nodes down (its allocs lost and
+    replaced once it is back on the same node ids), and the run stays clean."""
+    out = tmp_path / "client-kill"
+    r = short_run(out, 15, ["client-kill"], workloads=["lifecycle", "journal"], time=25.0, quiet=(1.0, 2.0))
+    assert r.code == EXIT_OK, r.explain()
+    kills = [f for f in r.faults if f["kind"] == "client-kill"]
+    assert kills and all(f["end"] is not None for f in kills), r.faults
+    assert "restarted the simulated client" in kills[0]["detail"] and "not all down" not in kills[0]["detail"], kills[0]
+    assert r.checker("gc-safety")["status"] == "ok", r.explain()
+
+
 def test_campaign_reports_broken_exactly_once(tmp_path: Path) -> None:
     """The deliberate bug makes a restarted replica re-apply its log; the run must say so."""
     out = tmp_path / "buggy"
