@@ -31,6 +31,7 @@ from fsm.structs import (
     JOB_DEAD,
     JOB_PENDING,
     NODE_DOWN,
+    NODE_ELIGIBLE,
     SERVER_TERMINAL,
     TOKEN_MANAGEMENT,
     Allocation,
@@ -695,7 +696,13 @@ def deployment_reap(w: StateWriter, msg: m.DeploymentReap) -> dict[str, Any]:
 # -- nodes ---------------------------------------------------------------------
 def node_register(w: StateWriter, msg: m.NodeRegister) -> dict[str, Any]:
     check_node(msg.node)
-    w.put_node(msg.node, w.node(msg.node.id), "NodeRegistration")
+    old = w.node(msg.node.id)
+    if old is not None:
+        # As Nomad's upsertNodeTxn: a client registering again (a restart) keeps what the
+        # operator set, so a node closed for maintenance does not reopen by itself.
+        msg.node.scheduling_eligibility = old.scheduling_eligibility
+        msg.node.drain = old.drain
+    w.put_node(msg.node, old, "NodeRegistration")
     return {"node_id": msg.node.id}
 
 
@@ -716,6 +723,8 @@ def node_update_eligibility(w: StateWriter, msg: m.NodeUpdateEligibility) -> dic
     node = w.node(msg.node_id)
     if node is None:
         raise not_found(f"node {msg.node_id} not found")
+    if msg.eligibility == NODE_ELIGIBLE and (node.drain if msg.drain is None else msg.drain):
+        raise bad(f"node {node.id} is draining: it cannot be made eligible until the drain ends")
     old = _clone(node)
     node.scheduling_eligibility = msg.eligibility
     if msg.drain is not None:

@@ -846,6 +846,25 @@ def node_status(node_id: str, address: str, token: str | None, as_json: bool, st
                                     ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]))
 
 
+@node.command("eligibility")
+@click.argument("node_id")
+@click.option("--enable/--disable", "enable", default=None, help="Let the scheduler place new allocations here, or not.")
+@client_options
+def node_eligibility(node_id: str, enable: bool | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Open or close a node to new placements (``nomad node eligibility -enable|-disable``).
+
+    Allocations already on an ineligible node keep running. The setting
+    stays when the node's client restarts and registers again.
+    """
+    if enable is None:
+        raise click.UsageError("say --enable or --disable")
+    c = make_ctx(address, token, as_json)
+    full_id = c.read("node.get", {"node_id": node_id})["ID"]
+    value = "eligible" if enable else "ineligible"  # the wire values
+    out = c.call("node.eligibility", {"node_id": full_id, "eligibility": value})
+    emit(c, out, lambda d: f'Node "{d["NodeID"]}" scheduling eligibility set: {value} for scheduling')
+
+
 # -- ACL ----------------------------------------------------------------------------
 @main.group("client")
 def client_group() -> None:

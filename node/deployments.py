@@ -126,7 +126,7 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
         if dep.status_description != DESC_NEEDS_PROMOTION:
             out.status, out.description = DEPLOYMENT_RUNNING, DESC_NEEDS_PROMOTION
             return out
-    if not waiting and all(s.healthy_allocs >= s.desired_total for s in states.values()):
+    if not waiting and all(s.healthy_allocs >= s.desired_total for s in states.values()) and _all_replaced(reader, dep):
         out.status, out.description = DEPLOYMENT_SUCCESSFUL, DESC_SUCCESSFUL
         return out
     for name, state in states.items():
@@ -140,6 +140,20 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     if seen_healthy is None or out.healthy > seen_healthy:
         out.eval = _next_batch(job, dep)
     return out
+
+
+def _all_replaced(reader: StateReader, dep: Deployment) -> bool:
+    """Whether no live alloc of an older version is left in the rollout's groups.
+
+    Health counts alone can reach the total early: a healthy alloc that was
+    lost afterwards still counts (as in Nomad). Nomad's reconciler also
+    requires that nothing is left to update before it calls a rollout complete.
+    """
+    return not any(
+        a.job_version != dep.job_version and a.task_group in dep.task_groups
+        for a in reader.allocs_by_job(dep.job_id)
+        if not a.terminal()
+    )
 
 
 def _failing_early(reader: StateReader, dep: Deployment, job: Job, skew: int) -> set[str]:

@@ -924,6 +924,17 @@ def test_node_eligibility_and_drain(h: Harness) -> None:
     with h.reader() as r:
         node = r.node("n1")
         assert node.scheduling_eligibility == "ineligible" and node.drain
+    # As Nomad: a draining node cannot be made eligible, and a client registering again
+    # (a restart sends "eligible") keeps what the operator set.
+    rejected(h, m.NodeUpdateEligibility(node_id="n1", eligibility="eligible"), "bad_request", "draining")
+    h.ok(m.NodeRegister(node=make_node("n1")))
+    with h.reader() as r:
+        node = r.node("n1")
+        assert node.scheduling_eligibility == "ineligible" and node.drain
+    h.ok(m.NodeUpdateEligibility(node_id="n1", eligibility="eligible", drain=False))  # the drain ends
+    h.ok(m.NodeRegister(node=make_node("n1")))
+    with h.reader() as r:
+        assert r.node("n1").scheduling_eligibility == "eligible" and not r.node("n1").drain
 
 
 def test_node_reap(h: Harness) -> None:

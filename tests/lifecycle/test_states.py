@@ -909,3 +909,27 @@ def test_a_canary_rollout_says_from_the_start_who_promotes_it(h: Harness) -> Non
     run_eval(h, register(h, _canary_job({"v": 2}, auto_promote=True)))
     with h.reader() as r:
         assert r.latest_deployment("c").status_description == "Deployment is running pending automatic promotion"
+
+
+def test_a_rollout_is_not_successful_while_an_old_alloc_is_left_to_replace(h: Harness) -> None:
+    """A healthy canary that is lost later still counts as healthy (as in Nomad), so the health
+    counts reached the total with one old alloc left, and the rollout was declared successful
+    without replacing it. Nomad's reconciler also requires that nothing is left to update."""
+    d1, canary = _canary_rollout(h)
+    _healthy(h, [canary])
+    h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=canary, client_status="lost")]))
+    ev = Evaluation(id="ev-lost", job_id="c", type="service", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    (second,) = run_eval(h, ev).place
+    _healthy(h, [second.id])
+    h.ok(m.DeploymentPromote(deployment_id=d1.id))
+    for step in range(2):  # max_parallel 1: the canary's old alloc goes, and one more is replaced per batch
+        ev = Evaluation(id=f"ev-batch-{step}", job_id="c", type="service", status="pending")
+        h.ok(m.EvalUpsert(evals=[ev]))
+        _healthy(h, [p.id for p in run_eval(h, ev).place])
+        with h.reader() as r:
+            verdict = decide(r, r.deployment(d1.id), h.time, None)
+        if step == 0:  # healthy: lost canary, second canary, first replacement = 3 of 3
+            assert verdict.status == "" and verdict.eval is not None, verdict
+    assert verdict.status == "successful", verdict
+    assert sorted(a.job_version for a in live(h, "c")) == [1, 1, 1]
