@@ -102,6 +102,8 @@ def _check_groups(job: Job) -> None:
     """Nomad's rules for each group's reschedule policy and update strategy (one-line errors naming the field)."""
     for group in job.task_groups:
         where = f"Job.TaskGroups[{group.name}]"
+        if job.type == "system" and group.count > 1:
+            raise JobSpecError(f"{where}.Count: cannot exceed 1 with the system scheduler (0 switches the group off)")
         if group.reschedule_policy is not None:
             _check_reschedule(group.reschedule_policy, f"{where}.ReschedulePolicy")
         if group.update is not None:

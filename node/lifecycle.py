@@ -60,6 +60,7 @@ from fsm.structs import (
     NODE_READY,
     SECOND,
     Evaluation,
+    Job,
 )
 from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
 from node.acl import Need
@@ -108,6 +109,20 @@ def _needs_rescheduling(alloc: dict[str, Any]) -> bool:
     checks fail stays, and its rollout's progress deadline decides.
     """
     return alloc["client_status"] == CLIENT_FAILED and not alloc.get("next_allocation") and not alloc.get("followup_eval_id")
+
+
+def _evaluates(job: Job, trigger: str) -> bool:
+    """Whether an alloc's end is worth an eval of its job.
+
+    Not for a stopped job; not for a batch alloc that completed; and not for
+    a failed system alloc: system groups have no reschedule policy, so Nomad
+    leaves it failed until the next job or node change evaluates the job.
+    """
+    if job.stop:
+        return False
+    if trigger == TRIGGER_ALLOC_STOP and job.type == "batch":
+        return False
+    return not (trigger == TRIGGER_ALLOC_FAILURE and job.type == "system")
 
 
 @dataclass
@@ -160,7 +175,7 @@ class Initial:
                     needy[job_id] = "node-update"
         for job_id, trigger in sorted(needy.items()):
             job = reader.job(job_id)
-            if job is not None and not job.stop:
+            if job is not None and _evaluates(job, trigger):
                 init.orphans.append(job_eval(job, trigger))
         return init
 
@@ -411,11 +426,8 @@ class Lifecycle:
             out: list[Evaluation] = []
             for job_id, trigger in sorted(job_needs.items()):
                 job = reader.job(job_id)
-                if job is None or job.stop:
-                    continue
-                if trigger == TRIGGER_ALLOC_STOP and job.type == "batch":
-                    continue
-                out.append(job_eval(job, trigger))
+                if job is not None and _evaluates(job, trigger):
+                    out.append(job_eval(job, trigger))
             for node_id, what in sorted(node_needs.items()):
                 if what == "down":
                     out += node_down_evals(reader, node_id)

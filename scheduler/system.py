@@ -57,7 +57,8 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
     ev, job = snap.eval, snap.job
     plan = Plan(eval_id=ev.id, job_id=ev.job_id, snapshot_index=snap.index)
     stopped = job is None or job.stop
-    groups: dict[str, TaskGroup] = {} if stopped or job is None else {g.name: g for g in job.task_groups}
+    # As Nomad: a group with count 0 is switched off (its allocs stop as not needed).
+    groups: dict[str, TaskGroup] = {} if stopped or job is None else {g.name: g for g in job.task_groups if g.count > 0}
     ctx = PlacementContext(usage={k: copy.copy(v) for k, v in snap.usage.items()}, job_allocs=Counter())
     keep: dict[tuple[str, str], Allocation] = {}
     stops: list[tuple[Allocation, str, str]] = []

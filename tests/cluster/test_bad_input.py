@@ -104,6 +104,8 @@ def test_unknown_method(settled: tuple[ClusterHandle, str]) -> None:
          "Update.AutoPromote: needs a Canary count greater than zero"),
         ({"ID": "bad", "TaskGroups": [{"Name": "g", "Update": {"ProgressDeadline": -1}, "Tasks": [{"Name": "t"}]}]},
          "Update.ProgressDeadline: must not be negative"),
+        ({"ID": "bad", "Type": "system", "TaskGroups": [{"Name": "g", "Count": 3, "Tasks": [{"Name": "t"}]}]},
+         "Count: cannot exceed 1 with the system scheduler"),
         ({"TaskGroups": []}, "Job.ID"),
         ("not a job", "JSON"),
     ],

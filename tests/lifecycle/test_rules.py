@@ -476,6 +476,26 @@ def test_system_job_runs_once_per_eligible_node() -> None:
     assert not plan.place and [(s.id, s.client_status) for s in plan.stop] == [("on-b", "lost")]
 
 
+def test_a_system_group_with_count_0_is_switched_off() -> None:
+    """Nomad's materializeSystemTaskGroups: count 0 places nothing and stops what runs."""
+    on = job(type="system", count=1)
+    off = job(type="system", count=0, version=1)
+    plan = schedule(snapshot(off, [node("a"), node("b")], [alloc(on, 0, "a", alloc_id="on-a")]))
+    assert not plan.place and [(s.id, s.desired_description) for s in plan.stop] == [("on-a", "alloc not needed due to job update")]
+
+
+def test_an_alloc_ending_asks_for_an_eval_only_where_nomad_would() -> None:
+    """A failed system alloc is left failed (system groups have no reschedule policy, so Nomad's
+    UpdateAlloc makes no eval); a completed batch alloc needs none; a stopped job needs none."""
+    from node.lifecycle import TRIGGER_ALLOC_FAILURE, TRIGGER_ALLOC_STOP, _evaluates
+
+    assert _evaluates(job(type="service"), TRIGGER_ALLOC_FAILURE)
+    assert _evaluates(job(type="batch"), TRIGGER_ALLOC_FAILURE)
+    assert not _evaluates(job(type="system"), TRIGGER_ALLOC_FAILURE)
+    assert not _evaluates(job(type="batch"), TRIGGER_ALLOC_STOP)
+    assert not _evaluates(job(type="service", stop=True), TRIGGER_ALLOC_FAILURE)
+
+
 # -- plans as raft entries ------------------------------------------------------------------
 @settings(max_examples=40, deadline=None)
 @given(n_place=st.integers(0, 300), n_stop=st.integers(0, 100), with_dep=st.booleans(), limit_kb=st.integers(8, 64))
