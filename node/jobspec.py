@@ -99,7 +99,10 @@ def default_reschedule(job_type: str) -> ReschedulePolicy:
 
 
 def _check_groups(job: Job) -> None:
-    """Nomad's rules for each group's reschedule policy and update strategy (one-line errors naming the field)."""
+    """Nomad's rules for each group's count (system jobs), reschedule policy and update strategy.
+
+    Each is a one-line error naming the field.
+    """
     for group in job.task_groups:
         where = f"Job.TaskGroups[{group.name}]"
         if job.type == "system" and group.count > 1:
