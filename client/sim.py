@@ -12,10 +12,12 @@ clients would:
 - runs each allocation placed on its nodes as a simulated task with the
   ``sim`` driver (``client.driver``), fetching the job version's task
   config; reports ``running``, then ``complete``/``failed``; stops a task
-  when the server stops its alloc; for allocs of a deployment it reports
+  when the server stops its alloc; for each service alloc it reports
   health once the task has run for the group's ``min_healthy_time``
   (unhealthy if it fails first, or once ``healthy_deadline`` passes when its
-  task's checks never pass), as Nomad's client does;
+  task's checks never pass), as Nomad's client does: with the ``update``
+  block's times in a deployment, else the ``migrate`` block's (a node
+  drain moves the next allocs once these replacements are healthy);
 - batches status changes into ``alloc.update`` calls (every
   ``report_interval``, at most ``REPORT_BATCH`` allocs per call).
 
@@ -108,7 +110,7 @@ class Run:
     task_group: str
     task: asyncio.Task[Any] | None = None
     started: float = 0.0
-    healthy_reported: str = ""  # deployment id whose health was reported
+    healthy_reported: str | None = None  # deployment id ("" for none) whose health was reported
     joined: float = 0.0  # when an in-place update moved it into its deployment (monotonic)
     moved: asyncio.Event = field(default_factory=asyncio.Event)  # set on such a move
     finished: bool = False
@@ -425,20 +427,22 @@ class SimClient:
             self.runs.pop(run.alloc_id, None)
 
     async def _health(self, run: Run, job: dict[str, Any], group: dict[str, Any], healthy: bool) -> None:
-        """Report the alloc's health in its deployment (service allocs only).
+        """Report a service alloc's health: for its deployment, or (outside one) for a drain's steps.
 
         Healthy once it ran ``min_healthy_time``; unhealthy when its checks
         never pass and ``healthy_deadline`` has gone by, as Nomad's client
-        judges it. Again after an in-place update moves it into a new
+        judges it, with the update block's times in a deployment and the
+        migrate block's outside one. Again after an in-place update moves it into a new
         deployment, with that version's times.
         """
         while True:
             if job.get("Type") != "service":
                 return
-            wait = _update_time(group, "MinHealthyTime" if healthy else "HealthyDeadline")
+            block = "Update" if run.deployment_id else "Migrate"
+            wait = _health_time(group, block, "MinHealthyTime" if healthy else "HealthyDeadline")
             while (left := wait - (time.monotonic() - max(run.started, run.joined))) > 0:
                 await asyncio.sleep(left)
-            if run.deployment_id and run.healthy_reported != run.deployment_id:
+            if run.healthy_reported != run.deployment_id:
                 run.healthy_reported = run.deployment_id
                 self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": healthy, "Timestamp": time.time_ns()}})
             run.moved.clear()
@@ -485,9 +489,9 @@ class SimClient:
                 return
 
 
-def _update_time(group: dict[str, Any], key: str) -> float:
-    """The group's ``update`` duration ``key`` in seconds (Nomad's default without one)."""
-    value = (group.get("Update") or {}).get(key)
+def _health_time(group: dict[str, Any], block: str, key: str) -> float:
+    """The group's ``block`` (Update or Migrate) duration ``key`` in seconds (Nomad's default without one)."""
+    value = (group.get(block) or {}).get(key)
     return UPDATE_DEFAULTS[key] if value is None else float(value) / 1e9
 
 

@@ -32,10 +32,12 @@ from fsm.structs import (
     JOB_PENDING,
     NODE_DOWN,
     NODE_ELIGIBLE,
+    NODE_INELIGIBLE,
     SERVER_TERMINAL,
     TOKEN_MANAGEMENT,
     Allocation,
     Deployment,
+    DrainStrategy,
     Evaluation,
     Job,
     JobSummary,
@@ -702,6 +704,7 @@ def node_register(w: StateWriter, msg: m.NodeRegister) -> dict[str, Any]:
         # operator set, so a node closed for maintenance does not reopen by itself.
         msg.node.scheduling_eligibility = old.scheduling_eligibility
         msg.node.drain = old.drain
+        msg.node.drain_strategy = old.drain_strategy
     w.put_node(msg.node, old, "NodeRegistration")
     return {"node_id": msg.node.id}
 
@@ -727,9 +730,40 @@ def node_update_eligibility(w: StateWriter, msg: m.NodeUpdateEligibility) -> dic
         raise bad(f"node {node.id} is draining: it cannot be made eligible until the drain ends")
     old = _clone(node)
     node.scheduling_eligibility = msg.eligibility
-    if msg.drain is not None:
+    if msg.drain is not None:  # the older way to drain: no deadline
         node.drain = msg.drain
+        node.drain_strategy = (node.drain_strategy or DrainStrategy(started_at=w.now)) if msg.drain else None
     w.put_node(node, old, "NodeEligibility")
+    return {"node_id": node.id, "eval_ids": _upsert_evals(w, msg.evals)}
+
+
+def node_update_drain(w: StateWriter, msg: m.NodeUpdateDrain) -> dict[str, Any]:
+    """Start, change or end a node's drain, as Nomad's UpdateNodeDrain.
+
+    The drain's clock is the state's: it starts at the entry's time (a
+    change keeps the first start) and a deadline runs from the entry that
+    set it, so every replica agrees when the deadline passes.
+    """
+    node = w.node(msg.node_id)
+    if node is None:
+        raise not_found(f"node {msg.node_id} not found")
+    current = node.drain_strategy
+    if msg.done_started_at and (current is None or current.started_at != msg.done_started_at):
+        raise conflict(f"node {node.id}: the drain that finished is no longer the node's")
+    old = _clone(node)
+    if msg.strategy is None:
+        node.drain = False
+        node.drain_strategy = None
+        if msg.mark_eligible:
+            node.scheduling_eligibility = NODE_ELIGIBLE
+    else:
+        strategy = _clone(msg.strategy)
+        strategy.started_at = current.started_at if current is not None else w.now
+        strategy.force_deadline = w.now + strategy.deadline if strategy.deadline > 0 else 0
+        node.drain = True
+        node.drain_strategy = strategy
+        node.scheduling_eligibility = NODE_INELIGIBLE
+    w.put_node(node, old, "NodeDrain")
     return {"node_id": node.id, "eval_ids": _upsert_evals(w, msg.evals)}
 
 
@@ -847,6 +881,7 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.NODE_REGISTER: node_register,
     MessageType.NODE_UPDATE_STATUS: node_update_status,
     MessageType.NODE_UPDATE_ELIGIBILITY: node_update_eligibility,
+    MessageType.NODE_UPDATE_DRAIN: node_update_drain,
     MessageType.NODE_REAP: node_reap,
     MessageType.ACL_TOKEN_BOOTSTRAP: acl_token_bootstrap,
     MessageType.ACL_TOKEN_UPSERT: acl_token_upsert,

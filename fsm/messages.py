@@ -23,6 +23,7 @@ from fsm.structs import (
     Deployment,
     DeploymentStatus,
     DesiredTransition,
+    DrainStrategy,
     Evaluation,
     Job,
     Node,
@@ -56,6 +57,7 @@ class MessageType(IntEnum):
     RECONCILE_SUMMARIES = 20
     BATCH = 21
     DEPLOYMENT_PROMOTE = 22
+    NODE_UPDATE_DRAIN = 23
 
 
 @dataclass
@@ -193,6 +195,23 @@ class NodeUpdateEligibility:
 
 
 @dataclass
+class NodeUpdateDrain:
+    """Nomad's Node.UpdateDrain: start or change a node's drain (``strategy``) or end it (None).
+
+    A drain makes the node ineligible; ending it leaves the node ineligible
+    unless ``mark_eligible``. The leader's drainer ends a finished drain with
+    ``done_started_at`` set to the drain's start: it applies only while that
+    drain is still the node's (an operator may have started another since).
+    """
+
+    node_id: str
+    strategy: DrainStrategy | None = None
+    mark_eligible: bool = False
+    done_started_at: int = 0
+    evals: list[Evaluation] = field(default_factory=list)
+
+
+@dataclass
 class NodeReap:
     nodes: list[Reap] = field(default_factory=list)
 
@@ -254,6 +273,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.NODE_REGISTER: NodeRegister,
     MessageType.NODE_UPDATE_STATUS: NodeUpdateStatus,
     MessageType.NODE_UPDATE_ELIGIBILITY: NodeUpdateEligibility,
+    MessageType.NODE_UPDATE_DRAIN: NodeUpdateDrain,
     MessageType.NODE_REAP: NodeReap,
     MessageType.ACL_TOKEN_BOOTSTRAP: ACLTokenBootstrap,
     MessageType.ACL_TOKEN_UPSERT: ACLTokenUpsert,

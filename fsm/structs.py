@@ -88,6 +88,21 @@ class UpdateStrategy:
 
 
 @dataclass
+class MigrateStrategy:
+    """Nomad's migrate block: how a node drain moves a service group's allocs.
+
+    At most ``max_parallel`` of the group's allocs are moving at once: the
+    drainer marks the next ones only as replacements turn healthy (after
+    ``min_healthy_time``; unhealthy once ``healthy_deadline`` passes).
+    """
+
+    max_parallel: int = 1
+    health_check: str = "checks"
+    min_healthy_time: int = 10 * SECOND
+    healthy_deadline: int = 5 * MINUTE
+
+
+@dataclass
 class Task:
     name: str
     driver: str = "sim"
@@ -105,6 +120,7 @@ class TaskGroup:
     reschedule_policy: ReschedulePolicy | None = None
     update: UpdateStrategy | None = None
     meta: dict[str, str] = field(default_factory=dict)
+    migrate: MigrateStrategy | None = None  # None: Nomad's defaults (service jobs; others are not migrated in steps)
 
 
 @dataclass
@@ -293,6 +309,25 @@ class Deployment:
 
 
 @dataclass
+class DrainStrategy:
+    """Nomad's DrainStrategy: a node is being emptied so it can be taken out of service.
+
+    ``deadline`` > 0: what has not moved by then is moved at once
+    (``force_deadline``, the state's time the FSM stamps from the drain's
+    start); 0: no deadline; < 0: everything at once (``-force``).
+    """
+
+    deadline: int = 0
+    ignore_system_jobs: bool = False
+    force_deadline: int = 0
+    started_at: int = 0
+
+    def forced(self, now: int) -> bool:
+        """Whether everything left on the node is to move now."""
+        return self.deadline < 0 or (self.force_deadline > 0 and now >= self.force_deadline)
+
+
+@dataclass
 class Node:
     id: str
     name: str = ""
@@ -305,6 +340,7 @@ class Node:
     status_updated_at: int = 0
     drain: bool = False
     scheduling_eligibility: str = NODE_ELIGIBLE
+    drain_strategy: DrainStrategy | None = None  # set while draining (``drain`` is true)
     create_index: int = 0
     modify_index: int = 0
     create_time: int = 0

@@ -842,8 +842,17 @@ def node_list(address: str, token: str | None, as_json: bool, stale: bool) -> No
 def node_status(node_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
     data = c.read("node.get", {"node_id": node_id})
-    emit(c, data, lambda d: kv(d, [("ID", "ID"), ("Name", "Name"), ("Datacenter", "Datacenter"), ("Status", "Status"),
-                                    ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]))
+    emit(c, data, lambda d: kv({**d, "Deadline": _drain_deadline(d)},
+                               [("ID", "ID"), ("Name", "Name"), ("Datacenter", "Datacenter"), ("Status", "Status"),
+                                ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]
+                               + ([("Drain Deadline", "Deadline")] if d.get("DrainStrategy") else [])))
+
+
+def _drain_deadline(node: dict[str, Any]) -> str:
+    strategy = node.get("DrainStrategy") or {}
+    if strategy.get("Deadline", 0) < 0:
+        return "forced"
+    return when(strategy.get("ForceDeadline", 0)) or "none"
 
 
 @node.command("eligibility")
@@ -863,6 +872,121 @@ def node_eligibility(node_id: str, enable: bool | None, address: str, token: str
     value = "eligible" if enable else "ineligible"  # the wire values
     out = c.call("node.eligibility", {"node_id": full_id, "eligibility": value})
     emit(c, out, lambda d: f'Node "{d["NodeID"]}" scheduling eligibility set: {value} for scheduling')
+
+
+DRAIN_POLL = 0.5  # seconds between looks while monitoring a drain
+
+
+@node.command("drain")
+@click.argument("node_id")
+@click.option("--enable", is_flag=True, help="Start draining the node (or change the drain under way).")
+@click.option("--disable", is_flag=True, help="Stop draining; the node becomes eligible again unless --keep-ineligible.")
+@click.option("--deadline", default="1h", show_default=True,
+              help="Move whatever has not moved by then at once (Go duration, e.g. 30m).")
+@click.option("--force", is_flag=True, help="Move every allocation at once (no migrate steps, no deadline).")
+@click.option("--no-deadline", is_flag=True, help="No deadline: batch allocations may run to the end.")
+@click.option("--ignore-system", is_flag=True, help="Leave system job allocations on the node.")
+@click.option("--keep-ineligible", is_flag=True, help="With --disable: keep the node closed to new placements.")
+@click.option("--detach", is_flag=True, help="Return at once instead of monitoring the drain.")
+@click.option("--monitor", "monitor_only", is_flag=True, help="Monitor a drain under way (changes nothing).")
+@client_options
+def node_drain(node_id: str, enable: bool, disable: bool, deadline: str, force: bool, no_deadline: bool,
+               ignore_system: bool, keep_ineligible: bool, detach: bool, monitor_only: bool,
+               address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Drain a node: move its allocations elsewhere before it is taken out of service (``nomad node drain``).
+
+    The node is closed to new placements at once. Service allocations move
+    in steps of their group's migrate.max_parallel, each step once the
+    replacements are healthy; batch allocations are left to finish until
+    the deadline; system allocations stop last. At the deadline whatever is
+    left moves at once. The node stays ineligible after the drain.
+    """
+    from node.config import parse_duration
+
+    if sum((enable, disable, monitor_only)) != 1:
+        raise click.UsageError("say exactly one of --enable, --disable or --monitor")
+    if (force or no_deadline or ignore_system) and not enable:
+        raise click.UsageError("--force, --no-deadline and --ignore-system go with --enable")
+    if keep_ineligible and not disable:
+        raise click.UsageError("--keep-ineligible goes with --disable")
+    if force and no_deadline:
+        raise click.UsageError("--force and --no-deadline cannot be used together")
+    if detach and monitor_only:
+        raise click.UsageError("--detach and --monitor cannot be used together")
+    try:
+        seconds = parse_duration(deadline)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--deadline") from None
+    if enable and not force and not no_deadline and seconds <= 0:
+        raise click.BadParameter("must be greater than zero (or say --force or --no-deadline)", param_hint="--deadline")
+    c = make_ctx(address, token, as_json)
+    full_id = c.read("node.get", {"node_id": node_id})["ID"]
+    if monitor_only:
+        sys.exit(monitor_drain(c, full_id))
+    spec = None
+    if enable:
+        spec = {"Deadline": -1 if force else 0 if no_deadline else int(seconds * 1e9), "IgnoreSystemJobs": ignore_system}
+    out = c.call("node.drain", {"node_id": full_id, "drain_spec": spec, "mark_eligible": disable and not keep_ineligible})
+    if as_json or detach or disable:
+        said = "drain strategy set" if enable else "drain strategy unset"
+        emit(c, out, lambda d: f'{_stamp()}: Node "{d["NodeID"]}" {said}')
+        return
+    click.echo(f'{_stamp()}: Ctrl-C to stop monitoring: will not cancel the node drain')
+    click.echo(f'{_stamp()}: Node "{full_id}" drain strategy set')
+    sys.exit(monitor_drain(c, full_id))
+
+
+def _stamp() -> str:
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def monitor_drain(c: Ctx, node_id: str) -> int:
+    """Follow a drain until it is done and what it moves has stopped (Nomad's drain monitor); the exit code."""
+    seen: dict[str, tuple[bool, str, str]] = {}  # alloc id -> (marked, desired status, client status)
+    job_types: dict[str, str] = {}
+    ignore_system = False
+    complete = False
+    try:
+        while True:
+            node = c.call("node.get", {"node_id": node_id})["data"]
+            strategy = node.get("DrainStrategy")
+            if strategy is not None:
+                ignore_system = bool(strategy.get("IgnoreSystemJobs"))
+            allocs = c.call("alloc.list", {"node_id": node_id})["data"]
+            moving = 0
+            for a in sorted(allocs, key=lambda a: (a.get("CreateIndex", 0), a["ID"])):
+                marked = bool((a.get("DesiredTransition") or {}).get("Migrate"))
+                now = (marked, a.get("DesiredStatus", ""), a.get("ClientStatus", ""))
+                before = seen.get(a["ID"])
+                if before is None and marked and now[2] in ("pending", "running"):
+                    before = (False, "run", now[2])  # moved since the drain began: say so
+                seen[a["ID"]] = now
+                if before is not None:
+                    if now[0] and not before[0]:
+                        click.echo(f'{_stamp()}: Alloc "{a["ID"]}" marked for migration')
+                    if now[1] != "run" and before[1] == "run":
+                        click.echo(f'{_stamp()}: Alloc "{a["ID"]}" draining')
+                    if now[2] != before[2]:
+                        click.echo(f'{_stamp()}: Alloc "{a["ID"]}" status {before[2]} -> {now[2]}')
+                if a.get("ClientStatus") not in ("pending", "running"):
+                    continue
+                if ignore_system and a["JobID"] not in job_types:
+                    try:
+                        job_types[a["JobID"]] = c.call("job.get", {"job_id": a["JobID"]})["data"].get("Type", "")
+                    except RPCError:
+                        job_types[a["JobID"]] = ""  # purged: its allocs stop
+                if not (ignore_system and job_types.get(a["JobID"]) == "system"):
+                    moving += 1
+            if strategy is None and not complete:
+                complete = True
+                click.echo(f'{_stamp()}: Node "{node_id}" drain complete')
+            if complete and moving == 0:
+                click.echo(f'{_stamp()}: All allocations on node "{node_id}" have stopped')
+                return 0
+            time.sleep(DRAIN_POLL)
+    except KeyboardInterrupt:
+        click.echo(f'{_stamp()}: monitoring stopped; the drain goes on (caravan node drain --monitor {short(node_id)})')
+        return 0
 
 
 # -- ACL ----------------------------------------------------------------------------

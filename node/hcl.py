@@ -386,6 +386,9 @@ class _Converter:
                 "update": lambda lab, inner, sub: defaults.__setitem__(
                     "Update", self.update(lab, inner, sub)
                 ),
+                "migrate": lambda lab, inner, sub: defaults.__setitem__(
+                    "Migrate", self.migrate(lab, inner, sub)
+                ),
                 "reschedule": lambda lab, inner, sub: defaults.__setitem__(
                     "ReschedulePolicy", self.reschedule(lab, inner, sub)
                 ),
@@ -425,6 +428,9 @@ class _Converter:
                 ),
                 "update": lambda lab, inner, sub: group.__setitem__(
                     "Update", self.update(lab, inner, sub)
+                ),
+                "migrate": lambda lab, inner, sub: group.__setitem__(
+                    "Migrate", self.migrate(lab, inner, sub)
                 ),
                 "reschedule": lambda lab, inner, sub: group.__setitem__(
                     "ReschedulePolicy", self.reschedule(lab, inner, sub)
@@ -550,6 +556,24 @@ class _Converter:
                 "auto_revert": ("AutoRevert", self.boolean),
                 "canary": ("Canary", self.integer),
                 "auto_promote": ("AutoPromote", self.boolean),
+            },
+            {},
+            out,
+        )
+        return out
+
+    def migrate(self, labels: list[str], body: dict[str, Any], path: Path) -> dict[str, Any]:
+        self.labels(path, "migrate", labels, 0)
+        out: dict[str, Any] = {}
+        self.body(
+            body,
+            path,
+            "migrate",
+            {
+                "max_parallel": ("MaxParallel", self.integer),
+                "health_check": ("HealthCheck", self.string),
+                "min_healthy_time": ("MinHealthyTime", self.duration),
+                "healthy_deadline": ("HealthyDeadline", self.duration),
             },
             {},
             out,

@@ -373,6 +373,26 @@ async def node_allocations(request: web.Request) -> web.Response:
     return _reply(request, data, index)
 
 
+async def node_drain(request: web.Request) -> web.Response:
+    """Nomad's ``/v1/node/:id/drain``: ``{"DrainSpec": {"Deadline": ns, "IgnoreSystemJobs": b}}``; null ends it."""
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise bad('the body must be a JSON object: {"DrainSpec": {"Deadline": 3600000000000}} or {"DrainSpec": null}')
+    node, _ = await _read(request, "node.get", {"node_id": request.match_info["node_id"]})
+    args = {"node_id": node["ID"], "drain_spec": body.get("DrainSpec"), "mark_eligible": body.get("MarkEligible", False)}
+    return _write_reply(request, await api_of(request).call(request, "node.drain", args))
+
+
+async def node_eligibility(request: web.Request) -> web.Response:
+    """Nomad's ``/v1/node/:id/eligibility``: ``{"Eligibility": "eligible" | "ineligible"}``."""
+    body = await json_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("Eligibility"), str):
+        raise bad('the body must be a JSON object: {"Eligibility": "eligible"} or {"Eligibility": "ineligible"}')
+    node, _ = await _read(request, "node.get", {"node_id": request.match_info["node_id"]})
+    args = {"node_id": node["ID"], "eligibility": body["Eligibility"]}
+    return _write_reply(request, await api_of(request).call(request, "node.eligibility", args))
+
+
 # -- system ------------------------------------------------------------------------------------
 async def system_gc(request: web.Request) -> web.Response:
     out = await api_of(request).call(request, "system.gc", {})
@@ -793,6 +813,8 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/nodes", nodes_list, allow_head=False)
     r.add_get("/v1/node/{node_id}", node_get, allow_head=False)
     r.add_get("/v1/node/{node_id}/allocations", node_allocations, allow_head=False)
+    both("/v1/node/{node_id}/drain", node_drain)
+    both("/v1/node/{node_id}/eligibility", node_eligibility)
 
     both("/v1/system/gc", system_gc)
     both("/v1/system/reconcile/summaries", system_reconcile)

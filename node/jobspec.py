@@ -19,7 +19,7 @@ from typing import Any
 
 from fsm import codec
 from fsm.errors import ApplyRejected, CodecError
-from fsm.structs import HOUR, SECOND, Job, ReschedulePolicy, UpdateStrategy
+from fsm.structs import HOUR, SECOND, Job, MigrateStrategy, ReschedulePolicy, UpdateStrategy
 from fsm.validate import check_job
 from node.nomadjson import DATA_MAPS, from_nomad, pascal, snake
 
@@ -111,6 +111,8 @@ def _check_groups(job: Job) -> None:
             _check_reschedule(group.reschedule_policy, f"{where}.ReschedulePolicy")
         if group.update is not None:
             _check_update(group.update, f"{where}.Update")
+        if group.migrate is not None:
+            _check_migrate(group.migrate, f"{where}.Migrate")
 
 
 def _check_reschedule(policy: ReschedulePolicy, where: str) -> None:
@@ -142,6 +144,21 @@ def _check_update(update: UpdateStrategy, where: str) -> None:
                            f"({update.healthy_deadline} >= {update.progress_deadline} ns), or set ProgressDeadline to 0")
     if update.auto_promote and update.canary == 0:
         raise JobSpecError(f"{where}.AutoPromote: needs a Canary count greater than zero")
+
+
+def _check_migrate(migrate: MigrateStrategy, where: str) -> None:
+    """Nomad's MigrateStrategy.Validate."""
+    if migrate.max_parallel < 0:
+        raise JobSpecError(f"{where}.MaxParallel: must not be negative")
+    if migrate.health_check not in ("checks", "task_states"):
+        raise JobSpecError(f"{where}.HealthCheck: must be checks or task_states, not {migrate.health_check!r}")
+    if migrate.min_healthy_time < 0:
+        raise JobSpecError(f"{where}.MinHealthyTime: must not be negative")
+    if migrate.healthy_deadline < 0:
+        raise JobSpecError(f"{where}.HealthyDeadline: must not be negative")
+    if migrate.min_healthy_time > migrate.healthy_deadline:
+        raise JobSpecError(f"{where}.MinHealthyTime: must be less than HealthyDeadline "
+                           f"({migrate.min_healthy_time} > {migrate.healthy_deadline} ns)")
 
 
 def _general_parse(spec: dict[str, Any]) -> tuple[Job, list[str]]:
@@ -463,26 +480,27 @@ def parse_job(spec: Any) -> tuple[Job, list[str]]:
 
 
 def _job_update_to_groups(spec: dict[str, Any]) -> dict[str, Any]:
-    """Nomad's ``Job.Update`` is every group's default update block (a group's own keys win)."""
-    update = spec.get("Update")
-    if not isinstance(update, dict):
-        return spec
-    spec = {k: v for k, v in spec.items() if k != "Update"}
-    groups = spec.get("TaskGroups")
-    if isinstance(groups, list):
-        spec["TaskGroups"] = [_with_default_update(g, update) for g in groups]
+    """Nomad's ``Job.Update`` and ``Job.Migrate`` are every group's defaults (a group's own keys win)."""
+    for block in ("Update", "Migrate"):
+        defaults = spec.get(block)
+        if not isinstance(defaults, dict):
+            continue
+        spec = {k: v for k, v in spec.items() if k != block}
+        groups = spec.get("TaskGroups")
+        if isinstance(groups, list):
+            spec["TaskGroups"] = [_with_default(g, block, defaults) for g in groups]
     return spec
 
 
-def _with_default_update(group: Any, update: dict[str, Any]) -> Any:
-    """The group with the job's update keys it lacks; a malformed group is left for the parser to name."""
+def _with_default(group: Any, block: str, defaults: dict[str, Any]) -> Any:
+    """The group with the job's ``block`` keys it lacks; a malformed group is left for the parser to name."""
     if not isinstance(group, dict):
         return group
-    own = group.get("Update")
+    own = group.get(block)
     if own is None:
-        return {**group, "Update": dict(update)}
+        return {**group, block: dict(defaults)}
     if isinstance(own, dict):
-        return {**group, "Update": {**update, **own}}
+        return {**group, block: {**defaults, **own}}
     return group
 
 
@@ -493,6 +511,8 @@ def _finish(job: Job) -> Job:
         for group in job.task_groups:
             if group.reschedule_policy is None:
                 group.reschedule_policy = _default_reschedule_copy(job.type)
+            if group.migrate is None and job.type == "service":  # as Nomad's TaskGroup.Canonicalize
+                group.migrate = MigrateStrategy()
     try:
         check_job(job)
     except ApplyRejected as exc:

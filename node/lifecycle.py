@@ -22,7 +22,8 @@ replayed before this one took over) reaches it the same way:
   a complete eval that placed everything untracks its job's blocked eval;
   an alloc or node change that frees or adds capacity unblocks blocked
   evals; a failed alloc (or a finished service alloc) gets an eval for its
-  job; a node that went down (or draining) gets evals for the jobs on it,
+  job; a node that went down gets evals for the jobs on it (the drainer,
+  ``node.drainer``, makes a drain's as it marks allocs to move),
   a node that became usable gets evals for system jobs — each only if the
   job has no eval queued already (one that has not started will see the
   change anyway).
@@ -66,6 +67,7 @@ from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
 from node.acl import Need
 from node.broker import BlockedEvals, EvalBroker
 from node.deployments import DeploymentWatcher
+from node.drainer import Drainer
 from node.endpoints import method
 from node.errors import RPCError
 from node.heartbeat import (
@@ -73,7 +75,6 @@ from node.heartbeat import (
     eval_chunks,
     job_eval,
     node_down_evals,
-    node_drain_evals,
     node_up_evals,
 )
 from node.ids import new_uuid
@@ -250,6 +251,7 @@ class Lifecycle:
         self.writer = EvalWriter(server, cfg.failed_eval_followup)
         self.heartbeats = HeartbeatMonitor(self)
         self.deployments = DeploymentWatcher(self)
+        self.drainer = Drainer(self)
         self.nodes: dict[str, NodeView] = {}
         self.active_deployments: set[str] = set()
         self.cursor = Cursor(self, TOPICS)
@@ -258,7 +260,7 @@ class Lifecycle:
         self._batches: list[tuple[int, Sequence[Record]]] = []
         # Work the tail found that needs state reads (resolved after each catch-up).
         self._job_needs: dict[str, str] = {}  # job id -> trigger
-        self._node_needs: dict[str, str] = {}  # node id -> "down" | "up" | "drain"
+        self._node_needs: dict[str, str] = {}  # node id -> "down" | "up"
 
     # -- Follower (called inside Cursor.catch_up, on an executor thread) ----------
     def rebuild(self, reader: StateReader) -> None:
@@ -285,6 +287,7 @@ class Lifecycle:
                 tg.create_task(self._housekeeping())
                 tg.create_task(self.heartbeats.run())
                 tg.create_task(self.deployments.run())
+                tg.create_task(self.drainer.run())
         finally:
             self.broker.disable()
             if _CURRENT.get(self.server) is self:
@@ -326,6 +329,7 @@ class Lifecycle:
         self.nodes = init.nodes
         self.active_deployments = init.deployments
         self.deployments.poke.set()
+        self.drainer.poke.set()
         orphans = [e for e in init.orphans if not self.broker.has_queued(e.namespace, e.job_id)]
         if orphans:
             for ev in orphans:
@@ -388,6 +392,9 @@ class Lifecycle:
         """Returns whether the alloc freed capacity; notes jobs that need an eval."""
         if alloc.get("deployment_id"):
             self.deployments.poke.set()
+        view = self.nodes.get(alloc["node_id"])
+        if view is not None and view.drain:
+            self.drainer.poke.set()
         status = alloc["client_status"]
         desired = alloc["desired_status"]
         if desired == DESIRED_RUN and not alloc.get("next_allocation"):
@@ -407,9 +414,8 @@ class Lifecycle:
         if view.status == NODE_DOWN and (before is None or before.status != NODE_DOWN):
             self._node_needs[node_id] = "down"
             return False
-        if view.drain and (before is None or not before.drain):
-            self._node_needs[node_id] = "drain"
-            return True
+        if view.drain:
+            self.drainer.poke.set()
         if view.usable and (before is None or not before.usable):
             self._node_needs[node_id] = "up"
             return True
@@ -431,8 +437,6 @@ class Lifecycle:
             for node_id, what in sorted(node_needs.items()):
                 if what == "down":
                     out += node_down_evals(reader, node_id)
-                elif what == "drain":
-                    out += node_drain_evals(reader, node_id)
                 else:
                     out += node_up_evals(reader, node_id)
             return out

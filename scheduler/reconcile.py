@@ -17,7 +17,8 @@ Classification of each alloc of the group:
   never (attempts used up; the slot stays taken).
 - live (desired run, pending/running) on a down or missing node: lost —
   stopped with client status ``lost`` and replaced elsewhere; on a draining
-  node: migrated (stopped and replaced).
+  node, once the drainer marked it (``desired_transition.migrate``):
+  migrated (stopped and replaced). Unmarked allocs there keep running.
 - other live allocs count toward the group; the excess over ``count`` is
   stopped (old versions first, then highest name index); allocs of an
   older job version are updated in place when only count/update/reschedule
@@ -80,7 +81,7 @@ STOP_CANARY_FAILED = "alloc not needed as its deployment failed before promotion
 STOP_CANARY_STALE = "alloc not needed as it is a canary of a replaced deployment"
 
 # Group fields whose change is not destructive (Nomad updates these in place).
-_INPLACE_FIELDS = ("count", "update", "reschedule_policy")
+_INPLACE_FIELDS = ("count", "update", "reschedule_policy", "migrate")
 
 
 def alloc_name(job_id: str, group: str, index: int) -> str:
@@ -268,7 +269,7 @@ def reconcile_group(
         if stopped:
             plan.stop.append(Stop(alloc, STOP_JOB if job_stopped else STOP_GROUP))
             continue
-        if node.drain:
+        if node.drain and alloc.desired_transition.migrate:  # the drainer's pick (Nomad's filterByTainted)
             plan.stop.append(Stop(alloc, STOP_MIGRATE))
             replace.append(Placement(alloc.name, previous=alloc))
             continue

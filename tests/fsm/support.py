@@ -34,6 +34,7 @@ from fsm.structs import (
     Allocation,
     Deployment,
     DeploymentState,
+    DrainStrategy,
     Evaluation,
     Job,
     JobSummary,
@@ -362,6 +363,12 @@ def check_invariants(
         actual = dict(r.iter_raw(name))
         assert actual == expected, f"index {name} disagrees with its table: {actual} != {expected}"
 
+    # A node being drained is closed to new work (Nomad's UpdateNodeDrain).
+    for n in rows(r, "nodes"):
+        if n.drain_strategy is not None:
+            assert n.drain and n.scheduling_eligibility == "ineligible", f"draining node {n.id} is open: {n}"
+            assert n.drain_strategy.started_at > 0, f"drain of node {n.id} has no start"
+
     # Every alloc's eval exists; its job exists unless it was purged.
     for a in allocs.values():
         assert a.eval_id in evals, f"alloc {a.id} names missing eval {a.eval_id}"
@@ -514,6 +521,9 @@ def sample_bodies() -> list[Any]:
                 encode_entry(m.JobDeregister(job_id="nope"), time=T0, rid="batched-2"),  # not_found
             ]
         ),
+        m.NodeUpdateDrain(node_id="n1", strategy=DrainStrategy(deadline=60 * SECOND)),
+        m.NodeUpdateDrain(node_id="n1", done_started_at=1),  # conflict: not the node's drain
+        m.NodeUpdateDrain(node_id="n3", mark_eligible=True),
     ]
 
 

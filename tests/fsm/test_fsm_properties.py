@@ -45,6 +45,7 @@ from fsm.structs import (
     SECOND,
     DeploymentStatus,
     DesiredTransition,
+    DrainStrategy,
     Evaluation,
     Job,
     Task,
@@ -729,6 +730,32 @@ class FSMMachine(RuleBasedStateMachine):
         self.submit(
             m.NodeUpdateEligibility(
                 node_id=node_id, eligibility=eligibility, drain=drain, evals=evals
+            ),
+            skew,
+        )
+
+    @rule(
+        node_id=NODE_ID,
+        deadline=st.none() | st.sampled_from([-1, 0, SECOND, 3600 * SECOND]),
+        ignore_system=st.booleans(),
+        mark_eligible=st.booleans(),
+        done=st.sampled_from([0, 0, 1]),
+        evals=EVAL_LISTS,
+        skew=st.integers(-5, 60),
+    )
+    def node_drain(
+        self, node_id: str, deadline: int | None, ignore_system: bool, mark_eligible: bool, done: int,
+        evals: list[Evaluation], skew: int,
+    ) -> None:
+        """Start, change or end a drain; ``done`` ends it as the drainer does (mostly a conflict)."""
+        strategy = None if deadline is None else DrainStrategy(deadline=deadline, ignore_system_jobs=ignore_system)
+        if done:
+            node = next((n for n in self.existing("nodes") if n["id"] == node_id), None)
+            drain = node and node.get("drain_strategy")
+            done = drain["started_at"] if drain and deadline is None else 1
+        self.submit(
+            m.NodeUpdateDrain(
+                node_id=node_id, strategy=strategy, mark_eligible=mark_eligible, done_started_at=done, evals=evals
             ),
             skew,
         )

@@ -654,3 +654,62 @@ def test_a_node_marked_down_by_an_operator_loses_its_allocs_and_heartbeats_reviv
     # The client is alive again and heartbeats: the leader marks its nodes ready.
     wait_until(lambda: env.read("node.get", {"node_id": victim})["Status"] == "ready", 30, "node revived by heartbeats")
     env.call("job.stop", {"job_id": "mark"})
+
+
+def _http(env: Env, path: str, body: Any) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://{env.cluster.http_addresses[0]}{path}", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_a_node_drain_moves_service_allocs_one_healthy_step_at_a_time_and_system_allocs_last(lifecycle_env: Env) -> None:
+    """`nomad node drain -enable`: the CLI monitors the drain to its end. With migrate.max_parallel 1,
+    each alloc moves only once the previous replacement was reported healthy (after the migrate block's
+    min_healthy_time); the system alloc stops after every service alloc; the node stays closed."""
+    env = lifecycle_env
+    sim = env.start_sim(2, "drn", "--datacenter", "dcd")
+    a, b = sorted(sim.nodes)
+    assert env.cli("node", "eligibility", "--disable", b).returncode == 0
+    body = spec("moving", count=3, cpu=10, mem=10, Datacenters=["dcd"])
+    body["Job"]["TaskGroups"][0]["Migrate"] = {"MaxParallel": 1, "MinHealthyTime": 1_000_000_000, "HealthyDeadline": 20_000_000_000}
+    env.call("job.register", {"job": body["Job"]})
+
+    def healthy_on(node_id: str) -> list[dict[str, Any]]:
+        return [x for x in live(allocs(env, "moving")) if x["NodeID"] == node_id and x["ClientStatus"] == "running"
+                and (x.get("DeploymentStatus") or {}).get("Healthy")]
+
+    wait_until(lambda: len(healthy_on(a)) == 3, 60, "3 healthy allocs on the first node")
+    assert env.cli("node", "eligibility", "--enable", b).returncode == 0
+    env.call("job.register", {"job": spec("daemon", type="system", cpu=10, mem=10, Datacenters=["dcd"])["Job"]})
+    wait_until(lambda: sorted(x["NodeID"] for x in live(allocs(env, "daemon")) if x["ClientStatus"] == "running") == [a, b],
+               60, "the system job on both nodes")
+
+    out = env.cli("node", "drain", "--enable", "--deadline", "2m", a[:8], timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for line in (f'Node "{a}" drain strategy set', "marked for migration", f'Node "{a}" drain complete',
+                 f'All allocations on node "{a}" have stopped'):
+        assert line in out.stdout, out.stdout
+    rows = allocs(env, "moving")
+    assert sorted(x["NodeID"] for x in live(rows)) == [b, b, b]
+    replacements = sorted((x for x in rows if x["NodeID"] == b), key=lambda x: x["CreateIndex"])
+    assert len(replacements) == 3 and all(x["PreviousAllocation"] for x in replacements)
+    for earlier, later in zip(replacements, replacements[1:]):
+        healthy_at = earlier["DeploymentStatus"]["Timestamp"]
+        assert later["CreateTime"] >= healthy_at, "the next alloc moved only after the replacement was healthy"
+    node = env.read("node.get", {"node_id": a})
+    assert node["Drain"] is False and node["SchedulingEligibility"] == "ineligible" and node["DrainStrategy"] is None
+    daemons = allocs(env, "daemon")
+    (stopped,) = [x for x in daemons if x["NodeID"] == a]
+    assert stopped["DesiredStatus"] == "stop" and stopped["DesiredDescription"] == "alloc is being migrated"
+    moved_last = max(x["AllocModifyIndex"] for x in rows if x["NodeID"] == a)
+    assert stopped["AllocModifyIndex"] > moved_last, "system allocs go after every service alloc"
+    assert [x["NodeID"] for x in live(daemons)] == [b]
+    # Nomad's HTTP API opens the node again; a drain of an unknown node is a one-line error.
+    assert _http(env, f"/v1/node/{a}/eligibility", {"Eligibility": "eligible"})["Index"] > 0
+    assert env.read("node.get", {"node_id": a})["SchedulingEligibility"] == "eligible"
+    missing = env.cli("node", "drain", "--enable", "ffffffff-0000")
+    assert missing.returncode != 0 and "not found" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    both = env.cli("node", "drain", "--enable", "--disable", a)
+    assert both.returncode != 0 and "exactly one of" in both.stderr
+    env.call("job.stop", {"job_id": "moving"})
+    env.call("job.stop", {"job_id": "daemon"})

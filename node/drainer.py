@@ -1,0 +1,285 @@
+"""Node drains: empty a node so it can be taken out of service (Nomad's node drainer).
+
+An operator starts a drain with ``node.drain`` (``caravan node drain
+--enable``): the FSM closes the node to new work and keeps the drain's
+strategy on it. The drainer, a leader task, then moves the node's work away
+in Nomad's order, by marking allocs for migration
+(``desired_transition.migrate``, with an eval for each job in the same
+entry); the scheduler stops each marked alloc and places its replacement
+elsewhere:
+
+- service allocs move in steps: a group keeps at least ``count -
+  migrate.max_parallel`` allocs whose health is known (Nomad counts an
+  alloc with any health report, healthy or not), so the next alloc is
+  marked only once a replacement's health was reported;
+- batch allocs are left to finish, until the deadline;
+- at the deadline (``-deadline``; at once with ``-force``) everything left
+  is marked, system allocs too unless the drain ignores them;
+- once no service or batch alloc on the node is live, the drain is done:
+  the drainer marks the node's system allocs (unless ignored) and ends the
+  drain. The node stays ineligible until the operator opens it again.
+
+A drain that is disabled leaves marked allocs to the scheduler and the
+rest where they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsm import messages as m
+from fsm.store import StateReader
+from fsm.structs import (
+    Allocation,
+    DesiredTransition,
+    DrainStrategy,
+    Evaluation,
+    Job,
+    MigrateStrategy,
+    Node,
+)
+from node.acl import Need
+from node.endpoints import by_prefix, id_arg, method
+from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
+from node.heartbeat import TRIGGER_NODE_DRAIN, job_eval
+from node.rpc_server import RequestContext
+from node.wakeup import wait_event
+
+if TYPE_CHECKING:
+    from node.lifecycle import Lifecycle
+    from node.server import Server
+
+WATCH_INTERVAL = 1.0  # seconds between passes while a node drains (state changes wake it sooner)
+MAX_MARKS_PER_ENTRY = 500  # allocs marked in one raft entry
+
+
+def migrate_of(job: Job, group_name: str) -> MigrateStrategy:
+    """The group's migrate block, Nomad's defaults where it has none."""
+    group = next((g for g in job.task_groups if g.name == group_name), None)
+    if group is None or group.migrate is None:
+        return MigrateStrategy()
+    return group.migrate
+
+
+@dataclass
+class DrainPass:
+    """What one look at the draining nodes decided."""
+
+    marks: dict[str, list[str]] = field(default_factory=dict)  # job id -> alloc ids to migrate
+    jobs: dict[str, Job] = field(default_factory=dict)  # the jobs of ``marks`` (for their evals)
+    done: list[tuple[str, int]] = field(default_factory=list)  # (node id, drain started_at)
+
+    def evals(self, node_of: dict[str, str]) -> list[Evaluation]:
+        return [job_eval(self.jobs[j], TRIGGER_NODE_DRAIN, node_of.get(j, "")) for j in sorted(self.marks)]
+
+
+def _live(reader: StateReader, node: Node) -> list[Allocation]:
+    return [a for a in reader.allocs_by_node(node.id) if not a.terminal()]
+
+
+def look(reader: StateReader, now: int) -> DrainPass:
+    """Nomad's drainer decisions for every draining node, on one state."""
+    out = DrainPass()
+    nodes = [n for n in reader.nodes() if n.drain_strategy is not None]
+    if not nodes:
+        return out
+    draining = {n.id for n in nodes}
+    stepped: dict[str, list[Allocation]] = defaultdict(list)  # service job id -> its allocs to move in steps
+    jobs: dict[str, Job | None] = {}
+
+    def job_of(job_id: str) -> Job | None:
+        if job_id not in jobs:
+            jobs[job_id] = reader.job(job_id)
+        return jobs[job_id]
+
+    def mark(alloc: Allocation) -> None:
+        job = job_of(alloc.job_id)
+        if job is None:
+            return  # purged: the scheduler stops what is left of it
+        out.marks.setdefault(alloc.job_id, []).append(alloc.id)
+        out.jobs[alloc.job_id] = job
+
+    for node in sorted(nodes, key=lambda n: n.id):
+        strategy: DrainStrategy = node.drain_strategy  # type: ignore[assignment]
+        live = _live(reader, node)
+        forced = strategy.forced(now)
+        system, other = [], []
+        for alloc in live:
+            job = job_of(alloc.job_id)
+            kind = job.type if job is not None else "service"
+            (system if kind == "system" else other).append(alloc)
+            if alloc.desired_transition.migrate or kind == "system":
+                continue
+            if forced:
+                mark(alloc)
+            elif kind == "service":
+                stepped[alloc.job_id].append(alloc)
+            # batch: left to finish until the deadline
+        if other:
+            if forced and not strategy.ignore_system_jobs:
+                for alloc in system:
+                    if not alloc.desired_transition.migrate:
+                        mark(alloc)
+            continue
+        # Nothing but system allocs (if any) is live: the drain is done.
+        if not strategy.ignore_system_jobs:
+            for alloc in system:
+                if not alloc.desired_transition.migrate:
+                    mark(alloc)
+        out.done.append((node.id, strategy.started_at))
+
+    for job_id, candidates in sorted(stepped.items()):
+        job = job_of(job_id)
+        if job is None:
+            continue
+        for alloc in _next_steps(reader, job, candidates, draining):
+            mark(alloc)
+    return out
+
+
+def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation], draining: set[str]) -> list[Allocation]:
+    """Which of a service job's allocs on draining nodes move now (Nomad's handleTaskGroup).
+
+    Per group: as many as the allocs with a health report exceed ``count -
+    max_parallel``. An alloc marked but not yet stopped by the scheduler is
+    already moving, so it does not count (Nomad counts it, and can mark one
+    more than ``max_parallel`` while the scheduler has not acted).
+    """
+    by_group: dict[str, list[Allocation]] = defaultdict(list)
+    for alloc in candidates:
+        by_group[alloc.task_group].append(alloc)
+    counts = {g.name: g.count for g in job.task_groups}
+    all_allocs = reader.allocs_by_job(job.id)
+    out: list[Allocation] = []
+    for group_name, drainable in sorted(by_group.items()):
+        reported = sum(
+            1
+            for a in all_allocs
+            if a.task_group == group_name
+            and not a.terminal()
+            and not a.desired_transition.migrate
+            and a.deployment_status is not None
+            and a.deployment_status.healthy is not None
+        )
+        threshold = counts.get(group_name, 0) - migrate_of(job, group_name).max_parallel
+        n = min(len(drainable), reported - threshold)
+        if n > 0:
+            out += sorted(drainable, key=lambda a: (a.create_index, a.id))[:n]
+    return out
+
+
+def state_now(reader: StateReader) -> int:
+    """The state's time as the leader sees it: its wall clock, never behind the last entry."""
+    return max(time.time_ns(), reader.last_time)
+
+
+# -- the RPC ---------------------------------------------------------------------------------
+def _drain_spec(args: dict[str, Any]) -> DrainStrategy | None:
+    spec = args.get("drain_spec")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise RPCError(BAD_REQUEST, "argument 'drain_spec' must be a map with Deadline and IgnoreSystemJobs, or null")
+    unknown = set(spec) - {"Deadline", "IgnoreSystemJobs"}
+    if unknown:
+        raise RPCError(BAD_REQUEST, f"drain_spec: unknown fields {sorted(unknown)}; known: Deadline, IgnoreSystemJobs")
+    deadline = spec.get("Deadline", 0)
+    if not isinstance(deadline, int) or isinstance(deadline, bool):
+        raise RPCError(BAD_REQUEST, "drain_spec.Deadline must be an integer of nanoseconds (< 0 forces, 0 has none)")
+    ignore = spec.get("IgnoreSystemJobs", False)
+    if not isinstance(ignore, bool):
+        raise RPCError(BAD_REQUEST, "drain_spec.IgnoreSystemJobs must be a bool")
+    return DrainStrategy(deadline=deadline, ignore_system_jobs=ignore)
+
+
+@method("node.drain")
+async def node_drain(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Start or change a node's drain (``drain_spec``), or end it (null), as Nomad's Node.UpdateDrain.
+
+    ``mark_eligible`` opens the node again when the drain ends.
+    """
+    node_id = id_arg(args, "node_id")
+    strategy = _drain_spec(args)
+    mark_eligible = args.get("mark_eligible", False)
+    if not isinstance(mark_eligible, bool):
+        raise RPCError(BAD_REQUEST, "argument 'mark_eligible' must be a bool")
+    if strategy is not None and mark_eligible:
+        raise RPCError(BAD_REQUEST, "mark_eligible only applies when a drain ends (drain_spec null)")
+    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
+    node = await server.local(lambda r: by_prefix(r.node, r.nodes, node_id))
+    if node is None:
+        raise RPCError(NOT_FOUND, f"node {node_id} not found")
+    entry = m.NodeUpdateDrain(node_id=node.id, strategy=strategy, mark_eligible=mark_eligible)
+    result = await server.write(ctx, Need.WRITE, entry)
+    return {"NodeID": node.id, "NodeModifyIndex": result["index"], "EvalIDs": [], "Index": result["index"]}
+
+
+# -- the leader task ---------------------------------------------------------------------------
+class Drainer:
+    """Runs ``look`` whenever a draining node or its allocs change, and at least every second."""
+
+    def __init__(self, lc: Lifecycle) -> None:
+        self.lc = lc
+        self.server = lc.server
+        self.poke = asyncio.Event()
+        self.log = self.server.log.bind(component="drainer")
+
+    def draining(self) -> bool:
+        return any(view.drain for view in self.lc.nodes.values())
+
+    async def run(self) -> None:
+        while True:
+            await wait_event(self.poke, WATCH_INTERVAL)
+            self.poke.clear()
+            if not self.draining():
+                continue
+            try:
+                await self.once()
+            except RPCError as exc:
+                self.log.warning("drain step failed; retrying", error=str(exc))
+
+    async def once(self) -> DrainPass:
+        """One pass: mark what moves now, end the drains that are done."""
+
+        def decide(r: StateReader) -> tuple[DrainPass, dict[str, str]]:
+            found = look(r, state_now(r))
+            node_of = {}
+            for job_id, ids in found.marks.items():
+                alloc = r.alloc(ids[0])
+                node_of[job_id] = alloc.node_id if alloc is not None else ""
+            return found, node_of
+
+        found, node_of = await self.server.local(decide)
+        if found.marks:
+            await self._mark(found, node_of)
+        for node_id, started_at in found.done:
+            try:
+                await self.server.propose(m.NodeUpdateDrain(node_id=node_id, done_started_at=started_at))
+                self.log.info("node drain complete", node=node_id)
+            except RPCError as exc:
+                if exc.code != CONFLICT:
+                    raise
+                self.log.info("node drain changed meanwhile", node=node_id, error=str(exc))
+        return found
+
+    async def _mark(self, found: DrainPass, node_of: dict[str, str]) -> None:
+        """Mark allocs for migration, with an eval per job, in entries of bounded size."""
+        evals = {ev.job_id: ev for ev in found.evals(node_of)}
+        batch: dict[str, DesiredTransition] = {}
+        batch_evals: list[Evaluation] = []
+        for job_id in sorted(found.marks):
+            for alloc_id in found.marks[job_id]:
+                batch[alloc_id] = DesiredTransition(migrate=True)
+            batch_evals.append(evals[job_id])  # the broker cancels it if the job has one queued
+            if len(batch) >= MAX_MARKS_PER_ENTRY:
+                await self.server.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
+                batch, batch_evals = {}, []
+        if batch:
+            await self.server.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
+        self.log.info("allocs marked for migration", allocs=sum(len(v) for v in found.marks.values()),
+                      jobs=len(found.marks))
+
