@@ -693,7 +693,7 @@ def test_a_node_drain_moves_service_allocs_one_healthy_step_at_a_time_and_system
     assert sorted(x["NodeID"] for x in live(rows)) == [b, b, b]
     replacements = sorted((x for x in rows if x["NodeID"] == b), key=lambda x: x["CreateIndex"])
     assert len(replacements) == 3 and all(x["PreviousAllocation"] for x in replacements)
-    for earlier, later in zip(replacements, replacements[1:]):
+    for earlier, later in zip(replacements, replacements[1:], strict=False):
         healthy_at = earlier["DeploymentStatus"]["Timestamp"]
         assert later["CreateTime"] >= healthy_at, "the next alloc moved only after the replacement was healthy"
     node = env.read("node.get", {"node_id": a})
