@@ -26,6 +26,11 @@ Faults (``--nemesis`` names):
   again on the same node ids: its allocs are lost and replaced, placements
   wait in blocked evals while no node is up, and a rollout waiting on its
   canaries replaces lost old allocs with the last settled version.
+* ``drain`` -- drain a random node of the simulated client (lifecycle
+  runs) with a short deadline, no deadline or ``--force``, sometimes
+  ignoring system jobs; hold, wait (bounded) for the drain to complete, then
+  end it and open the node again: the drainer's steps, its deadline and its
+  completion meet leader changes and the other faults.
 * ``clock`` -- jump the leader's wall clock by a seeded offset (±0.5 s to
   ±1 day), then restore it; needs the servers' test-only wall-clock switch,
   which the runner turns on when this nemesis is enabled (``ClockJump``).
@@ -391,6 +396,70 @@ def _await_nodes_down(testbed: Testbed, timeout: float) -> bool:
     return False
 
 
+class Drain(Fault):
+    name = "drain"
+
+    def unavailable(self, testbed: Testbed) -> str | None:
+        if testbed.client_sim is None:
+            return "no simulated client in this run (a lifecycle workload starts one)"
+        return None
+
+    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+        with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:
+            nodes = client.call("node.list", {"stale": True})["data"]
+            ready = sorted(n["ID"] for n in nodes if n["Status"] == "ready" and not n.get("Drain"))
+            if not ready:
+                raise TestbedError("no ready node to drain")
+            node_id = rng.choice(ready)
+            deadline = rng.choice([-1, 0, 2, 5, 10])  # seconds; -1: force, 0: none
+            ignore_system = rng.random() < 0.3
+            spec = {"Deadline": deadline * 1_000_000_000 if deadline > 0 else deadline, "IgnoreSystemJobs": ignore_system}
+            client.call("node.drain", {"node_id": node_id, "drain_spec": spec})
+        started = time.monotonic()
+
+        def undo() -> str:
+            done = _await_drained(testbed, node_id, DRAIN_WAIT)
+            took = time.monotonic() - started
+            _end_drain(testbed, node_id, DRAIN_WAIT)
+            said = f"complete (seen {took:.1f}s after it began)" if done else f"not complete within {took:.1f}s"
+            return f"drain {said}; ended it and opened the node again"
+
+        what = {-1: "forced", 0: "no deadline"}.get(deadline, f"deadline {deadline}s")
+        return undo, [f"node {node_id[:8]}"], f"drain node {node_id[:8]} ({what}{', ignoring system jobs' if ignore_system else ''})"
+
+
+#: How long the drain nemesis waits for a drain to complete before it ends it anyway.
+DRAIN_WAIT = 30.0
+
+
+def _await_drained(testbed: Testbed, node_id: str, timeout: float) -> bool:
+    """Whether the node's drain completed (any server's view) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    with RPCClient(testbed.rpc_addresses, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            try:
+                if not client.call("node.get", {"node_id": node_id, "stale": True})["data"].get("Drain"):
+                    return True
+            except (RPCError, OSError):
+                pass
+            time.sleep(0.5)
+    return False
+
+
+def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:
+    """End the drain (if still on) and open the node, retrying through elections for up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:
+        while True:
+            try:
+                client.call("node.drain", {"node_id": node_id, "drain_spec": None, "mark_eligible": True})
+                return
+            except (RPCError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
 FAULTS: dict[str, Callable[[], Fault]] = {
     "kill": Kill,
     "kill-all": KillAll,
@@ -399,6 +468,7 @@ FAULTS: dict[str, Callable[[], Fault]] = {
     "snapshot-lag": SnapshotLag,
     "clock": ClockJump,
     "client-kill": ClientKill,
+    "drain": Drain,
 }
 
 

@@ -38,6 +38,7 @@ FAULT_COLORS = {
     "snapshot-lag": "#55a868",
     "clock": "#c49c3a",
     "client-kill": "#64b5cd",
+    "drain": "#ccb974",
 }
 STATUS_COLORS = {"ok": "#4caf50", "fail": "#9e9e9e", "info": "#ff9800"}
 

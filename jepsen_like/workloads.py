@@ -396,7 +396,9 @@ def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = Tr
               "ProgressDeadline": 10_000_000_000, "Canary": 1, "AutoPromote": auto_promote}
     # An alloc that crashes in a rollout is replaced within the run (Nomad's shortest delay).
     reschedule = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
-    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "ReschedulePolicy": reschedule, "Tasks": [
+    # A node drain (the drain nemesis) moves them one at a time, each step once the last replacement is healthy.
+    migrate = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "HealthyDeadline": 3_000_000_000}
+    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "Migrate": migrate, "ReschedulePolicy": reschedule, "Tasks": [
         {"Name": "t", "Driver": "sim", "Config": {"release": release, "unhealthy_rate": 0.05}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
     return spec
 

@@ -114,3 +114,15 @@ def test_sigterm_stops_a_run_and_every_server_it_started(tmp_path: Path) -> None
         for pid in pids:  # on failure, do not leave them to the rest of the suite
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_drained_node_is_emptied_and_opened_again_under_the_lifecycle_workload(tmp_path: Path) -> None:
+    """The drain nemesis: a node of the simulated client is drained while jobs run, completes
+    (or is ended after its wait), and is opened again; the run stays clean."""
+    out = tmp_path / "drain"
+    r = short_run(out, 17, ["drain"], workloads=["lifecycle", "journal"], time=25.0, quiet=(1.0, 2.0))
+    assert r.code == EXIT_OK, r.explain()
+    drains = [f for f in r.faults if f["kind"] == "drain"]
+    assert drains and all(f["end"] is not None for f in drains), r.faults
+    assert any("drain complete (seen" in f["detail"] for f in drains), drains
+    assert r.checker("gc-safety")["status"] == "ok", r.explain()
