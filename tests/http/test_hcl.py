@@ -191,3 +191,16 @@ def test_canary_settings_of_an_update_block() -> None:
     assert parsed.job["TaskGroups"][0]["Update"] == {"Canary": 2, "AutoPromote": True}
     model, warnings = parse_job(parsed.job)
     assert (model.task_groups[0].update.canary, model.task_groups[0].update.auto_promote, warnings) == (2, True, [])
+
+
+def test_a_migrate_block_in_a_group_and_in_the_job() -> None:
+    text = ('job "m" {\n  migrate {\n    max_parallel = 2\n  }\n  group "g" {\n    migrate {\n'
+            '      min_healthy_time = "5s"\n      healthy_deadline = "1m"\n      health_check = "task_states"\n    }\n'
+            '    task "t" {\n      driver = "sim"\n    }\n  }\n}\n')
+    parsed = parse_hcl(text, "m.nomad.hcl")
+    assert parsed.warnings == []
+    assert parsed.job["TaskGroups"][0]["Migrate"] == {
+        "MaxParallel": 2, "MinHealthyTime": 5 * SECOND, "HealthyDeadline": 60 * SECOND, "HealthCheck": "task_states"}
+    model, _ = parse_job(parsed.job)
+    migrate = model.task_groups[0].migrate
+    assert (migrate.max_parallel, migrate.min_healthy_time, migrate.health_check) == (2, 5 * SECOND, "task_states")

@@ -148,3 +148,28 @@ def test_a_job_level_update_is_every_groups_default() -> None:
     bad = {"ID": "u", "Update": {"MaxParallel": 2}, "TaskGroups": [{"Name": "a", "Update": [1], "Tasks": [{"Name": "t"}]}]}
     with pytest.raises(JobSpecError, match=r"TaskGroups\[0\]\.Update: expected map"):
         parse_job(bad)
+
+
+def test_migrate_blocks_nomads_defaults_job_level_keys_and_validation() -> None:
+    """Nomad's Migrate: service groups get the defaults, a job's block is each group's default,
+    other job types have none, and a bad block is a one-line error naming the field."""
+    spec = {"ID": "m", "Migrate": {"MaxParallel": 2}, "TaskGroups": [
+        {"Name": "a", "Migrate": {"MinHealthyTime": 1_000_000_000}, "Tasks": [{"Name": "t"}]},
+        {"Name": "b", "Tasks": [{"Name": "t"}]},
+    ]}
+    job, warnings = parse_job(spec)
+    assert warnings == []
+    a, b = (g.migrate for g in job.task_groups)
+    assert (a.max_parallel, a.min_healthy_time, a.healthy_deadline, a.health_check) == (2, 10**9, 300 * 10**9, "checks")
+    assert (b.max_parallel, b.min_healthy_time) == (2, 10 * 10**9)
+    plain, _ = parse_job({"ID": "p", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]})
+    assert plain.task_groups[0].migrate is not None and plain.task_groups[0].migrate.max_parallel == 1
+    batch, _ = parse_job({"ID": "b", "Type": "batch", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]})
+    assert batch.task_groups[0].migrate is None
+    for block, message in [
+        ({"MaxParallel": -1}, r"TaskGroups\[g\]\.Migrate\.MaxParallel: must not be negative"),
+        ({"HealthCheck": "vibes"}, r"Migrate\.HealthCheck: must be checks or task_states"),
+        ({"MinHealthyTime": 10**12, "HealthyDeadline": 10**9}, r"Migrate\.MinHealthyTime: must be less than HealthyDeadline"),
+    ]:
+        with pytest.raises(JobSpecError, match=message):
+            parse_job({"ID": "x", "TaskGroups": [{"Name": "g", "Migrate": block, "Tasks": [{"Name": "t"}]}]})
