@@ -25,6 +25,7 @@ plan that is not in the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -57,6 +58,16 @@ class PlanResult:
     rejected_nodes: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)  # node id -> why
     entries: int = 0
+    # A rejected plan may have met the claims of plans still committing: their
+    # ends, which the worker waits for before it plans again (Nomad's RefreshIndex).
+    # Planned again at once, it would see the same state and be rejected again.
+    after: list[asyncio.Event] = field(default_factory=list)
+
+    async def settled(self, timeout: float) -> None:
+        """Wait (bounded) until the plans committing when this one was checked have ended."""
+        if self.after:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self.after)), timeout)
 
 
 @dataclass
@@ -213,6 +224,7 @@ class PlanApplier:
         self.stats = ApplierStats()
         self.log = server.log.bind(component="plan_apply")
         self.in_flight: dict[int, list[Claim]] = {}
+        self._ended: dict[int, asyncio.Event] = {}  # in-flight plan key -> set once it committed or failed
         self._seq = 0
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -256,6 +268,7 @@ class PlanApplier:
         accepted, rejected = await self.server.local(lambda r: check_plan(r, plan, self.cache, claims))
         result = PlanResult(whole=not rejected)
         if rejected:
+            result.after = [self._ended[k] for k in self.in_flight]
             result.rejected_nodes = sorted(n for n in rejected if n)
             result.reasons = dict(rejected)
             result.rejected = len(plan.place) - len(accepted.place)
@@ -276,6 +289,7 @@ class PlanApplier:
         self._seq += 1
         key = self._seq
         self.in_flight[key] = [c for c in (claims_of(b, accepted.inplace) for b in bodies) if c is not None]
+        self._ended[key] = asyncio.Event()
         # Propose the head entries now, in order, before the next plan is checked.
         head = [asyncio.ensure_future(self.server.propose(b)) for b in bodies[:-1]]
         task = asyncio.ensure_future(self._commit(key, accepted, bodies, head, result, future))
@@ -316,4 +330,5 @@ class PlanApplier:
                 future.set_exception(exc)
         finally:
             self.in_flight.pop(key, None)
+            self._ended.pop(key).set()
             self._slots.release()

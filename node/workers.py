@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from node.server import Server
 
 MAX_ATTEMPTS = 5
+SETTLE_WAIT = 10.0  # longest wait, after a rejection, for the plans that were committing
 LATENCY_SAMPLES = 20_000
 # Protean: while plans conflict, pick at random among the best few nodes.
 CONFLICT_WINDOW = 10.0  # seconds a conflict counts as recent
@@ -158,4 +159,5 @@ class Worker:
                 return
             self.stats.plan_conflicts += 1
             self.stats.last_conflict = time.monotonic()
+            await result.settled(SETTLE_WAIT)
         raise SchedulerError(f"evaluation {ev.id}: the plan was rejected {MAX_ATTEMPTS} times in a row")
