@@ -358,13 +358,18 @@ class ClockJump(Fault):
         return undo, [target], f"jump {target}'s wall clock {seconds:+g}s (leader)"
 
 
+def _without_client_sim(testbed: Testbed) -> str | None:
+    """Why a fault of the simulated client cannot run here, or None."""
+    if testbed.client_sim is None:
+        return "no simulated client in this run (a lifecycle workload starts one)"
+    return None
+
+
 class ClientKill(Fault):
     name = "client-kill"
 
     def unavailable(self, testbed: Testbed) -> str | None:
-        if testbed.client_sim is None:
-            return "no simulated client in this run (a lifecycle workload starts one)"
-        return None
+        return _without_client_sim(testbed)
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
         testbed.kill_client_sim()
@@ -400,9 +405,7 @@ class Drain(Fault):
     name = "drain"
 
     def unavailable(self, testbed: Testbed) -> str | None:
-        if testbed.client_sim is None:
-            return "no simulated client in this run (a lifecycle workload starts one)"
-        return None
+        return _without_client_sim(testbed)
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
         with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:

@@ -16,6 +16,7 @@ import pytest
 from node import cluster as cl
 from node.rpc_client import RPCClient
 from tests import conditions
+from tests.fsm.support import Harness
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,6 +29,14 @@ heartbeat_grace = "2s"
 eval_nack_delay = "200ms"
 eval_nack_delay_later = "1s"
 """
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    """An FSM in a temporary directory (removed afterwards)."""
+    harness = Harness.temp()
+    yield harness
+    harness.destroy()
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition", interval: float = 0.1) -> Any:

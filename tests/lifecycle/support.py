@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fsm import messages as m
 from fsm.structs import (
     SECOND,
     Allocation,
@@ -14,8 +15,11 @@ from fsm.structs import (
     Task,
     TaskGroup,
 )
+from scheduler.generic import schedule
+from scheduler.plan import Plan, approx_size, to_entries
 from scheduler.reconcile import alloc_name
-from scheduler.state import Snapshot
+from scheduler.state import Snapshot, load_snapshot
+from tests.fsm.support import Harness
 
 NOW = 1_700_000_000 * SECOND
 
@@ -114,3 +118,27 @@ def snapshot(
         versions=versions or ({j.version: j} if j else {}),
         **kw,
     )
+
+
+# -- over a real FSM (tests.fsm.support.Harness) ---------------------------------------------
+def register(h: Harness, j: Job) -> Evaluation:
+    """Register ``j`` with a pending eval, as job.register does."""
+    ev = Evaluation(id=f"ev-{h.index + 1}", job_id=j.id, type=j.type, status="pending")
+    h.ok(m.JobRegister(job=j, eval=ev))
+    return ev
+
+
+def run_eval(h: Harness, ev: Evaluation, *, max_bytes: int = 48 * 1024) -> Plan:
+    """Schedule ``ev`` on the current state (system jobs go to their own scheduler) and apply the plan."""
+    with h.reader() as r:
+        current = r.eval(ev.id)
+        plan = schedule(load_snapshot(r, current, h.time + SECOND))
+    for body in to_entries(plan, max_bytes, approx_size):
+        h.ok(body)
+    return plan
+
+
+def live(h: Harness, job_id: str) -> list[Allocation]:
+    """The job's non-terminal allocs."""
+    with h.reader() as r:
+        return [a for a in r.allocs_by_job(job_id) if not a.terminal()]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,38 +20,9 @@ from fsm.structs import (
     MigrateStrategy,
 )
 from node.drainer import DrainPass, look
-from scheduler.generic import schedule
-from scheduler.plan import approx_size, to_entries
-from scheduler.state import load_snapshot
 from tests.fsm.support import Harness
 from tests.lifecycle.support import alloc as make_alloc
-from tests.lifecycle.support import job, node
-
-
-@pytest.fixture
-def h():
-    harness = Harness.temp()
-    yield harness
-    harness.destroy()
-
-
-def register(h: Harness, j: Job) -> Evaluation:
-    ev = Evaluation(id=f"ev-{h.index + 1}", job_id=j.id, type=j.type, status="pending")
-    h.ok(m.JobRegister(job=j, eval=ev))
-    return ev
-
-
-def run_eval(h: Harness, ev: Evaluation) -> None:
-    with h.reader() as r:
-        snap = load_snapshot(r, r.eval(ev.id), h.time + SECOND)
-    plan = schedule(snap)  # system jobs go to their own scheduler
-    for body in to_entries(plan, 48 * 1024, approx_size):
-        h.ok(body)
-
-
-def live(h: Harness, job_id: str) -> list[Any]:
-    with h.reader() as r:
-        return sorted((a for a in r.allocs_by_job(job_id) if not a.terminal()), key=lambda a: a.id)
+from tests.lifecycle.support import job, live, node, register, run_eval
 
 
 def report(h: Harness, allocs: list[Any], *, healthy: bool | None = True) -> None:

@@ -31,34 +31,7 @@ from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
 from scheduler.state import load_snapshot
 from tests.fsm.support import Harness, state_diff, without_bookkeeping
-from tests.lifecycle.support import job, node
-
-
-@pytest.fixture
-def h():
-    harness = Harness.temp()
-    yield harness
-    harness.destroy()
-
-
-def register(h: Harness, j: Job) -> Evaluation:
-    ev = Evaluation(id=f"ev-{h.index + 1}", job_id=j.id, type=j.type, status="pending")
-    h.ok(m.JobRegister(job=j, eval=ev))
-    return ev
-
-
-def run_eval(h: Harness, ev: Evaluation, *, max_bytes: int = 48 * 1024) -> Any:
-    with h.reader() as r:
-        current = r.eval(ev.id)
-        plan = schedule(load_snapshot(r, current, h.time + SECOND))
-    for body in to_entries(plan, max_bytes, approx_size):
-        h.ok(body)
-    return plan
-
-
-def live(h: Harness, job_id: str) -> list[Any]:
-    with h.reader() as r:
-        return [a for a in r.allocs_by_job(job_id) if not a.terminal()]
+from tests.lifecycle.support import job, live, node, register, run_eval
 
 
 def test_a_batch_job_is_placed_runs_and_ends_dead(h: Harness) -> None:
