@@ -417,7 +417,13 @@ class Drain(Fault):
             deadline = rng.choice([-1, 0, 2, 5, 10])  # seconds; -1: force, 0: none
             ignore_system = rng.random() < 0.3
             spec = {"Deadline": deadline * 1_000_000_000 if deadline > 0 else deadline, "IgnoreSystemJobs": ignore_system}
-            client.call("node.drain", {"node_id": node_id, "drain_spec": spec})
+            # Another fault may hold the leader: a request without an answer may still have
+            # started the drain, so the window is kept and ended either way.
+            unknown = ""
+            try:
+                client.call("node.drain", {"node_id": node_id, "drain_spec": spec}, timeout=DRAIN_CALL_TIMEOUT)
+            except (RPCError, OSError) as exc:
+                unknown = f" (no answer: {exc})"
         started = time.monotonic()
 
         def undo() -> str:
@@ -428,11 +434,14 @@ class Drain(Fault):
             return f"drain {said}; ended it and opened the node again"
 
         what = {-1: "forced", 0: "no deadline"}.get(deadline, f"deadline {deadline}s")
-        return undo, [f"node {node_id[:8]}"], f"drain node {node_id[:8]} ({what}{', ignoring system jobs' if ignore_system else ''})"
+        system = ", ignoring system jobs" if ignore_system else ""
+        return undo, [f"node {node_id[:8]}"], f"drain node {node_id[:8]} ({what}{system}){unknown}"
 
 
 #: How long the drain nemesis waits for a drain to complete before it ends it anyway.
 DRAIN_WAIT = 30.0
+#: How long it waits for the answer to its drain request (through an election another fault caused).
+DRAIN_CALL_TIMEOUT = 15.0
 
 
 def _await_drained(testbed: Testbed, node_id: str, timeout: float) -> bool:
