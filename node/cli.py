@@ -922,7 +922,7 @@ def node_drain(node_id: str, enable: bool, disable: bool, deadline: str, force: 
     c = make_ctx(address, token, as_json)
     full_id = c.read("node.get", {"node_id": node_id})["ID"]
     if monitor_only:
-        sys.exit(monitor_drain(c, full_id))
+        sys.exit(monitor_drain(c, full_id, just_set=False))
     spec = None
     if enable:
         spec = {"Deadline": -1 if force else 0 if no_deadline else int(seconds * 1e9), "IgnoreSystemJobs": ignore_system}
@@ -933,25 +933,35 @@ def node_drain(node_id: str, enable: bool, disable: bool, deadline: str, force: 
         return
     click.echo(f'{_stamp()}: Ctrl-C to stop monitoring: will not cancel the node drain')
     click.echo(f'{_stamp()}: Node "{full_id}" drain strategy set')
-    sys.exit(monitor_drain(c, full_id))
+    sys.exit(monitor_drain(c, full_id, just_set=True))
 
 
 def _stamp() -> str:
     return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def monitor_drain(c: Ctx, node_id: str) -> int:
-    """Follow a drain until it is done and what it moves has stopped (Nomad's drain monitor); the exit code."""
+def monitor_drain(c: Ctx, node_id: str, *, just_set: bool) -> int:
+    """Follow a drain until it is done and what it moves has stopped (Nomad's drain monitor); the exit code.
+
+    ``just_set``: this command started the drain (it may be done by the first look).
+    """
     seen: dict[str, tuple[bool, str, str]] = {}  # alloc id -> (marked, desired status, client status)
     job_types: dict[str, str] = {}
     ignore_system = False
     complete = False
+    down = False
     try:
         while True:
             node = c.call("node.get", {"node_id": node_id})["data"]
             strategy = node.get("DrainStrategy")
+            if strategy is None and not seen and not just_set:
+                click.echo(f"{_stamp()}: No drain strategy set for node {node_id}")
+                return 0
             if strategy is not None:
                 ignore_system = bool(strategy.get("IgnoreSystemJobs"))
+            if node.get("Status") == "down" and not down:
+                click.echo(f'{_stamp()}: Node "{node_id}" down')
+            down = node.get("Status") == "down"
             allocs = c.call("alloc.list", {"node_id": node_id})["data"]
             moving = 0
             for a in sorted(allocs, key=lambda a: (a.get("CreateIndex", 0), a["ID"])):
@@ -979,9 +989,9 @@ def monitor_drain(c: Ctx, node_id: str) -> int:
                     moving += 1
             if strategy is None and not complete:
                 complete = True
-                click.echo(f'{_stamp()}: Node "{node_id}" drain complete')
+                click.echo(f'{_stamp()}: Node "{node_id}" has marked all allocations for migration')
             if complete and moving == 0:
-                click.echo(f'{_stamp()}: All allocations on node "{node_id}" have stopped')
+                click.echo(f'{_stamp()}: All allocations on node "{node_id}" have stopped.')
                 return 0
             time.sleep(DRAIN_POLL)
     except KeyboardInterrupt:

@@ -15,9 +15,10 @@ elsewhere:
 - batch allocs are left to finish, until the deadline;
 - at the deadline (``-deadline``; at once with ``-force``) everything left
   is marked, system allocs too unless the drain ignores them;
-- once no service or batch alloc on the node is live, the drain is done:
-  the drainer marks the node's system allocs (unless ignored) and ends the
-  drain. The node stays ineligible until the operator opens it again.
+- once the client has stopped every service and batch alloc on the node,
+  the drain is done: the drainer marks the node's system allocs (unless
+  ignored) and ends the drain, as Nomad's (1.10) does. The node stays
+  ineligible until the operator opens it again.
 
 A drain that is disabled leaves marked allocs to the scheduler and the
 rest where they are.
@@ -77,8 +78,9 @@ class DrainPass:
         return [job_eval(self.jobs[j], TRIGGER_NODE_DRAIN, node_of.get(j, "")) for j in sorted(self.marks)]
 
 
-def _live(reader: StateReader, node: Node) -> list[Allocation]:
-    return [a for a in reader.allocs_by_node(node.id) if not a.terminal()]
+def _on_client(reader: StateReader, node: Node) -> list[Allocation]:
+    """Allocs the node's client still runs (those being stopped included)."""
+    return [a for a in reader.allocs_by_node(node.id) if not a.client_terminal()]
 
 
 def look(reader: StateReader, now: int) -> DrainPass:
@@ -105,15 +107,18 @@ def look(reader: StateReader, now: int) -> DrainPass:
 
     for node in sorted(nodes, key=lambda n: n.id):
         strategy: DrainStrategy = node.drain_strategy  # type: ignore[assignment]
-        live = _live(reader, node)
         forced = strategy.forced(now)
         system, other = [], []
-        for alloc in live:
+        for alloc in _on_client(reader, node):
             job = job_of(alloc.job_id)
             kind = job.type if job is not None else "service"
-            (system if kind == "system" else other).append(alloc)
-            if alloc.desired_transition.migrate or kind == "system":
+            if kind == "system":
+                if not alloc.server_terminal():
+                    system.append(alloc)
                 continue
+            other.append(alloc)  # the drain is not done until the client has stopped it
+            if alloc.desired_transition.migrate or alloc.server_terminal():
+                continue  # moving, or being stopped anyway
             if forced:
                 mark(alloc)
             elif kind == "service":
@@ -125,7 +130,7 @@ def look(reader: StateReader, now: int) -> DrainPass:
                     if not alloc.desired_transition.migrate:
                         mark(alloc)
             continue
-        # Nothing but system allocs (if any) is live: the drain is done.
+        # The client runs nothing but system allocs (if any): the drain is done.
         if not strategy.ignore_system_jobs:
             for alloc in system:
                 if not alloc.desired_transition.migrate:

@@ -686,8 +686,8 @@ def test_a_node_drain_moves_service_allocs_one_healthy_step_at_a_time_and_system
 
     out = env.cli("node", "drain", "--enable", "--deadline", "2m", a[:8], timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    for line in (f'Node "{a}" drain strategy set', "marked for migration", f'Node "{a}" drain complete',
-                 f'All allocations on node "{a}" have stopped'):
+    for line in (f'Node "{a}" drain strategy set', "marked for migration",
+                 f'Node "{a}" has marked all allocations for migration', f'All allocations on node "{a}" have stopped.'):
         assert line in out.stdout, out.stdout
     rows = allocs(env, "moving")
     assert sorted(x["NodeID"] for x in live(rows)) == [b, b, b]
@@ -711,5 +711,7 @@ def test_a_node_drain_moves_service_allocs_one_healthy_step_at_a_time_and_system
     assert missing.returncode != 0 and "not found" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     both = env.cli("node", "drain", "--enable", "--disable", a)
     assert both.returncode != 0 and "exactly one of" in both.stderr
+    idle = env.cli("node", "drain", "--monitor", a)
+    assert idle.returncode == 0 and f"No drain strategy set for node {a}" in idle.stdout, idle.stdout + idle.stderr
     env.call("job.stop", {"job_id": "moving"})
     env.call("job.stop", {"job_id": "daemon"})

@@ -48,6 +48,14 @@ def drainer_pass(h: Harness, now: int | None = None) -> DrainPass:
     return found
 
 
+def client_stopped(h: Harness, node_id: str) -> None:
+    """The client reports what the scheduler stopped on ``node_id`` as complete."""
+    with h.reader() as r:
+        ids = [a.id for a in r.allocs_by_node(node_id) if a.server_terminal() and not a.client_terminal()]
+    if ids:
+        h.ok(m.AllocClientUpdate(allocs=[m.AllocClientState(id=i, client_status="complete") for i in ids]))
+
+
 def on(allocs: list[Any], node_id: str) -> list[Any]:
     return [a for a in allocs if a.node_id == node_id]
 
@@ -121,6 +129,8 @@ def test_service_allocs_move_max_parallel_at_a_time_each_step_once_replacements_
     assert len(drainer_pass(h).marks["web"]) == 1
     assert not on(live(h, "web"), "a")
     report(h, live(h, "web"))
+    assert not drainer_pass(h).done, "not done while the client still runs what was stopped"
+    client_stopped(h, "a")
     last = drainer_pass(h)
     assert not last.marks and [n for n, _ in last.done] == ["a"]
     with h.reader() as r:
@@ -212,6 +222,7 @@ def test_force_moves_everything_at_once_and_ignore_system_leaves_system_allocs(h
     found = drainer_pass(h)
     assert len(found.marks["web"]) == 3 and "logs" not in found.marks
     assert not on(live(h, "web"), "a")
+    client_stopped(h, "a")
     assert [n for n, _ in drainer_pass(h).done] == ["a"]
     assert [a.node_id for a in live(h, "logs")] == ["a"], "ignored: the system alloc stays"
 
@@ -222,6 +233,7 @@ ALLOC_STATE = st.tuples(
     st.sampled_from(["running", "running", "pending", "complete", "failed"]),
     st.sampled_from([None, True, False]),  # health reported
     st.booleans(),  # marked already
+    st.sampled_from(["run", "run", "stop"]),  # desired status (stop: the scheduler is stopping it)
 )
 
 
@@ -237,7 +249,7 @@ ALLOC_STATE = st.tuples(
     ignore_system=st.booleans(),
 )
 def test_the_drainer_keeps_each_groups_healthy_floor_and_nomads_order(
-    count: int, max_parallel: int, states: list[tuple[str, str, bool | None, bool]], batch: str | None,
+    count: int, max_parallel: int, states: list[tuple[str, str, bool | None, bool, str]], batch: str | None,
     system: str | None, deadline: int, past_deadline: bool, ignore_system: bool,
 ) -> None:
     """Whatever the allocs' states: only live unmarked allocs of draining nodes are marked; before the
@@ -251,8 +263,8 @@ def test_the_drainer_keeps_each_groups_healthy_floor_and_nomads_order(
         web.task_groups[0].migrate = MigrateStrategy(max_parallel=max_parallel)
         h.ok(m.JobRegister(job=web))
         allocs = []
-        for i, (node_id, client, health, _marked) in enumerate(states):
-            allocs.append(make_alloc(web, i, node_id, client=client, alloc_id=f"w{i}",
+        for i, (node_id, client, health, _marked, desired) in enumerate(states):
+            allocs.append(make_alloc(web, i, node_id, client=client, desired=desired, alloc_id=f"w{i}",
                                      deployment_status=None if health is None else DeploymentStatus(healthy=health)))
         for kind, status in (("batch", batch), ("system", system)):
             if status is not None:
@@ -289,7 +301,7 @@ def test_the_drainer_keeps_each_groups_healthy_floor_and_nomads_order(
                            and a.deployment_status is not None and a.deployment_status.healthy is not None)
 
             assert reported(set(ids)) >= min(reported(set()), floor), "the group keeps its floor"
-        others_live = [a for a in before.values() if a.node_id == "a" and not a.terminal() and a.job_id != "system-job"]
+        others_live = [a for a in before.values() if a.node_id == "a" and not a.client_terminal() and a.job_id != "system-job"]
         if "system-job" in found.marks:
             assert not ignore_system and (forced or not others_live)
         if found.done:
