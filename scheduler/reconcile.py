@@ -16,9 +16,10 @@ Classification of each alloc of the group:
   reschedule tracker), later (a follow-up eval; the slot stays taken) or
   never (attempts used up; the slot stays taken).
 - live (desired run, pending/running) on a down or missing node: lost —
-  stopped with client status ``lost`` and replaced elsewhere; on a draining
-  node, once the drainer marked it (``desired_transition.migrate``):
-  migrated (stopped and replaced). Unmarked allocs there keep running.
+  stopped with client status ``lost`` and replaced elsewhere; once the
+  drainer marked it (``desired_transition.migrate``): migrated (stopped and
+  replaced), even if the drain has ended since. Unmarked allocs on a
+  draining node keep running.
 - other live allocs count toward the group; the excess over ``count`` is
   stopped (old versions first, then highest name index); allocs of an
   older job version are updated in place when only count/update/reschedule
@@ -269,7 +270,7 @@ def reconcile_group(
         if stopped:
             plan.stop.append(Stop(alloc, STOP_JOB if job_stopped else STOP_GROUP))
             continue
-        if node.drain and alloc.desired_transition.migrate:  # the drainer's pick (Nomad's filterByTainted)
+        if alloc.desired_transition.migrate:  # the drainer's pick: it moves even if the drain ended (Nomad's filterByTainted)
             plan.stop.append(Stop(alloc, STOP_MIGRATE))
             replace.append(Placement(alloc.name, previous=alloc))
             continue

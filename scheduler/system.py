@@ -3,10 +3,10 @@
 For each node that passes the static validation rules (ready, eligible,
 datacenter, drivers, constraints) a group has exactly one live allocation:
 missing ones are placed (if the node still has room), extras stopped. Allocs
-on down nodes are marked lost and not replaced elsewhere; on a draining node
-they are stopped once the drainer marks them (after the node's other work
-has moved), and left as they are until then; on nodes that no longer match
-the job they are stopped.
+on down nodes are marked lost and not replaced elsewhere; one the drainer
+marked (after the node's other work has moved) is stopped, and the rest on
+a draining node are left as they are; on nodes that no longer match the job
+they are stopped.
 A new job version replaces allocs in place or destructively, node by node.
 System jobs have no reschedule policy and no deployments.
 """
@@ -77,13 +77,14 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
         if group is None:
             stops += [(a, STOP_JOB if stopped else STOP_GROUP, "") for a in allocs]
             continue
-        if node.drain:
-            # Only what the drainer marked stops; the rest keeps running until it is marked.
-            stops += [(a, STOP_MIGRATE, "") for a in allocs if a.desired_transition.migrate]
-            allocs = [a for a in allocs if not a.desired_transition.migrate]
-            if allocs:
-                keep[(group_name, node_id)] = max(allocs, key=lambda a: (a.create_index, a.id))
-                stops += [(a, STOP_GROUP, "") for a in allocs if a is not keep[(group_name, node_id)]]
+        # What the drainer marked stops, even if the drain has ended since (Nomad's diffSystemAllocsForNode).
+        stops += [(a, STOP_MIGRATE, "") for a in allocs if a.desired_transition.migrate]
+        allocs = [a for a in allocs if not a.desired_transition.migrate]
+        if not allocs:
+            continue
+        if node.drain:  # the rest keeps running until it is marked
+            keep[(group_name, node_id)] = max(allocs, key=lambda a: (a.create_index, a.id))
+            stops += [(a, STOP_GROUP, "") for a in allocs if a is not keep[(group_name, node_id)]]
             continue
         assert job is not None
         if check_static(node, ask_for(job, group), ctx, _MATCH_RULES) is not None:

@@ -210,6 +210,38 @@ def test_a_finished_batch_alloc_ends_the_drain_and_system_allocs_go_in_the_same_
     assert not live(h, "logs"), "stopped, and not placed on the closed node again"
 
 
+def test_marked_allocs_move_even_when_the_drain_ended_before_their_eval_ran(h: Harness) -> None:
+    """The drainer marks the system alloc and ends the drain in the same pass; the eval may run after
+    the end. An operator may also end a drain after allocs were marked. Either way they move (Nomad)."""
+    h.ok(m.NodeRegister(node=node("a")))
+    service = job("web", count=1)
+    run_eval(h, register(h, service))
+    run_eval(h, register(h, job("logs", type="system", count=1)))
+    report(h, live(h, "web") + live(h, "logs"))
+    h.ok(m.NodeRegister(node=node("b")))
+    drain(h)
+    with h.reader() as r:
+        first = look(r, h.time)
+    h.ok(m.AllocDesiredTransition(allocs={i: DesiredTransition(migrate=True) for i in first.marks["web"]}))
+    h.ok(m.NodeUpdateDrain(node_id="a"))  # the operator ends the drain (the node stays closed)
+    ev = Evaluation(id="ev-web", job_id="web", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    run_eval(h, ev)
+    assert [a.node_id for a in live(h, "web")] == ["b"], "the marked alloc moved"
+    drain(h)
+    client_stopped(h, "a")
+    with h.reader() as r:
+        done = look(r, h.time)
+    assert list(done.marks) == ["logs"] and done.done
+    (logs_alloc,) = on(live(h, "logs"), "a")
+    h.ok(m.AllocDesiredTransition(allocs={logs_alloc.id: DesiredTransition(migrate=True)}))
+    h.ok(m.NodeUpdateDrain(node_id="a", done_started_at=done.done[0][1]))  # ended before the eval runs
+    ev = Evaluation(id="ev-logs", job_id="logs", type="system", status="pending")
+    h.ok(m.EvalUpsert(evals=[ev]))
+    run_eval(h, ev)
+    assert not on(live(h, "logs"), "a"), "the marked system alloc stopped on the closed node"
+
+
 def test_force_moves_everything_at_once_and_ignore_system_leaves_system_allocs(h: Harness) -> None:
     service_on_a(h, count=3, max_parallel=1)
     system = job("logs", type="system", count=1)
