@@ -715,3 +715,37 @@ def test_a_node_drain_moves_service_allocs_one_healthy_step_at_a_time_and_system
     assert idle.returncode == 0 and f"No drain strategy set for node {a}" in idle.stdout, idle.stdout + idle.stderr
     env.call("job.stop", {"job_id": "moving"})
     env.call("job.stop", {"job_id": "daemon"})
+
+
+def test_a_drain_deadline_moves_a_batch_alloc_that_would_run_forever_and_http_ends_a_drain(lifecycle_env: Env) -> None:
+    """Batch allocs are left to finish until the deadline; at it the drainer moves them (Nomad's
+    drain deadline). Over Nomad's HTTP API a drain starts with a DrainSpec and ends with null."""
+    env = lifecycle_env
+    sim = env.start_sim(2, "dl", "--datacenter", "dcl")
+    a, b = sorted(sim.nodes)
+    assert env.cli("node", "eligibility", "--disable", b).returncode == 0
+    env.call("job.register", {"job": spec("forever", type="batch", cpu=10, mem=10, Datacenters=["dcl"])["Job"]})
+    (first,) = wait_until(lambda: [x for x in live(allocs(env, "forever")) if x["ClientStatus"] == "running"], 60, "batch alloc running")
+    assert first["NodeID"] == a
+    assert env.cli("node", "eligibility", "--enable", b).returncode == 0
+    started = time.monotonic()
+    out = _http(env, f"/v1/node/{a}/drain", {"DrainSpec": {"Deadline": 3_000_000_000, "IgnoreSystemJobs": False}})
+    assert out["NodeID"] == a and out["Index"] > 0
+    shown = env.cli("node", "status", a)
+    assert "Drain Deadline" in shown.stdout and "true" in shown.stdout, shown.stdout
+    moved = wait_until(lambda: [x for x in live(allocs(env, "forever")) if x["NodeID"] == b], 60, "the batch alloc moved at the deadline")
+    assert time.monotonic() - started >= 3.0, "moved before the deadline"
+    assert moved[0]["PreviousAllocation"] == first["ID"]
+    wait_until(lambda: not env.read("node.get", {"node_id": a})["Drain"], 30, "drain complete")
+    # A drain ended over HTTP before it is done: nothing more moves, and MarkEligible opens the node.
+    env.call("job.register", {"job": spec("stays", type="batch", cpu=10, mem=10, Datacenters=["dcl"])["Job"]})
+    wait_until(lambda: [x for x in live(allocs(env, "stays")) if x["ClientStatus"] == "running"], 60, "second batch running")
+    on_b = [x["ID"] for x in live(allocs(env, "stays")) if x["NodeID"] == b]
+    _http(env, f"/v1/node/{b}/drain", {"DrainSpec": {"Deadline": 0}})
+    assert env.read("node.get", {"node_id": b})["Drain"] is True
+    _http(env, f"/v1/node/{b}/drain", {"DrainSpec": None, "MarkEligible": True})
+    node = env.read("node.get", {"node_id": b})
+    assert node["Drain"] is False and node["SchedulingEligibility"] == "eligible"
+    assert [x["ID"] for x in live(allocs(env, "stays")) if x["NodeID"] == b] == on_b
+    env.call("job.stop", {"job_id": "forever"})
+    env.call("job.stop", {"job_id": "stays"})
