@@ -27,7 +27,6 @@ rest where they are.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,10 +71,12 @@ class DrainPass:
 
     marks: dict[str, list[str]] = field(default_factory=dict)  # job id -> alloc ids to migrate
     jobs: dict[str, Job] = field(default_factory=dict)  # the jobs of ``marks`` (for their evals)
+    nodes: dict[str, str] = field(default_factory=dict)  # job id -> the draining node of its first mark
     done: list[tuple[str, int]] = field(default_factory=list)  # (node id, drain started_at)
 
-    def evals(self, node_of: dict[str, str]) -> list[Evaluation]:
-        return [job_eval(self.jobs[j], TRIGGER_NODE_DRAIN, node_of.get(j, "")) for j in sorted(self.marks)]
+    def evals(self) -> list[Evaluation]:
+        """One eval per job with marked allocs: the scheduler moves them."""
+        return [job_eval(self.jobs[j], TRIGGER_NODE_DRAIN, self.nodes[j]) for j in sorted(self.marks)]
 
 
 def _on_client(reader: StateReader, node: Node) -> list[Allocation]:
@@ -89,7 +90,6 @@ def look(reader: StateReader, now: int) -> DrainPass:
     nodes = [n for n in reader.nodes() if n.drain_strategy is not None]
     if not nodes:
         return out
-    draining = {n.id for n in nodes}
     stepped: dict[str, list[Allocation]] = defaultdict(list)  # service job id -> its allocs to move in steps
     jobs: dict[str, Job | None] = {}
 
@@ -104,6 +104,7 @@ def look(reader: StateReader, now: int) -> DrainPass:
             return  # purged: the scheduler stops what is left of it
         out.marks.setdefault(alloc.job_id, []).append(alloc.id)
         out.jobs[alloc.job_id] = job
+        out.nodes.setdefault(alloc.job_id, alloc.node_id)
 
     for node in sorted(nodes, key=lambda n: n.id):
         strategy: DrainStrategy = node.drain_strategy  # type: ignore[assignment]
@@ -124,29 +125,24 @@ def look(reader: StateReader, now: int) -> DrainPass:
             elif kind == "service":
                 stepped[alloc.job_id].append(alloc)
             # batch: left to finish until the deadline
-        if other:
-            if forced and not strategy.ignore_system_jobs:
-                for alloc in system:
-                    if not alloc.desired_transition.migrate:
-                        mark(alloc)
-            continue
-        # The client runs nothing but system allocs (if any): the drain is done.
-        if not strategy.ignore_system_jobs:
+        # System allocs go at the deadline, or once the client runs nothing else: then the drain is done.
+        if not strategy.ignore_system_jobs and (forced or not other):
             for alloc in system:
                 if not alloc.desired_transition.migrate:
                     mark(alloc)
-        out.done.append((node.id, strategy.started_at))
+        if not other:
+            out.done.append((node.id, strategy.started_at))
 
     for job_id, candidates in sorted(stepped.items()):
         job = job_of(job_id)
         if job is None:
             continue
-        for alloc in _next_steps(reader, job, candidates, draining):
+        for alloc in _next_steps(reader, job, candidates):
             mark(alloc)
     return out
 
 
-def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation], draining: set[str]) -> list[Allocation]:
+def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation]) -> list[Allocation]:
     """Which of a service job's allocs on draining nodes move now (Nomad's handleTaskGroup).
 
     Per group: as many as the allocs with a health report exceed ``count -
@@ -175,11 +171,6 @@ def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation], dra
         if n > 0:
             out += sorted(drainable, key=lambda a: (a.create_index, a.id))[:n]
     return out
-
-
-def state_now(reader: StateReader) -> int:
-    """The state's time as the leader sees it: its wall clock, never behind the last entry."""
-    return max(time.time_ns(), reader.last_time)
 
 
 # -- the RPC ---------------------------------------------------------------------------------
@@ -250,17 +241,10 @@ class Drainer:
     async def once(self) -> DrainPass:
         """One pass: mark what moves now, end the drains that are done."""
 
-        def decide(r: StateReader) -> tuple[DrainPass, dict[str, str]]:
-            found = look(r, state_now(r))
-            node_of = {}
-            for job_id, ids in found.marks.items():
-                alloc = r.alloc(ids[0])
-                node_of[job_id] = alloc.node_id if alloc is not None else ""
-            return found, node_of
-
-        found, node_of = await self.server.local(decide)
+        now = self.server.state_now()
+        found = await self.server.local(lambda r: look(r, now))
         if found.marks:
-            await self._mark(found, node_of)
+            await self._mark(found)
         for node_id, started_at in found.done:
             try:
                 await self.server.propose(m.NodeUpdateDrain(node_id=node_id, done_started_at=started_at))
@@ -271,9 +255,9 @@ class Drainer:
                 self.log.info("node drain changed meanwhile", node=node_id, error=str(exc))
         return found
 
-    async def _mark(self, found: DrainPass, node_of: dict[str, str]) -> None:
+    async def _mark(self, found: DrainPass) -> None:
         """Mark allocs for migration, with an eval per job, in entries of bounded size."""
-        evals = {ev.job_id: ev for ev in found.evals(node_of)}
+        evals = {ev.job_id: ev for ev in found.evals()}
         batch: dict[str, DesiredTransition] = {}
         batch_evals: list[Evaluation] = []
         for job_id in sorted(found.marks):

@@ -36,9 +36,8 @@ def drainer_pass(h: Harness, now: int | None = None) -> DrainPass:
     """One drainer pass as the leader runs it: marks (with the evals, which are then scheduled) and ends."""
     with h.reader() as r:
         found = look(r, h.time if now is None else now)
-        node_of = {job_id: r.alloc(ids[0]).node_id for job_id, ids in found.marks.items()}
     if found.marks:
-        evals = found.evals(node_of)
+        evals = found.evals()
         marks = {i: DesiredTransition(migrate=True) for ids in found.marks.values() for i in ids}
         h.ok(m.AllocDesiredTransition(allocs=marks, evals=evals))
         for ev in evals:
