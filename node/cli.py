@@ -842,17 +842,20 @@ def node_list(address: str, token: str | None, as_json: bool, stale: bool) -> No
 def node_status(node_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
     data = c.read("node.get", {"node_id": node_id})
-    emit(c, data, lambda d: kv({**d, "Deadline": _drain_deadline(d)},
+    emit(c, data, lambda d: kv({**d, "Drain": _drain_text(d)},
                                [("ID", "ID"), ("Name", "Name"), ("Datacenter", "Datacenter"), ("Status", "Status"),
-                                ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]
-                               + ([("Drain Deadline", "Deadline")] if d.get("DrainStrategy") else [])))
+                                ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]))
 
 
-def _drain_deadline(node: dict[str, Any]) -> str:
-    strategy = node.get("DrainStrategy") or {}
-    if strategy.get("Deadline", 0) < 0:
-        return "forced"
-    return when(strategy.get("ForceDeadline", 0)) or "none"
+def _drain_text(node: dict[str, Any]) -> str:
+    """As ``nomad node status``: false, or true with the drain's deadline."""
+    strategy = node.get("DrainStrategy")
+    if not strategy:
+        return "false"
+    deadline = strategy.get("Deadline", 0)
+    text = "true; force drain" if deadline < 0 else "true; no deadline" if deadline == 0 else \
+        f"true; {when(strategy.get('ForceDeadline', 0))} deadline"
+    return text + ("; ignoring system jobs" if strategy.get("IgnoreSystemJobs") else "")
 
 
 @node.command("eligibility")
@@ -957,6 +960,8 @@ def monitor_drain(c: Ctx, node_id: str, *, just_set: bool) -> int:
             if strategy is None and not seen and not just_set:
                 click.echo(f"{_stamp()}: No drain strategy set for node {node_id}")
                 return 0
+            if not seen and not just_set:
+                click.echo(f'{_stamp()}: Monitoring node "{node_id}": Ctrl-C to detach monitoring')
             if strategy is not None:
                 ignore_system = bool(strategy.get("IgnoreSystemJobs"))
             if node.get("Status") == "down" and not down:
@@ -989,9 +994,9 @@ def monitor_drain(c: Ctx, node_id: str, *, just_set: bool) -> int:
                     moving += 1
             if strategy is None and not complete:
                 complete = True
-                click.echo(f'{_stamp()}: Node "{node_id}" has marked all allocations for migration')
+                click.echo(f"{_stamp()}: Drain complete for node {node_id}")
             if complete and moving == 0:
-                click.echo(f'{_stamp()}: All allocations on node "{node_id}" have stopped.')
+                click.echo(f'{_stamp()}: All allocations on node "{node_id}" have stopped')
                 return 0
             time.sleep(DRAIN_POLL)
     except KeyboardInterrupt:

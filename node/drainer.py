@@ -14,7 +14,8 @@ elsewhere:
   marked only once a replacement's health was reported;
 - batch allocs are left to finish, until the deadline;
 - at the deadline (``-deadline``; at once with ``-force``) everything left
-  is marked, system allocs too unless the drain ignores them;
+  is marked, system allocs too unless the drain ignores them, and the drain
+  is done (Nomad's handleDeadlinedNodes does not wait for them to stop);
 - once the client has stopped every service and batch alloc on the node,
   the drain is done: the drainer marks the node's system allocs (unless
   ignored) and ends the drain, as Nomad's (1.10) does. The node stays
@@ -130,7 +131,7 @@ def look(reader: StateReader, now: int) -> DrainPass:
             for alloc in system:
                 if not alloc.desired_transition.migrate:
                     mark(alloc)
-        if not other:
+        if forced or not other:
             out.done.append((node.id, strategy.started_at))
 
     for job_id, candidates in sorted(stepped.items()):
@@ -147,8 +148,8 @@ def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation]) -> 
 
     Per group: as many as the allocs with a health report exceed ``count -
     max_parallel``. An alloc marked but not yet stopped by the scheduler is
-    already moving, so it does not count (Nomad counts it, and can mark one
-    more than ``max_parallel`` while the scheduler has not acted).
+    already moving, so it does not count (as since Nomad 1.11; before, one
+    more than ``max_parallel`` could move while the scheduler had not acted).
     """
     by_group: dict[str, list[Allocation]] = defaultdict(list)
     for alloc in candidates:

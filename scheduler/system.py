@@ -43,7 +43,6 @@ from scheduler.reconcile import (
     STOP_GROUP,
     STOP_JOB,
     STOP_LOST,
-    STOP_MIGRATE,
     STOP_UPDATE,
     alloc_name,
     can_update_in_place,
@@ -51,6 +50,7 @@ from scheduler.reconcile import (
 from scheduler.state import Snapshot
 
 STOP_NOT_MATCHING = "alloc not needed as node no longer matches the job"
+STOP_TAINTED = "alloc not needed as node is tainted"  # Nomad's words for a system alloc a drain moves
 # Rules whose failure means "this node is not for this job" (rather than "not now").
 _MATCH_RULES = (InDatacenter(), HasDrivers(), Constraints())
 
@@ -78,7 +78,7 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
             stops += [(a, STOP_JOB if stopped else STOP_GROUP, "") for a in allocs]
             continue
         # What the drainer marked stops, even if the drain has ended since (Nomad's diffSystemAllocsForNode).
-        stops += [(a, STOP_MIGRATE, "") for a in allocs if a.desired_transition.migrate]
+        stops += [(a, STOP_TAINTED, "") for a in allocs if a.desired_transition.migrate]
         allocs = [a for a in allocs if not a.desired_transition.migrate]
         if not allocs:
             continue
