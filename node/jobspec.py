@@ -112,6 +112,9 @@ def _check_groups(job: Job) -> None:
         if group.update is not None:
             _check_update(group.update, f"{where}.Update")
         if group.migrate is not None:
+            if job.type != "service":  # Nomad's Job.Validate
+                raise JobSpecError(f"{where}.Migrate: job type {job.type!r} does not allow a migrate block "
+                                   "(only service jobs are migrated in steps)")
             _check_migrate(group.migrate, f"{where}.Migrate")
 
 

@@ -166,6 +166,8 @@ def test_migrate_blocks_nomads_defaults_job_level_keys_and_validation() -> None:
     assert plain.task_groups[0].migrate is not None and plain.task_groups[0].migrate.max_parallel == 1
     batch, _ = parse_job({"ID": "b", "Type": "batch", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]})
     assert batch.task_groups[0].migrate is None
+    with pytest.raises(JobSpecError, match=r"Migrate: job type 'batch' does not allow a migrate block"):
+        parse_job({"ID": "b", "Type": "batch", "Migrate": {"MaxParallel": 2}, "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]})
     for block, message in [
         ({"MaxParallel": -1}, r"TaskGroups\[g\]\.Migrate\.MaxParallel: must not be negative"),
         ({"HealthCheck": "vibes"}, r"Migrate\.HealthCheck: must be checks or task_states"),
