@@ -940,7 +940,7 @@ def node_drain(node_id: str, enable: bool, disable: bool, deadline: str, force: 
 
 
 def _stamp() -> str:
-    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when(time.time_ns())
 
 
 def monitor_drain(c: Ctx, node_id: str, *, just_set: bool) -> int:
@@ -953,15 +953,17 @@ def monitor_drain(c: Ctx, node_id: str, *, just_set: bool) -> int:
     ignore_system = False
     complete = False
     down = False
+    first = True
     try:
         while True:
             node = c.call("node.get", {"node_id": node_id})["data"]
             strategy = node.get("DrainStrategy")
-            if strategy is None and not seen and not just_set:
-                click.echo(f"{_stamp()}: No drain strategy set for node {node_id}")
-                return 0
-            if not seen and not just_set:
+            if first and not just_set:
+                if strategy is None:
+                    click.echo(f"{_stamp()}: No drain strategy set for node {node_id}")
+                    return 0
                 click.echo(f'{_stamp()}: Monitoring node "{node_id}": Ctrl-C to detach monitoring')
+            first = False
             if strategy is not None:
                 ignore_system = bool(strategy.get("IgnoreSystemJobs"))
             if node.get("Status") == "down" and not down:
