@@ -386,19 +386,24 @@ class ClientKill(Fault):
 NODES_DOWN_WAIT = 30.0
 
 
-def _await_nodes_down(testbed: Testbed, timeout: float) -> bool:
-    """Whether every node the servers know became ``down`` within ``timeout`` (any server's view)."""
+def _await_stale(testbed: Testbed, method: str, args: dict[str, Any], done: Callable[[Any], bool], timeout: float) -> bool:
+    """Whether ``done(data)`` held for a stale read of ``method`` (any server's view) within ``timeout``."""
     deadline = time.monotonic() + timeout
     with RPCClient(testbed.rpc_addresses, timeout=2.0) as client:
         while time.monotonic() < deadline:
             try:
-                nodes = client.call("node.list", {"stale": True})["data"]
+                if done(client.call(method, {**args, "stale": True})["data"]):
+                    return True
             except (RPCError, OSError):
-                nodes = []
-            if nodes and all(n["Status"] == "down" for n in nodes):
-                return True
+                pass
             time.sleep(0.5)
     return False
+
+
+def _await_nodes_down(testbed: Testbed, timeout: float) -> bool:
+    """Whether every node the servers know became ``down`` within ``timeout``."""
+    return _await_stale(testbed, "node.list", {}, lambda nodes: bool(nodes) and all(n["Status"] == "down" for n in nodes),
+                        timeout)
 
 
 class Drain(Fault):
@@ -445,17 +450,8 @@ DRAIN_CALL_TIMEOUT = 15.0
 
 
 def _await_drained(testbed: Testbed, node_id: str, timeout: float) -> bool:
-    """Whether the node's drain completed (any server's view) within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    with RPCClient(testbed.rpc_addresses, timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            try:
-                if not client.call("node.get", {"node_id": node_id, "stale": True})["data"].get("Drain"):
-                    return True
-            except (RPCError, OSError):
-                pass
-            time.sleep(0.5)
-    return False
+    """Whether the node's drain completed within ``timeout``."""
+    return _await_stale(testbed, "node.get", {"node_id": node_id}, lambda node: not node.get("Drain"), timeout)
 
 
 def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:

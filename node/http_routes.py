@@ -378,8 +378,9 @@ async def node_drain(request: web.Request) -> web.Response:
     body = await json_body(request)
     if not isinstance(body, dict):
         raise bad('the body must be a JSON object: {"DrainSpec": {"Deadline": 3600000000000}} or {"DrainSpec": null}')
-    node, _ = await _read(request, "node.get", {"node_id": request.match_info["node_id"]})
-    args = {"node_id": node["ID"], "drain_spec": body.get("DrainSpec"), "mark_eligible": body.get("MarkEligible", False)}
+    # node.drain resolves an id prefix itself.
+    args = {"node_id": request.match_info["node_id"], "drain_spec": body.get("DrainSpec"),
+            "mark_eligible": body.get("MarkEligible", False)}
     return _write_reply(request, await api_of(request).call(request, "node.drain", args))
 
 
