@@ -183,6 +183,15 @@ class StateReader:
     def last_time(self) -> int:
         return self.meta_int(META_LAST_TIME)
 
+    def time_from(self, wall: int) -> int:
+        """The state's time for a wall-clock reading (ns): never before the newest time the log recorded.
+
+        A leader whose clock ran ahead pins the state's times forward; what the
+        leader measures in them (deadlines, delays, GC ages) must use this, not
+        its own clock. The caller reads the clock: apply never does.
+        """
+        return max(wall, self.last_time)
+
     def table_index(self, table: str) -> int:
         raw = self.txn.get(table.encode(), db=self.dbs["index"])
         return 0 if raw is None else from_u64(raw)

@@ -227,7 +227,7 @@ def fail_by_user(reader: StateReader, dep: Deployment) -> Decision:
 def look(reader: StateReader, ids: list[str], seen: dict[str, int]) -> list[Decision]:
     """Decisions for the active deployments among ``ids``."""
     wall = time.time_ns()
-    now = max(wall, reader.last_time)
+    now = reader.time_from(wall)
     out = []
     for dep_id in ids:
         dep = reader.deployment(dep_id)

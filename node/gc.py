@@ -292,7 +292,7 @@ class Outcome:
 
 def _now(r: StateReader) -> int:
     """The leader's clock, never behind the time the FSM has already seen."""
-    return max(time.time_ns(), r.last_time)
+    return r.time_from(time.time_ns())
 
 
 class Collector:

@@ -62,7 +62,7 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
     if job is not None:
         versions = {v.version: v for v in reader.job_versions(job.id)}
     deployments = reader.deployments_by_job(ev.job_id)  # read once: the latest, and every unpromoted canary
-    state_now = max(now, reader.last_time)
+    state_now = reader.time_from(now)
     return Snapshot(
         index=reader.applied_index,
         now=state_now,
