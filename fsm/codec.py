@@ -5,7 +5,12 @@ strict: an unknown field, a wrong type or a missing required field is a
 ``CodecError``, so a malformed payload is rejected instead of half-applied.
 Records read back from our own store were checked when they entered the log,
 so ``load`` rebuilds them without re-checking (the apply hot path).
-Conversion plans are built once per dataclass from its type hints.
+
+msgspec does the work in C: packing, ``load``, and decoding an entry in the
+exact shape the leader writes (``decode_exact``), which is what every
+replica decodes for every entry. Anything else takes the strict path
+written here in Python (``from_wire``), which also names what is wrong.
+Its conversion plans are built once per dataclass from its type hints.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgpack
+import msgspec
 
 from fsm.errors import CodecError
 
@@ -27,9 +32,7 @@ T = TypeVar("T")
 Converter = Callable[[Any], Any]
 
 _STRICT: dict[type, tuple[dict[str, Converter], tuple[str, ...]]] = {}
-_LOADERS: dict[type, Callable[[dict], Any]] = {}
 _DUMPERS: dict[type, Callable[[Any], dict]] = {}
-_packer_opts = {"use_bin_type": True}
 _local = threading.local()
 
 
@@ -43,19 +46,32 @@ class _PathError(CodecError):
 
 
 def pack(obj: Any) -> bytes:
-    # One Packer per thread: msgpack.packb builds (and sizes a buffer for) a
-    # new Packer on every call, which shows in apply's profile.
-    packer = getattr(_local, "packer", None)
-    if packer is None:
-        packer = _local.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(obj)
+    """msgpack of a plain value (records inside it pack as their field maps)."""
+    return _encoder().encode(obj)
 
 
-def unpack(data: bytes) -> Any:
+def _decoder() -> msgspec.msgpack.Decoder:
+    decoder = getattr(_local, "decoder", None)
+    if decoder is None:
+        decoder = _local.decoder = msgspec.msgpack.Decoder()
+    return decoder
+
+
+def unpack(data: bytes | memoryview) -> Any:
+    """A plain value from msgpack: maps, lists, str (msgpack str), bytes (bin), numbers."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types
+        return _decoder().decode(data)
+    except msgspec.DecodeError as exc:
         raise CodecError(f"malformed msgpack: {exc}") from None
+
+
+def _encoder() -> msgspec.msgpack.Encoder:
+    # One per thread: they are reused across calls (msgspec.msgpack.encode
+    # sets one up on every call).
+    encoder = getattr(_local, "encoder", None)
+    if encoder is None:
+        encoder = _local.encoder = msgspec.msgpack.Encoder()
+    return encoder
 
 
 def _fail(message: str) -> _PathError:
@@ -416,38 +432,6 @@ def _nested_fields(cls: type) -> list[tuple[str, str, type]]:
     return out
 
 
-def _loader(cls: type) -> Callable[[dict], Any]:
-    fn = _LOADERS.get(cls)
-    if fn is None:
-        nested = [(name, kind, _loader(sub)) for name, kind, sub in _nested_fields(cls)]
-        names = frozenset(f.name for f in dataclasses.fields(cls))
-        plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
-        new = object.__new__
-
-        def fn(data: dict) -> Any:
-            # ``data`` is a fresh map from msgpack, owned here.
-            for name, kind, load_sub in nested:
-                value = data.get(name)
-                if value is None:
-                    continue
-                if kind == "one" or kind == "opt":
-                    data[name] = load_sub(value)
-                elif kind == "list":
-                    data[name] = [load_sub(v) for v in value]
-                else:
-                    data[name] = {k: load_sub(v) for k, v in value.items()}
-            if plain and data.keys() == names:
-                # Exactly the fields, as ``dump`` wrote them: skip __init__'s
-                # argument binding (the apply hot path loads several records).
-                obj = new(cls)
-                obj.__dict__ = data
-                return obj
-            return cls(**data)
-
-        _LOADERS[cls] = fn
-    return fn
-
-
 def _dumper(cls: type) -> Callable[[Any], dict]:
     fn = _DUMPERS.get(cls)
     if fn is None:
@@ -487,42 +471,48 @@ def dump(obj: Any) -> dict:
     return _dumper(type(obj))(obj)
 
 
-_RECORD_CLASSES: set[type] = set()
-
-
-def _record_map(obj: Any) -> dict:
-    """msgpack's ``default`` hook for ``encode``: a dataclass packs as its field map.
-
-    ``dump`` builds that map as ``obj.__dict__`` with nested records dumped the
-    same way, so packing ``__dict__`` directly (msgpack calls this hook for
-    each nested record) gives the same bytes without building the map in Python.
-    """
-    cls = obj.__class__
-    if cls not in _RECORD_CLASSES:
-        if not dataclasses.is_dataclass(cls):
-            raise TypeError(f"can not serialize {cls.__name__!r} object")
-        _RECORD_CLASSES.add(cls)
-    return obj.__dict__
-
-
-def _record_packer() -> msgpack.Packer:
-    packer = getattr(_local, "record_packer", None)
-    if packer is None:
-        packer = _local.record_packer = msgpack.Packer(use_bin_type=True, default=_record_map)
-    return packer
-
-
 def encode(obj: Any) -> bytes:
-    """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes)."""
-    packer = _record_packer()
-    if obj.__class__ in _RECORD_CLASSES:  # what the hook would return, without the call into Python
-        return packer.pack(obj.__dict__)
-    return packer.pack(obj)
+    """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes).
+
+    msgspec packs a dataclass as the map of its fields in field order, in C;
+    records hold nothing but their fields, so the bytes are those of
+    ``pack(dump(obj))`` (tests/fsm/test_codec.py checks it for every record type).
+    """
+    return _encoder().encode(obj)
 
 
 def pack_records(value: Any) -> bytes:
     """``pack(to_wire(value))``'s bytes: any value, its nested records packed as their field maps."""
-    return _record_packer().pack(value)
+    return _encoder().encode(value)
+
+
+def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:
+    decoders = getattr(_local, "decoders", None)
+    if decoders is None:
+        decoders = _local.decoders = {}
+    decoder = decoders.get(cls)
+    if decoder is None:
+        decoder = decoders[cls] = msgspec.msgpack.Decoder(cls)
+    return decoder
+
+
+def decode_exact(cls: type[T], data: bytes | memoryview) -> T | None:
+    """``cls`` from bytes in exactly the shape ``encode`` writes, or None for anything else.
+
+    msgspec builds the dataclasses and checks every type in C, but it ignores
+    fields a class does not have, fills in missing ones and converts a few
+    values (an int for a float). So the result is taken only if packing it
+    again gives back the very same bytes: then nothing was dropped, added or
+    converted, and the strict path would have built the same object. What
+    the leader encodes always passes; anything else (an unknown field from a
+    newer version, a malformed payload) gets None, and the caller runs the
+    strict path, which builds it or names what is wrong exactly as before.
+    """
+    try:
+        obj = _typed_decoder(cls).decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return obj if _encoder().encode(obj) == data else None
 
 
 def decode(cls: type[T], data: bytes) -> T:
@@ -531,7 +521,9 @@ def decode(cls: type[T], data: bytes) -> T:
 
 
 def load(cls: type[T], data: bytes) -> T:
-    """Rebuild a record we stored ourselves; it was checked on its way in."""
-    # strict_map_key=False as in ``unpack``: Any-typed fields (task config)
-    # may hold maps with non-string keys that the strict decoder let in.
-    return _loader(cls)(msgpack.unpackb(data, raw=False, strict_map_key=False))
+    """Rebuild a record we stored ourselves; it was checked on its way in.
+
+    msgspec builds it in C. Any-typed fields (task config) may hold maps with
+    non-string keys that the strict decoder let in; msgspec takes those too.
+    """
+    return _typed_decoder(cls).decode(data)

@@ -11,7 +11,7 @@ client retries idempotent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import IntEnum
 from typing import Any
 
@@ -320,6 +320,21 @@ _TYPE_OF = {int(t): t for t in MessageType}
 _ENVELOPE_FIELDS = frozenset(("v", "time", "rid", "body"))
 
 
+def _envelope_class(payload: type) -> type:
+    """The envelope as one dataclass, so an entry decodes in one msgspec call."""
+    return make_dataclass(
+        f"{payload.__name__}Envelope", [("v", int), ("time", int), ("rid", str), ("body", payload)]
+    )
+
+
+# Not the Batch: its items are entries of their own, decoded (exactly) one
+# by one; msgpack hands its list of bytes over faster than msgspec copies
+# and packs it again (7 against 90 us for 50 registrations).
+_ENVELOPES: dict[MessageType, type] = {
+    t: _envelope_class(cls) for t, cls in PAYLOADS.items() if t is not MessageType.BATCH
+}
+
+
 def decode_entry(entry: bytes) -> Entry:
     """Strictly decode an entry whose type this version knows."""
     if not entry:
@@ -328,7 +343,13 @@ def decode_entry(entry: bytes) -> Entry:
     msg_type = _TYPE_OF.get(code)
     if msg_type is None:
         raise CodecError(f"unknown entry type {code}")
-    envelope = codec.unpack(memoryview(entry)[1:])
+    payload = memoryview(entry)[1:]
+    envelope_class = _ENVELOPES.get(msg_type)
+    exact = None if envelope_class is None else codec.decode_exact(envelope_class, payload)
+    if exact is not None:  # what encode_entry wrote; still check the envelope's values
+        if exact.v == codec.SCHEMA_VERSION and exact.time >= 0 and len(exact.rid.encode()) <= MAX_RID_LEN:
+            return Entry(msg_type, exact.time, exact.rid, exact.body)
+    envelope = codec.unpack(payload)
     if not isinstance(envelope, dict):
         raise CodecError("entry payload is not a map")
     version = envelope.get("v")

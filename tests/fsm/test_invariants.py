@@ -622,6 +622,35 @@ def test_every_message_type_round_trips() -> None:
         assert (decoded.time, decoded.rid) == (T0, "rid")
 
 
+def test_msgspec_takes_exactly_what_encode_entry_writes_and_nothing_it_would_drop() -> None:
+    """The C decoder's result is used only when packing it again gives the entry's bytes.
+
+    msgspec alone ignores fields a dataclass lacks: a field from a newer
+    version deep inside a job would vanish on this replica and not on one
+    that knows it. Such an entry must take the strict path and be refused.
+    """
+    for body in sample_bodies():
+        if isinstance(body, m.Batch):
+            continue  # its items are decoded one by one
+        entry = encode_entry(body, time=T0, rid="rid")
+        envelope_class = m._ENVELOPES[m.MESSAGE_OF[type(body)]]
+        exact = codec.decode_exact(envelope_class, memoryview(entry)[1:])
+        assert exact is not None and exact.body == body, type(body).__name__
+    wire = codec.to_wire(m.JobRegister(job=make_job("web"), eval=make_eval("e1", "web")))
+    wire["job"]["task_groups"][0]["tasks"][0]["colour"] = "red"
+    raw = bytes([MessageType.JOB_REGISTER]) + codec.pack({"v": 1, "time": T0, "rid": "", "body": wire})
+    assert codec.decode_exact(m._ENVELOPES[MessageType.JOB_REGISTER], memoryview(raw)[1:]) is None
+    with pytest.raises(CodecError, match=r"^JobRegister\.job\.task_groups\[0\]\.tasks\[0\]: unknown field 'colour'$"):
+        decode_entry(raw)
+    # msgspec would take an int for a float, or a record given as a map with
+    # its fields in another order; the strict path decides those as before.
+    wire = codec.to_wire(m.JobRegister(job=make_job("web")))
+    wire["job"] = dict(reversed(list(wire["job"].items())))
+    raw = bytes([MessageType.JOB_REGISTER]) + codec.pack({"v": 1, "time": T0, "rid": "", "body": wire})
+    assert codec.decode_exact(m._ENVELOPES[MessageType.JOB_REGISTER], memoryview(raw)[1:]) is None
+    assert decode_entry(raw).body == m.JobRegister(job=make_job("web"))
+
+
 def test_exact_shape_builders_agree_with_the_general_path() -> None:
     """``from_wire``'s generated builders build what ``_strict_build`` builds; ``encode`` packs ``dump``."""
     for body in sample_bodies():
