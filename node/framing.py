@@ -17,8 +17,8 @@ import socket
 import struct
 from typing import Any
 
-import msgpack
-
+from fsm import codec
+from fsm.errors import CodecError
 from node.errors import FRAME_TOO_LARGE, MALFORMED, RPCError
 
 DEFAULT_MAX_FRAME = 4 * 1024 * 1024
@@ -72,8 +72,10 @@ def pack_frame(message: Any, max_frame: int, what: str = "message") -> bytes:
 
     Raises ``TypeError`` for values msgpack cannot encode (a programming
     error on our side) and ``RPCError(frame_too_large)`` for oversize ones.
+    Packed by msgspec (``codec.pack``), in C: every request and answer
+    passes here, on the leader's loop and in every client.
     """
-    body = msgpack.packb(message, use_bin_type=True)
+    body = codec.pack(message)
     if len(body) > max_frame:
         raise frame_too_large(len(body), max_frame, what)
     return HEADER.pack(len(body)) + body
@@ -90,7 +92,7 @@ class SharedItem(dict[str, Any]):
 
     def packed(self) -> bytes:
         if self._packed is None:
-            self._packed = msgpack.packb(self, use_bin_type=True)
+            self._packed = codec.pack(self)
         return self._packed
 
 
@@ -102,9 +104,9 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-_BATCHES_MAP = b"\x81" + msgpack.packb("batches")
-_STREAM_HEAD = b"\x82" + msgpack.packb("id")
-_STREAM_KEY = msgpack.packb("stream")
+_BATCHES_MAP = b"\x81" + codec.pack("batches")
+_STREAM_HEAD = b"\x82" + codec.pack("id")
+_STREAM_KEY = codec.pack("stream")
 
 
 def encode_item(item: Any) -> bytes:
@@ -120,12 +122,12 @@ def encode_item(item: Any) -> bytes:
         group = item.get("batches")
         if isinstance(group, list) and group and all(isinstance(i, SharedItem) for i in group):
             return b"".join([_BATCHES_MAP, _array_header(len(group)), *(i.packed() for i in group)])
-    return msgpack.packb(item, use_bin_type=True)
+    return codec.pack(item)
 
 
 def pack_stream_frame(request_id: str, item: Any, max_frame: int) -> bytes:
     """The frame ``{"id": request_id, "stream": item}`` (see ``encode_item``), length-prefixed."""
-    body = b"".join((_STREAM_HEAD, msgpack.packb(request_id, use_bin_type=True), _STREAM_KEY, encode_item(item)))
+    body = b"".join((_STREAM_HEAD, codec.pack(request_id), _STREAM_KEY, encode_item(item)))
     if len(body) > max_frame:
         raise frame_too_large(len(body), max_frame, "stream item")
     return HEADER.pack(len(body)) + body
@@ -133,11 +135,12 @@ def pack_stream_frame(request_id: str, item: Any, max_frame: int) -> bytes:
 
 def unpack_body(body: bytes) -> Any:
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types
+        return codec.unpack(body)
+    except CodecError as exc:
+        detail = str(exc).removeprefix("malformed msgpack: ")
         raise RPCError(
             MALFORMED,
-            f"frame is not valid msgpack ({type(exc).__name__}); send one msgpack map per frame",
+            f"frame is not valid msgpack ({detail}); send one msgpack map per frame",
         ) from None
 
 
