@@ -46,7 +46,7 @@ class _PathError(CodecError):
 
 
 def pack(obj: Any) -> bytes:
-    """msgpack of a plain value (records inside it pack as their field maps)."""
+    """msgpack of any value; records in it pack as their field maps (``pack(to_wire(obj))``'s bytes)."""
     return _encoder().encode(obj)
 
 
@@ -476,14 +476,9 @@ def encode(obj: Any) -> bytes:
 
     msgspec packs a dataclass as the map of its fields in field order, in C;
     records hold nothing but their fields, so the bytes are those of
-    ``pack(dump(obj))`` (tests/fsm/test_codec.py checks it for every record type).
+    ``pack(dump(obj))`` (tests/fsm/test_invariants.py checks it for every message type).
     """
     return _encoder().encode(obj)
-
-
-def pack_records(value: Any) -> bytes:
-    """``pack(to_wire(value))``'s bytes: any value, its nested records packed as their field maps."""
-    return _encoder().encode(value)
 
 
 def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:

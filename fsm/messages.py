@@ -298,9 +298,9 @@ class Entry:
 def encode_entry(body: Any, *, time: int, rid: str) -> bytes:
     """Encode a payload dataclass as a log entry (the leader's side)."""
     msg_type = MESSAGE_OF[type(body)]
-    # pack_records gives pack(to_wire(...))'s bytes without building the maps in Python.
+    # codec.pack gives pack(to_wire(...))'s bytes without building the maps in Python.
     envelope = {"v": codec.SCHEMA_VERSION, "time": time, "rid": rid, "body": body}
-    return bytes([msg_type]) + codec.pack_records(envelope)
+    return bytes([msg_type]) + codec.pack(envelope)
 
 
 def encode_batch(entries: list[bytes], *, time: int) -> bytes:
@@ -335,6 +335,15 @@ _ENVELOPES: dict[MessageType, type] = {
 }
 
 
+def _check_envelope(version: Any, time: Any, rid: Any) -> None:
+    if version != codec.SCHEMA_VERSION:
+        raise CodecError(f"unsupported schema version {version!r} (this build reads {codec.SCHEMA_VERSION})")
+    if not isinstance(time, int) or isinstance(time, bool) or time < 0:
+        raise CodecError("entry time must be a non-negative integer")
+    if not isinstance(rid, str) or len(rid.encode()) > MAX_RID_LEN:
+        raise CodecError(f"entry rid must be a string of at most {MAX_RID_LEN} bytes")
+
+
 def decode_entry(entry: bytes) -> Entry:
     """Strictly decode an entry whose type this version knows."""
     if not entry:
@@ -346,20 +355,14 @@ def decode_entry(entry: bytes) -> Entry:
     payload = memoryview(entry)[1:]
     envelope_class = _ENVELOPES.get(msg_type)
     exact = None if envelope_class is None else codec.decode_exact(envelope_class, payload)
-    if exact is not None:  # what encode_entry wrote; still check the envelope's values
-        if exact.v == codec.SCHEMA_VERSION and exact.time >= 0 and len(exact.rid.encode()) <= MAX_RID_LEN:
-            return Entry(msg_type, exact.time, exact.rid, exact.body)
+    if exact is not None:  # the shape encode_entry writes: its values are still checked
+        _check_envelope(exact.v, exact.time, exact.rid)
+        return Entry(msg_type, exact.time, exact.rid, exact.body)
     envelope = codec.unpack(payload)
     if not isinstance(envelope, dict):
         raise CodecError("entry payload is not a map")
-    version = envelope.get("v")
-    if version != codec.SCHEMA_VERSION:
-        raise CodecError(f"unsupported schema version {version!r} (this build reads {codec.SCHEMA_VERSION})")
     time, rid = envelope.get("time"), envelope.get("rid")
-    if not isinstance(time, int) or isinstance(time, bool) or time < 0:
-        raise CodecError("entry time must be a non-negative integer")
-    if not isinstance(rid, str) or len(rid.encode()) > MAX_RID_LEN:
-        raise CodecError(f"entry rid must be a string of at most {MAX_RID_LEN} bytes")
+    _check_envelope(envelope.get("v"), time, rid)
     if not _ENVELOPE_FIELDS.issuperset(envelope):
         raise CodecError(f"unknown envelope fields {sorted(set(envelope) - _ENVELOPE_FIELDS)}")
     body = codec.from_wire(PAYLOADS[msg_type], envelope.get("body", {}))
