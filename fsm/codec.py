@@ -481,12 +481,42 @@ def encode(obj: Any) -> bytes:
     return _encoder().encode(obj)
 
 
+_STRIPPED: set[type] = set()
+_STRIP_LOCK = threading.Lock()
+
+
+def _strip_class_defaults(cls: type) -> None:
+    """Remove the class attributes ``@dataclass`` leaves for plain defaults, here and in nested records.
+
+    msgspec fills a missing field only when the class does not hold its
+    default itself; otherwise the instance lacks the attribute, reads the
+    class's, and packs without it (msgspec packs ``__dict__``). Such a record
+    would pass ``decode_exact``'s check, since it packs back to the very bytes
+    that omitted the field, and be stored without it, where the strict path
+    stores every field. Without the class attributes msgspec sets every
+    default, so every record has all its fields. ``__init__``, ``fields()``
+    and ``replace()`` keep the defaults; nothing reads them off the class.
+    """
+    with _STRIP_LOCK:
+        todo = [cls]
+        while todo:
+            c = todo.pop()
+            if c in _STRIPPED or not dataclasses.is_dataclass(c):
+                continue
+            _STRIPPED.add(c)
+            for f in dataclasses.fields(c):
+                if f.default is not dataclasses.MISSING and c.__dict__.get(f.name, f) is f.default:
+                    delattr(c, f.name)
+            todo += [sub for _name, _kind, sub in _nested_fields(c)]
+
+
 def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:
     decoders = getattr(_local, "decoders", None)
     if decoders is None:
         decoders = _local.decoders = {}
     decoder = decoders.get(cls)
     if decoder is None:
+        _strip_class_defaults(cls)
         decoder = decoders[cls] = msgspec.msgpack.Decoder(cls)
     return decoder
 

@@ -299,9 +299,10 @@ def test_dev_cluster_stops_on_ctrl_c_and_resumes_with_its_addresses_nodes_and_jo
                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
         assert run.returncode == 0, run.stdout + run.stderr
         with RPCClient(address.split(",")) as client:
-            nodes = {n["ID"] for n in client.call("node.list", {})["data"]}
             running = wait_until(lambda: sorted(a["ID"] for a in client.call("alloc.list", {"job_id": "web"})["data"]
                                                 if a["ClientStatus"] == "running") or None, 60, "the service's allocs running")
+            # After the wait: the simulated client may register its nodes after `job run` returns.
+            nodes = {n["ID"] for n in client.call("node.list", {})["data"]}
         assert len(nodes) == 2 and len(running) == 2
         state = json.loads((Path(directory) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
