@@ -474,8 +474,10 @@ def dump(obj: Any) -> dict:
 def encode(obj: Any) -> bytes:
     """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes).
 
-    msgspec packs a dataclass as the map of its fields in field order, in C;
-    records hold nothing but their fields, so the bytes are those of
+    msgspec packs a dataclass's ``__dict__``, in C. A record's ``__dict__``
+    holds every field and nothing else, in field order (``__init__``, the
+    builders and msgspec with stripped class defaults all make it so), so
+    the bytes are those of
     ``pack(dump(obj))`` (tests/fsm/test_invariants.py checks it for every message type).
     """
     return _encoder().encode(obj)
