@@ -13,6 +13,7 @@ import asyncio
 import collections
 import concurrent.futures
 import functools
+import gc
 import hashlib
 import os
 import signal
@@ -794,6 +795,26 @@ def _install_unsafe_wall_clock(config: ServerConfig) -> None:
     )
 
 
+# Young-generation size between cyclic collections (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def _tune_gc() -> None:
+    """Collect cycles less often, and never walk the objects the server started with.
+
+    A leader under load keeps a few hundred requests in flight, each holding
+    futures, tasks and records; with CPython's default thresholds the cyclic
+    collector ran every 700 allocations and its full passes walked the whole
+    heap: 9-10% of the leader's CPU in ``perf`` under pipelined job
+    registrations. Refcounting frees nearly everything these handlers make,
+    so a larger young generation costs little memory; ``gc.freeze`` moves the
+    modules, config and caches built at start-up out of every later pass.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
+
+
 def run_server(config: ServerConfig) -> int:
     """Entry point of ``caravan agent``: run until a signal; return the exit code."""
     # The RPC loop and pysyncobj's tick thread hand work to each other on every
@@ -802,6 +823,7 @@ def run_server(config: ServerConfig) -> int:
     sys.setswitchinterval(0.0005)
     _install_unsafe_wall_clock(config)  # before Server() imports the modules that read the clock
     server = Server(config)
+    _tune_gc()
     try:
         asyncio.run(server.serve())
     except (OSError, raft_errors.RaftError) as exc:
