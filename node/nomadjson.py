@@ -73,15 +73,24 @@ def snake(name: str) -> str:
     return "".join(out)
 
 
-def to_nomad(obj: Any, _data_map: bool = False) -> Any:
+def to_nomad(obj: Any) -> Any:
     """A record (dataclass or wire map) in Nomad's JSON shape."""
-    obj = codec.to_wire(obj)
+    return _renamed(codec.to_wire(obj), False)
+
+
+def _renamed(obj: Any, data_map: bool) -> Any:
+    """A wire map's field names in Nomad's spelling, all the way down.
+
+    Takes plain data only: ``to_wire`` converted the whole tree once (calling
+    it again at every level walked each subtree once per level above it,
+    most of a ``job.get``'s cost).
+    """
     if isinstance(obj, list):
-        return [to_nomad(v) for v in obj]
+        return [_renamed(v, False) for v in obj]
     if isinstance(obj, dict):
-        if _data_map:
-            return {k: to_nomad(v) for k, v in obj.items()}
-        return {pascal(k): to_nomad(v, k in DATA_MAPS or k == "task_groups" and isinstance(v, dict)) for k, v in obj.items()}
+        if data_map:
+            return {k: _renamed(v, False) for k, v in obj.items()}
+        return {pascal(k): _renamed(v, k in DATA_MAPS or k == "task_groups" and isinstance(v, dict)) for k, v in obj.items()}
     return obj
 
 
