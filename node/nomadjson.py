@@ -8,10 +8,11 @@ irregular spellings, so a new struct field needs no code here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
-from fsm import codec
+from fsm import codec, structs
 
 # snake_case names whose Nomad spelling is not plain PascalCase.
 _SPECIAL = {
@@ -86,12 +87,32 @@ def _renamed(obj: Any, data_map: bool) -> Any:
     most of a ``job.get``'s cost).
     """
     if isinstance(obj, list):
-        return [_renamed(v, False) for v in obj]
-    if isinstance(obj, dict):
-        if data_map:
-            return {k: _renamed(v, False) for k, v in obj.items()}
-        return {pascal(k): _renamed(v, k in DATA_MAPS or k == "task_groups" and isinstance(v, dict)) for k, v in obj.items()}
-    return obj
+        return [_renamed(v, False) if isinstance(v, _CONTAINERS) else v for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if data_map:
+        return {k: _renamed(v, False) if isinstance(v, _CONTAINERS) else v for k, v in obj.items()}
+    out = {}
+    names = _PASCAL
+    for k, v in obj.items():
+        name = names.get(k)
+        if name is None:
+            name = pascal(k)
+        if isinstance(v, _CONTAINERS):
+            v = _renamed(v, k in DATA_MAPS or k == "task_groups" and isinstance(v, dict))
+        out[name] = v
+    return out
+
+
+_CONTAINERS = (list, dict)
+# Our records' field names in Nomad's spelling (any other key goes through
+# ``pascal``): a dict lookup per key is a third of a call through its lru_cache.
+_PASCAL: dict[str, str] = {
+    f.name: pascal(f.name)
+    for record in vars(structs).values()
+    if isinstance(record, type) and dataclasses.is_dataclass(record)
+    for f in dataclasses.fields(record)
+}
 
 
 def from_nomad(obj: Any, _data_map: bool = False) -> Any:
