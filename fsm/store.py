@@ -9,6 +9,7 @@ the indexes in step with the tables.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -163,9 +164,10 @@ class StateReader:
         cursor = self.txn.cursor(db=self.dbs[index])
         return cursor.set_range(start) and cursor.key().startswith(start)
 
-    def _list(self, table: str, id_prefix: str = "") -> list[Any]:
+    def _list(self, table: str, id_prefix: str = "", limit: int | None = None) -> list[Any]:
+        """Objects whose id starts with ``id_prefix``, in id order; at most ``limit`` of them."""
         cls = STRUCT_OF[table]
-        return [codec.load(cls, v) for _, v in self._scan(table, id_prefix.encode())]
+        return [codec.load(cls, v) for _, v in itertools.islice(self._scan(table, id_prefix.encode()), limit)]
 
     def count(self, db: str) -> int:
         return self.txn.stat(self.dbs[db])["entries"]
@@ -203,8 +205,8 @@ class StateReader:
     def job(self, job_id: str) -> Job | None:
         return self._get("jobs", job_id.encode(), Job)
 
-    def jobs(self, id_prefix: str = "") -> list[Job]:
-        return self._list("jobs", id_prefix)
+    def jobs(self, id_prefix: str = "", limit: int | None = None) -> list[Job]:
+        return self._list("jobs", id_prefix, limit)
 
     def job_versions(self, job_id: str) -> list[Job]:
         """Newest first, as Nomad lists them."""
@@ -230,8 +232,8 @@ class StateReader:
     def eval(self, eval_id: str) -> Evaluation | None:
         return self._get("evals", eval_id.encode(), Evaluation)
 
-    def evals(self, id_prefix: str = "") -> list[Evaluation]:
-        return self._list("evals", id_prefix)
+    def evals(self, id_prefix: str = "", limit: int | None = None) -> list[Evaluation]:
+        return self._list("evals", id_prefix, limit)
 
     def eval_ids_by_job(self, job_id: str) -> list[str]:
         return self._ids("evals_by_job", prefix(job_id))
@@ -246,8 +248,8 @@ class StateReader:
     def alloc(self, alloc_id: str) -> Allocation | None:
         return self._get("allocs", alloc_id.encode(), Allocation)
 
-    def allocs(self, id_prefix: str = "") -> list[Allocation]:
-        return self._list("allocs", id_prefix)
+    def allocs(self, id_prefix: str = "", limit: int | None = None) -> list[Allocation]:
+        return self._list("allocs", id_prefix, limit)
 
     def _allocs(self, ids: list[str]) -> list[Allocation]:
         return [a for a in map(self.alloc, ids) if a is not None]
@@ -275,8 +277,8 @@ class StateReader:
     def deployment(self, deployment_id: str) -> Deployment | None:
         return self._get("deployments", deployment_id.encode(), Deployment)
 
-    def deployments(self, id_prefix: str = "") -> list[Deployment]:
-        return self._list("deployments", id_prefix)
+    def deployments(self, id_prefix: str = "", limit: int | None = None) -> list[Deployment]:
+        return self._list("deployments", id_prefix, limit)
 
     def deployments_by_job(self, job_id: str) -> list[Deployment]:
         ids = self._ids("deployments_by_job", prefix(job_id))
@@ -290,8 +292,8 @@ class StateReader:
     def node(self, node_id: str) -> Node | None:
         return self._get("nodes", node_id.encode(), Node)
 
-    def nodes(self, id_prefix: str = "") -> list[Node]:
-        return self._list("nodes", id_prefix)
+    def nodes(self, id_prefix: str = "", limit: int | None = None) -> list[Node]:
+        return self._list("nodes", id_prefix, limit)
 
     # -- ACL -------------------------------------------------------------
     def token(self, accessor_id: str) -> ACLToken | None:

@@ -213,7 +213,7 @@ async def job_revert(server: Server, ctx: RequestContext, args: dict[str, Any]) 
 @method("job.get")
 async def job_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     job_id = id_arg(args, "job_id")
-    return await server.read(ctx, args, ("jobs",), lambda r: _found(r.job(job_id), f"job {job_id}"))
+    return await server.read(ctx, args, ("jobs",), lambda r: _found(r.job(job_id), f"job {job_id}"), point=True)
 
 
 @method("job.list")
@@ -238,14 +238,16 @@ async def job_versions(server: Server, ctx: RequestContext, args: dict[str, Any]
 @method("job.summary")
 async def job_summary(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     job_id = id_arg(args, "job_id")
-    return await server.read(ctx, args, ("job_summary",), lambda r: _found(r.job_summary(job_id), f"job {job_id}"))
+    return await server.read(ctx, args, ("job_summary",), lambda r: _found(r.job_summary(job_id), f"job {job_id}"), point=True)
 
 
 # -- evals ----------------------------------------------------------------------------
 @method("eval.get")
 async def eval_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     eval_id = id_arg(args, "eval_id")
-    return await server.read(ctx, args, ("evals",), lambda r: _found(by_prefix(r.eval, r.evals, eval_id), f"evaluation {eval_id}"))
+    return await server.read(
+        ctx, args, ("evals",), lambda r: _found(by_prefix(r.eval, r.evals, eval_id), f"evaluation {eval_id}"), point=True
+    )
 
 
 @method("eval.list")
@@ -259,14 +261,22 @@ async def eval_list(server: Server, ctx: RequestContext, args: dict[str, Any]) -
     return await server.read(ctx, args, ("evals",), evals)
 
 
-def by_prefix(get: Callable[[str], Any], scan: Callable[[str], list], ident: str) -> Any:
+# A prefix lookup reads at most this many objects, so that it stays a point
+# read (served on the loop, see Server.read) however short the prefix.
+PREFIX_MATCH_LIMIT = 20
+
+
+def by_prefix(get: Callable[[str], Any], scan: Callable[[str, int], list], ident: str) -> Any:
     """Exact id, or a unique prefix of one (as Nomad's CLI accepts short ids)."""
     obj = get(ident)
     if obj is not None:
         return obj
-    rows = scan(ident)
+    rows = scan(ident, PREFIX_MATCH_LIMIT + 1)
+    if len(rows) > PREFIX_MATCH_LIMIT:
+        raise _bad(f"prefix {ident!r} matches more than {PREFIX_MATCH_LIMIT} objects; give more characters")
     if len(rows) > 1:
-        raise _bad(f"prefix {ident!r} matches {len(rows)} objects; give more characters")
+        ids = ", ".join(getattr(row, "id", "?") for row in rows)
+        raise _bad(f"prefix {ident!r} matches {len(rows)} objects ({ids}); give more characters")
     return rows[0] if rows else None
 
 
@@ -274,7 +284,9 @@ def by_prefix(get: Callable[[str], Any], scan: Callable[[str], list], ident: str
 @method("alloc.get")
 async def alloc_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     alloc_id = id_arg(args, "alloc_id")
-    return await server.read(ctx, args, ("allocs",), lambda r: _found(by_prefix(r.alloc, r.allocs, alloc_id), f"allocation {alloc_id}"))
+    return await server.read(
+        ctx, args, ("allocs",), lambda r: _found(by_prefix(r.alloc, r.allocs, alloc_id), f"allocation {alloc_id}"), point=True
+    )
 
 
 @method("alloc.list")
@@ -313,7 +325,11 @@ async def alloc_update(server: Server, ctx: RequestContext, args: dict[str, Any]
 async def deployment_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     dep_id = id_arg(args, "deployment_id")
     return await server.read(
-        ctx, args, ("deployments",), lambda r: _found(by_prefix(r.deployment, r.deployments, dep_id), f"deployment {dep_id}")
+        ctx,
+        args,
+        ("deployments",),
+        lambda r: _found(by_prefix(r.deployment, r.deployments, dep_id), f"deployment {dep_id}"),
+        point=True,
     )
 
 
@@ -377,7 +393,9 @@ async def node_eligibility(server: Server, ctx: RequestContext, args: dict[str, 
 @method("node.get")
 async def node_get(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     node_id = id_arg(args, "node_id")
-    return await server.read(ctx, args, ("nodes",), lambda r: _found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}"))
+    return await server.read(
+        ctx, args, ("nodes",), lambda r: _found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}"), point=True
+    )
 
 
 @method("node.list")
@@ -466,7 +484,7 @@ async def acl_token_get(server: Server, ctx: RequestContext, args: dict[str, Any
             raise RPCError(NOT_FOUND, f"token {accessor} not found")
         return _token_view(token)
 
-    return await server.read(ctx, args, ("acl_tokens",), get, need=Need.MANAGEMENT)
+    return await server.read(ctx, args, ("acl_tokens",), get, need=Need.MANAGEMENT, point=True)
 
 
 @method("acl.token.self")
@@ -480,7 +498,7 @@ async def acl_token_self(server: Server, ctx: RequestContext, args: dict[str, An
             raise RPCError(NOT_FOUND, "token not found")
         return _token_view(token)
 
-    return await server.read(ctx, args, ("acl_tokens",), get, need=Need.NONE)
+    return await server.read(ctx, args, ("acl_tokens",), get, need=Need.NONE, point=True)
 
 
 @method("acl.token.delete")

@@ -646,9 +646,8 @@ class Server:
     async def linearize(self, ctx: RequestContext) -> None:
         """Make a following local read linearizable: be the leader and pass a barrier."""
         self.ensure_leader()
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.executor, self.raft.barrier, WRITE_TIMEOUT)
+            await self.raft.barrier_async(WRITE_TIMEOUT)
         except raft_errors.NotLeaderError:
             raise _Forward(self.leader_rpc()) from None
         except raft_errors.RaftError as exc:
@@ -662,12 +661,19 @@ class Server:
         fn: Callable[[StateReader], Any],
         *,
         need: Need = Need.READ,
+        point: bool = False,
     ) -> dict[str, Any]:
         """{"index": N, "data": fn(state)} — linearizable, stale, and/or blocking.
 
         The token is checked where the read is served: on the leader after the
         barrier for a linearizable read (so a token just created is known), on
         this server's own state for a stale one.
+
+        ``point``: ``fn`` reads a bounded amount (an object by id, a prefix
+        lookup capped at a few objects), so it runs on the loop, as token
+        checks do. Handing it to the executor cost more than the read itself:
+        about 125 us of CPU per ``job.get`` under load, 212 against 85 us in all.
+        Reads of unbounded size (lists) stay off the loop.
         """
         if not args.get("stale"):
             await self.linearize(ctx)
@@ -680,6 +686,8 @@ class Server:
             index = max([reader.table_index(t) for t in tables] + [1])
             return {"index": index, "applied_index": reader.applied_index, "data": fn(reader)}
 
+        if point:
+            return read_committed(self.fsm, run)
         return await self.local(run)
 
     async def _wait_tables(self, tables: tuple[str, ...], min_index: int, wait: float) -> None:
@@ -688,7 +696,7 @@ class Server:
         while True:
             event = self.commit_event()  # taken before the read: a commit after it sets this one
             assert event is not None
-            index = await self.local(lambda r: max(r.table_index(t) for t in tables))
+            index = read_committed(self.fsm, lambda r: max(r.table_index(t) for t in tables))
             remaining = deadline - time.monotonic()
             if index > min_index or remaining <= 0:
                 return

@@ -172,6 +172,12 @@ def main() -> None:
         before = cpu_now(pids)
         reg = asyncio.run(pipelined(leader, n, a.window, register))
         reg_cpu = cpu_per_write(before, cpu_now(pids), n)
+        reads = {}
+        for label, stale in (("stale", True), ("linearizable", False)):
+            get = lambda i, stale=stale: ("job.get", {"job_id": f"p-{i % n}", "stale": stale})  # noqa: E731
+            before = cpu_now(pids)
+            rate = asyncio.run(pipelined(leader, n, a.window, get))
+            reads[label] = (rate, cpu_per_write(before, cpu_now(pids), n))
         allocs = prepare_allocs(leader, 2000)
         upd = None
         if allocs:
@@ -197,6 +203,8 @@ def main() -> None:
     print(f"{'serial job register p50 (ms)':<38} {percentile(lat, 0.5) * 1000:>12.2f} {percentile(lat, 0.5) * 1000 / raw_p50:>8.2f}")
     print(f"{'serial job register p99 (ms)':<38} {percentile(lat, 0.99) * 1000:>12.2f}")
     print(f"{'pipelined job registers (/s)':<38} {reg:>12.0f} {reg / raw_tp:>8.2f}   (CPU us/write: {reg_cpu})")
+    for label, (rate, cpu) in reads.items():
+        print(f"{f'pipelined job.get, {label} (/s)':<38} {rate:>12.0f} {'-':>8}   (CPU us/read: {cpu})")
     if upd is not None:
         print(f"{'pipelined alloc client updates (/s)':<38} {upd:>12.0f} {upd / raw_tp:>8.2f}   (CPU us/write: {upd_cpu})")
     else:

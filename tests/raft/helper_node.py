@@ -11,6 +11,7 @@ node's directory; ``tests/raft/cluster.py`` is its client.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import logging
 import os
@@ -168,6 +169,22 @@ class Control:
         go.set()
         for t in threads:
             t.join()
+        return {"ok": True, "indexes": out, "entries_used": self.fsm.barriers - before}
+
+    def op_barriers_async(self, n: int, timeout: float = 10.0) -> dict[str, Any]:
+        """n concurrent barrier_async() callers on one asyncio loop; returns their indexes."""
+
+        async def one() -> Any:
+            try:
+                return await self.node.barrier_async(timeout)
+            except RaftError as e:
+                return type(e).__name__
+
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+        before = self.fsm.barriers
+        out = asyncio.run(run())
         return {"ok": True, "indexes": out, "entries_used": self.fsm.barriers - before}
 
     def op_transfer(self, target: str, timeout: float = 5.0) -> dict[str, Any]:

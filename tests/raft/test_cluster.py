@@ -5,6 +5,7 @@ leadership transfer, restart replay."""
 from __future__ import annotations
 
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -237,6 +238,29 @@ def test_barrier_is_shared_by_concurrent_readers(cluster: Any) -> None:
     f = followers(c, leader)[0]
     fb = c.call(f, "barrier")
     assert not fb["ok"] and fb["error"] == "NotLeaderError"
+
+
+def test_tasks_on_one_loop_share_one_barrier_entry(cluster: Any) -> None:
+    """What a linearizable RPC read waits on: 200 reads in flight share a few barrier entries, not one each."""
+    c = cluster()
+    leader = c.wait_leader()
+    w = c.call(leader, "submit", entry=b"before-read")
+    res = c.call(leader, "barriers_async", n=200)
+    idxs = res["indexes"]
+    assert all(isinstance(i, int) and i > w["index"] for i in idxs), idxs
+    print("barrier entries used by 200 tasks:", res["entries_used"])
+    assert res["entries_used"] <= 20 and len(set(idxs)) <= 20, res  # shared: a handful of entries for 200 reads
+    f = followers(c, leader)[0]
+    fb = c.call(f, "barriers_async", n=3)
+    assert fb["indexes"] == ["NotLeaderError"] * 3
+    # Without a quorum the barrier cannot commit: each waiter gets an error once the timeout passes.
+    for other in followers(c, leader):
+        c.kill(other)
+    started = time.monotonic()
+    res = c.call(leader, "barriers_async", n=3, timeout=1.0)
+    print("without quorum:", res["indexes"])
+    assert set(res["indexes"]) <= {"UnknownOutcomeError", "NotLeaderError"}, res
+    assert time.monotonic() - started < 5.0
 
 
 def transfer_to(c: Cluster, leader: int, target: int, attempts: int = 3) -> None:
