@@ -214,7 +214,10 @@ class _Waiter:
                 if self.event.is_set():
                     future.set_result(None)
                 else:
-                    loop.call_later(timeout, _resolve, future)
+                    timer = loop.call_later(timeout, _resolve, future)
+                    # Cancelled when the batch commits: a timer left per batch
+                    # would pile up in the loop's heap under steady reads.
+                    future.add_done_callback(lambda _: timer.cancel())
         return future
 
 
