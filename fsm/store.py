@@ -205,8 +205,8 @@ class StateReader:
     def job(self, job_id: str) -> Job | None:
         return self._get("jobs", job_id.encode(), Job)
 
-    def jobs(self, id_prefix: str = "", limit: int | None = None) -> list[Job]:
-        return self._list("jobs", id_prefix, limit)
+    def jobs(self, id_prefix: str = "") -> list[Job]:
+        return self._list("jobs", id_prefix)
 
     def job_versions(self, job_id: str) -> list[Job]:
         """Newest first, as Nomad lists them."""

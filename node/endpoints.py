@@ -275,7 +275,7 @@ def by_prefix(get: Callable[[str], Any], scan: Callable[[str, int], list], ident
     if len(rows) > PREFIX_MATCH_LIMIT:
         raise _bad(f"prefix {ident!r} matches more than {PREFIX_MATCH_LIMIT} objects; give more characters")
     if len(rows) > 1:
-        ids = ", ".join(getattr(row, "id", "?") for row in rows)
+        ids = ", ".join(row.id for row in rows)
         raise _bad(f"prefix {ident!r} matches {len(rows)} objects ({ids}); give more characters")
     return rows[0] if rows else None
 
