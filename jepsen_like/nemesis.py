@@ -434,8 +434,11 @@ class Drain(Fault):
         def undo() -> str:
             done = _await_drained(testbed, node_id, DRAIN_WAIT)
             took = time.monotonic() - started
+            if done:
+                said = f"complete (seen {took:.1f}s after it began)"
+            else:  # what held it, read before the drain ends and the node fills up again
+                said = f"not complete within {took:.1f}s; {_left_on(testbed, node_id)}"
             _end_drain(testbed, node_id, DRAIN_WAIT)
-            said = f"complete (seen {took:.1f}s after it began)" if done else f"not complete within {took:.1f}s"
             return f"drain {said}; ended it and opened the node again"
 
         what = {-1: "forced", 0: "no deadline"}.get(deadline, f"deadline {deadline}s")
@@ -452,6 +455,34 @@ DRAIN_CALL_TIMEOUT = 15.0
 def _await_drained(testbed: Testbed, node_id: str, timeout: float) -> bool:
     """Whether the node's drain completed within ``timeout``."""
     return _await_stale(testbed, "node.get", {"node_id": node_id}, lambda node: not node.get("Drain"), timeout)
+
+
+def _left_on(testbed: Testbed, node_id: str) -> str:
+    """The node's allocs that still run, as ``describe_left`` puts them; a failed read says so."""
+    try:
+        with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:
+            allocs = client.call("alloc.list", {"node_id": node_id, "stale": True})["data"]
+    except (RPCError, OSError) as exc:
+        return f"could not list its allocs ({exc})"
+    return describe_left(allocs)
+
+
+def describe_left(allocs: list[dict[str, Any]], most: int = 6) -> str:
+    """What still runs on a node whose drain did not complete: job, group, client status, health, migration mark."""
+    live = [a for a in allocs if a.get("DesiredStatus") == "run" and a.get("ClientStatus") in ("pending", "running")]
+    if not live:
+        return "nothing left running on it"
+    parts = []
+    for a in sorted(live, key=lambda a: (a.get("JobID", ""), a.get("ID", "")))[:most]:
+        health = (a.get("DeploymentStatus") or {}).get("Healthy")
+        words = [f"{a.get('JobID')}/{a.get('TaskGroup')}", a["ClientStatus"]]
+        if health is not None:
+            words.append("healthy" if health else "unhealthy")
+        if (a.get("DesiredTransition") or {}).get("Migrate"):
+            words.append("marked to migrate")
+        parts.append(" ".join(words))
+    more = f" and {len(live) - most} more" if len(live) > most else ""
+    return f"left on it: {'; '.join(parts)}{more}"
 
 
 def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:
