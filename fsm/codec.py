@@ -477,8 +477,8 @@ def encode(obj: Any) -> bytes:
     msgspec packs a dataclass's ``__dict__``, in C. A record's ``__dict__``
     holds every field and nothing else, in field order (``__init__``, the
     builders and msgspec with stripped class defaults all make it so), so
-    the bytes are those of
-    ``pack(dump(obj))`` (tests/fsm/test_invariants.py checks it for every message type).
+    the bytes are those of ``pack(dump(obj))`` (tests/fsm/test_invariants.py
+    checks it for every message type).
     """
     return _encoder().encode(obj)
 
