@@ -5,7 +5,7 @@ loop that is a system call per job registration, and while the loop is in
 the kernel the raft tick thread takes the GIL: the loop then waits for it
 (a cProfile of the loop showed ~30 us per call, nearly all of it that wait).
 These ids must be unique, not secret (ACL secrets still come from
-``uuid.uuid4``). Object ids (evaluations) are version-4 UUIDs from a
+``uuid.uuid4``). Object ids (evaluations) are time-ordered UUIDs from a
 generator seeded from ``os.urandom`` per process; request ids (which
 servers deduplicate retries by) are a 96-bit random per-process prefix and
 a counter. Both are re-seeded in a forked child.
@@ -17,24 +17,54 @@ import itertools
 import os
 import random
 import secrets
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+#: An id's first 32 bits count ticks of 2**14 ns (16.4 us); they wrap every 19.5 hours.
+TICK_SHIFT = 14
+TICK_MASK = 0xFFFFFFFF
 
 
 class UUIDSource:
-    """Version-4 UUID strings from a per-process generator seeded by the OS."""
+    """Time-ordered UUID strings (RFC 9562 version 8) from a per-process generator seeded by the OS.
 
-    def __init__(self) -> None:
+    Every id is stored as an LMDB key (``evals``, ``evals_by_status``, ...).
+    Random keys put each new object on its own B-tree page, so every commit
+    copied and wrote one 4 KiB page per new eval and index row: with version-4
+    ids a registration's apply cost each server 72-76 us of CPU, with ordered
+    ids 57-60 us, most of the difference kernel time spent copying pages.
+    So an id starts with a clock tick, which makes new keys land beside each
+    other at the end of each table, and ends with 90 random bits, which keep
+    it unique across processes and restarts as a version-4 id would be.
+
+    Why not UUIDv7: its first 32 bits change once a minute, so every eval of
+    a minute would share the 8-character short id the CLI shows (as Nomad's
+    does). Here the first 8 characters step on every id a process makes
+    (a tick is taken at most once; a burst runs a few ticks ahead of the
+    clock, and a clock stepped back does not step the ids back), so short
+    ids stay distinct, and repeat only across the 19.5-hour wrap, as often as
+    random ones would.
+    """
+
+    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+        self._clock = clock
         self._rng = random.Random()
+        self._last = -1
+        self._lock = threading.Lock()  # the loop, executor threads and leader loops all make ids
         self.reseed()
 
     def reseed(self) -> None:
         """New seed from the OS (at start and in a forked child, which would otherwise repeat the parent)."""
         self._rng.seed(os.urandom(32))
 
-    def uuid4(self) -> str:
-        bits = self._rng.getrandbits(128)
-        # RFC 4122: version 4 in bits 76-79, variant 10 in bits 62-63.
-        bits = (bits & ~(0xF << 76) | (0x4 << 76)) & ~(0x3 << 62) | (0x2 << 62)
+    def uuid(self) -> str:
+        with self._lock:
+            tick = max(self._clock() >> TICK_SHIFT, self._last + 1)
+            self._last = tick
+            bits = (tick & TICK_MASK) << 96 | self._rng.getrandbits(96)
+        # RFC 9562: version 8 (custom layout) in bits 76-79, variant 10 in bits 62-63.
+        bits = (bits & ~(0xF << 76) | (0x8 << 76)) & ~(0x3 << 62) | (0x2 << 62)
         h = f"{bits:032x}"
         return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
@@ -44,8 +74,8 @@ os.register_at_fork(after_in_child=_source.reseed)
 
 
 def new_uuid() -> str:
-    """A random version-4 UUID string, unique across processes and restarts."""
-    return _source.uuid4()
+    """A time-ordered UUID string, unique across processes and restarts."""
+    return _source.uuid()
 
 
 # -- request ids --------------------------------------------------------------------

@@ -11,12 +11,45 @@ from node import ids
 from node.ids import UUIDSource, new_request_id, new_uuid
 
 
-def test_ids_are_version_4_uuids_in_canonical_form() -> None:
+def test_ids_are_version_8_uuids_in_canonical_form() -> None:
     for _ in range(1000):
         text = new_uuid()
         parsed = uuid.UUID(text)
         assert str(parsed) == text
-        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert parsed.version == 8 and parsed.variant == uuid.RFC_4122
+
+
+def test_ids_sort_in_the_order_they_were_made_and_their_short_forms_differ() -> None:
+    """What the stores' B-trees need (new keys side by side) and what the CLI shows (8 characters)."""
+    made = [new_uuid() for _ in range(50_000)]
+    assert sorted(made) == made
+    assert len({i[:8] for i in made}) == len(made)
+
+
+class _Clock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_a_clock_stepped_back_does_not_step_the_ids_back() -> None:
+    clock = _Clock(1_800_000_000 * 10**9)
+    source = UUIDSource(clock)
+    before = [source.uuid() for _ in range(3)]
+    clock.now -= 3600 * 10**9  # an NTP step of an hour back
+    after = [source.uuid() for _ in range(3)]
+    assert sorted(before + after) == before + after
+    assert len({i[:8] for i in before + after}) == 6
+
+
+def test_the_tick_is_the_clocks_and_wraps_after_32_bits() -> None:
+    clock = _Clock(0x1_2345_6789 << ids.TICK_SHIFT)
+    source = UUIDSource(clock)
+    assert source.uuid()[:8] == "23456789"
+    clock.now = (0x2_0000_0000 + 5) << ids.TICK_SHIFT
+    assert source.uuid()[:8] == "00000005"
 
 
 def test_ids_do_not_repeat() -> None:
@@ -26,7 +59,7 @@ def test_ids_do_not_repeat() -> None:
 
 def test_two_sources_do_not_share_a_sequence() -> None:
     a, b = UUIDSource(), UUIDSource()
-    assert {a.uuid4() for _ in range(1000)}.isdisjoint({b.uuid4() for _ in range(1000)})
+    assert {a.uuid() for _ in range(1000)}.isdisjoint({b.uuid() for _ in range(1000)})
 
 
 def test_a_forked_child_does_not_repeat_the_parents_ids() -> None:
