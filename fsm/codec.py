@@ -539,7 +539,9 @@ def decode_exact(cls: type[T], data: bytes | memoryview) -> T | None:
         obj = _typed_decoder(cls).decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    return obj if _encoder().encode(obj) == data else None
+    # bytes == memoryview compares item by item (2.3 us for 1 KiB); a copy
+    # and memcmp take 0.3 us.
+    return obj if _encoder().encode(obj) == (data if type(data) is bytes else bytes(data)) else None
 
 
 def decode(cls: type[T], data: bytes) -> T:
