@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import random
-import uuid
 from collections import Counter, defaultdict
 
 from fsm.messages import AllocStop
@@ -47,6 +46,7 @@ from fsm.structs import (
     TaskGroup,
     UpdateStrategy,
 )
+from node.ids import new_uuid
 from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.feasibility import PlacementContext, ask_for
 from scheduler.plan import Plan
@@ -61,7 +61,8 @@ BLOCKED_DESCRIPTION = "created to place remaining allocations"
 
 
 def new_id() -> str:
-    return str(uuid.uuid4())
+    """An alloc's or follow-up eval's id: time-ordered, so new allocs' keys sit side by side (node/ids.py)."""
+    return new_uuid()
 
 
 def update_strategy(job: Job, group: TaskGroup) -> UpdateStrategy | None:
