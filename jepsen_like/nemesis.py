@@ -488,7 +488,12 @@ def describe_left(allocs: list[dict[str, Any]], most: int = 6) -> str:
 def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:
     """End the drain (if still on) and open the node, retrying through elections for up to ``timeout``."""
     deadline = time.monotonic() + timeout
-    with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:
+    # Each call may take longer than a server's hold for a leader (5 s,
+    # node.server.NO_LEADER_HOLD): a server cut off from the others answers
+    # no_leader only then, and the client tries the next one. With a 5 s
+    # call, a client whose first address was such a server timed out on it
+    # every time (campaign 601:3, seed 603: a drain during snapshot-lag).
+    with RPCClient(testbed.rpc_addresses, timeout=DRAIN_CALL_TIMEOUT) as client:
         while True:
             try:
                 client.call("node.drain", {"node_id": node_id, "drain_spec": None, "mark_eligible": True})

@@ -1,0 +1,65 @@
+"""The drain nemesis ends its drain through a server cut off from the others."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from jepsen_like import nemesis
+from jepsen_like.testbed import Testbed
+from node.rpc_client import RPCClient
+
+
+@pytest.fixture
+def testbed(tmp_path: Path) -> Iterator[Testbed]:
+    tb = Testbed.create(tmp_path / "cluster", 3)
+    try:
+        yield tb
+    finally:
+        tb.teardown()
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.cluster
+def test_a_drain_is_ended_when_the_first_server_the_harness_asks_has_no_leader(testbed: Testbed) -> None:
+    """Campaign 601:3, seed 603: a drain's undo ran while snapshot-lag cut off server1.
+
+    The harness asks the servers in order, server1 first. Cut off, server1
+    holds each write for 5 s waiting for a leader before it answers
+    no_leader; the undo's calls gave up after 5 s each, so they never reached
+    the other two, which had a leader all along, and the drain stayed on.
+    """
+    tb = testbed
+    tb.start_all()
+    leader = tb.wait_for_leader(30)
+    first = tb.names[0]
+    assert tb.rpc_addresses[0] == tb.node(first).rpc_addr
+    with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
+        client.call("node.register", {"node": {"ID": "drained-node", "Status": "ready"}})
+        client.call("node.drain", {"node_id": "drained-node", "drain_spec": {"Deadline": 0}})
+    majority = [n for n in tb.names if n != first]
+    tb.partition([[first], majority])
+
+    def cut_off_and_leaderless() -> bool:
+        mine = tb.status(first) or {}
+        others = [tb.status(n) or {} for n in majority]
+        return not mine.get("Leader") and any(st.get("Role") == "leader" for st in others)
+
+    _wait(cut_off_and_leaderless, 30, f"{first} to lose its leader and the others to have one")
+
+    nemesis._end_drain(tb, "drained-node", timeout=nemesis.DRAIN_WAIT)
+
+    new_leader = next(n for n in majority if (tb.status(n) or {}).get("Role") == "leader")
+    with RPCClient([tb.node(new_leader).rpc_addr], timeout=15) as client:
+        node = client.call("node.get", {"node_id": "drained-node"})["data"]
+    assert not node.get("Drain") and node["SchedulingEligibility"] == "eligible"
