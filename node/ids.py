@@ -5,7 +5,7 @@ loop that is a system call per job registration, and while the loop is in
 the kernel the raft tick thread takes the GIL: the loop then waits for it
 (a cProfile of the loop showed ~30 us per call, nearly all of it that wait).
 These ids must be unique, not secret (ACL secrets still come from
-``uuid.uuid4``). Object ids (evaluations) are time-ordered UUIDs from a
+``uuid.uuid4``). Object ids (evaluations, allocations) are time-ordered UUIDs from a
 generator seeded from ``os.urandom`` per process; request ids (which
 servers deduplicate retries by) are a 96-bit random per-process prefix and
 a counter. Both are re-seeded in a forked child.
@@ -33,7 +33,8 @@ class UUIDSource:
     Random keys put each new object on its own B-tree page, so every commit
     copied and wrote one 4 KiB page per new eval and index row: with version-4
     ids a registration's apply cost each server 72-76 us of CPU, with ordered
-    ids 57-60 us, most of the difference kernel time spent copying pages.
+    ids 57-60 us (LMDB copying pages in the process, and the kernel copying
+    them into the page cache).
     So an id starts with a clock tick, which makes new keys land beside each
     other at the end of each table, and ends with 90 random bits, which keep
     it unique across processes and restarts as a version-4 id would be.
