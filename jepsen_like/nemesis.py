@@ -389,14 +389,14 @@ NODES_DOWN_WAIT = 30.0
 def _await_stale(testbed: Testbed, method: str, args: dict[str, Any], done: Callable[[Any], bool], timeout: float) -> bool:
     """Whether ``done(data)`` held for a stale read of ``method`` (any server's view) within ``timeout``."""
     deadline = time.monotonic() + timeout
-    with RPCClient(testbed.rpc_addresses, timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            try:
+    while time.monotonic() < deadline:
+        try:
+            with RPCClient(testbed.running_addresses(), timeout=2.0) as client:
                 if done(client.call(method, {**args, "stale": True})["data"]):
                     return True
-            except (RPCError, OSError):
-                pass
-            time.sleep(0.5)
+        except (RPCError, OSError):
+            pass
+        time.sleep(0.5)
     return False
 
 
@@ -413,7 +413,7 @@ class Drain(Fault):
         return _without_client_sim(testbed)
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
-        with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:
+        with RPCClient(testbed.running_addresses(), timeout=5.0) as client:
             nodes = client.call("node.list", {"stale": True})["data"]
             ready = sorted(n["ID"] for n in nodes if n["Status"] == "ready" and not n.get("Drain"))
             if not ready:
@@ -460,7 +460,7 @@ def _await_drained(testbed: Testbed, node_id: str, timeout: float) -> bool:
 def _left_on(testbed: Testbed, node_id: str) -> str:
     """The node's allocs that still run, as ``describe_left`` puts them; a failed read says so."""
     try:
-        with RPCClient(testbed.rpc_addresses, timeout=5.0) as client:
+        with RPCClient(testbed.running_addresses(), timeout=5.0) as client:
             allocs = client.call("alloc.list", {"node_id": node_id, "stale": True})["data"]
     except (RPCError, OSError) as exc:
         return f"could not list its allocs ({exc})"
@@ -493,15 +493,15 @@ def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:
     # no_leader only then, and the client tries the next one. With a 5 s
     # call, a client whose first address was such a server timed out on it
     # every time (campaign 601:3, seed 603: a drain during snapshot-lag).
-    with RPCClient(testbed.rpc_addresses, timeout=DRAIN_CALL_TIMEOUT) as client:
-        while True:
-            try:
+    while True:
+        try:
+            with RPCClient(testbed.running_addresses(), timeout=DRAIN_CALL_TIMEOUT) as client:
                 client.call("node.drain", {"node_id": node_id, "drain_spec": None, "mark_eligible": True})
-                return
-            except (RPCError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+            return
+        except (RPCError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 FAULTS: dict[str, Callable[[], Fault]] = {

@@ -161,6 +161,17 @@ class Testbed:
     def node(self, name: str) -> cl.ClusterNode:
         return self.cluster.node(name)
 
+    def running_addresses(self) -> list[str]:
+        """Every RPC address, those of running servers (alive, not paused) first.
+
+        For the harness's own calls: a paused server accepts a connection and
+        never answers, so a call that asks it first waits out its whole
+        timeout without trying the others.
+        """
+        running = [n for n in self.names if n not in self.paused and self.alive(n)]
+        rest = [n for n in self.names if n not in running]
+        return [self.node(n).rpc_addr for n in running + rest]
+
     # -- processes --------------------------------------------------------------------
     def start_all(self, timeout: float = 60.0) -> None:
         for node in self.cluster.nodes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,6 +61,36 @@ def test_a_drain_is_ended_when_the_first_server_the_harness_asks_has_no_leader(t
     nemesis._end_drain(tb, "drained-node", timeout=nemesis.DRAIN_WAIT)
 
     new_leader = next(n for n in majority if (tb.status(n) or {}).get("Role") == "leader")
+    with RPCClient([tb.node(new_leader).rpc_addr], timeout=15) as client:
+        node = client.call("node.get", {"node_id": "drained-node"})["data"]
+    assert not node.get("Drain") and node["SchedulingEligibility"] == "eligible"
+
+
+@pytest.mark.cluster
+def test_a_drain_is_started_and_ended_while_the_first_server_is_paused(testbed: Testbed) -> None:
+    """Campaign 601:3, seed 601: the drain nemesis could not start a drain while server1 was paused.
+
+    A paused server accepts a connection and never answers; its stale
+    ``node.list`` took the call's whole 5 s. The harness now asks running
+    servers first.
+    """
+    tb = testbed
+    tb.start_all()
+    leader = tb.wait_for_leader(30)
+    with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
+        client.call("node.register", {"node": {"ID": "drained-node", "Status": "ready"}})
+    first = tb.names[0]
+    others = [n for n in tb.names if n != first]
+    tb.pause(first)
+    _wait(lambda: any((tb.status(n) or {}).get("Role") == "leader" for n in others), 30, "a leader among the running servers")
+
+    undo, targets, what = nemesis.Drain().inject(tb, random.Random(0))
+    assert targets == ["node drained-"] and what.startswith("drain node drained-"), what
+    assert "no answer" not in what, what
+    said = undo()
+    assert said.startswith("drain complete"), said
+
+    new_leader = next(n for n in others if (tb.status(n) or {}).get("Role") == "leader")
     with RPCClient([tb.node(new_leader).rpc_addr], timeout=15) as client:
         node = client.call("node.get", {"node_id": "drained-node"})["data"]
     assert not node.get("Drain") and node["SchedulingEligibility"] == "eligible"
