@@ -15,7 +15,9 @@ elsewhere:
 - batch allocs are left to finish, until the deadline;
 - at the deadline (``-deadline``; at once with ``-force``) everything left
   is marked, system allocs too unless the drain ignores them, and the drain
-  is done (Nomad's handleDeadlinedNodes does not wait for them to stop);
+  is done (Nomad's handleDeadlinedNodes does not wait for them to stop).
+  The deadline passes in the state's time or on the leader's own clock,
+  whichever comes first (``Overdue``);
 - once the client has stopped every service and batch alloc on the node,
   the drain is done: the drainer marks the node's system allocs (unless
   ignored) and ends the drain, as Nomad's (1.10) does. The node stays
@@ -28,13 +30,16 @@ rest where they are.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
 from fsm.store import StateReader
 from fsm.structs import (
+    SECOND,
     Allocation,
     DesiredTransition,
     DrainStrategy,
@@ -85,8 +90,40 @@ def _on_client(reader: StateReader, node: Node) -> list[Allocation]:
     return [a for a in reader.allocs_by_node(node.id) if not a.client_terminal()]
 
 
-def look(reader: StateReader, now: int) -> DrainPass:
-    """Nomad's drainer decisions for every draining node, on one state."""
+class Overdue:
+    """Drain deadlines counted on this leader's monotonic clock too: whichever passes first.
+
+    The FSM stamps a drain's force deadline in the state's time, and that time
+    stands still while a leader whose clock ran ahead has pinned it forward
+    (it never goes back). A 5 s deadline then waited for the skew as well:
+    campaign 601:3 (seed 601), a clock jumped 60 s ahead, a drain still short
+    of its 5 s deadline 35 s later. So a deadline also passes once the drain
+    (this start and this deadline) has been seen by this leader for as long
+    as the deadline. Never sooner than asked: a leader sees a drain only after
+    it began. A new leader counts from its own first sight.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._first: dict[tuple[str, int, int], float] = {}  # (node, start, deadline) -> first seen
+        self._seen: set[tuple[str, int, int]] = set()
+
+    def __call__(self, node_id: str, strategy: DrainStrategy) -> bool:
+        if strategy.deadline <= 0:
+            return False
+        drain = (node_id, strategy.started_at, strategy.force_deadline)  # a changed deadline counts anew
+        self._seen.add(drain)
+        first = self._first.setdefault(drain, self.clock())
+        return self.clock() - first >= strategy.deadline / SECOND
+
+    def end_pass(self) -> None:
+        """Forget the drains the last pass did not see (ended, or changed)."""
+        self._first = {d: t for d, t in self._first.items() if d in self._seen}
+        self._seen = set()
+
+
+def look(reader: StateReader, now: int, overdue: Callable[[str, DrainStrategy], bool] | None = None) -> DrainPass:
+    """Nomad's drainer decisions for every draining node, on one state (``overdue``: see ``Overdue``)."""
     out = DrainPass()
     nodes = [n for n in reader.nodes() if n.drain_strategy is not None]
     if not nodes:
@@ -109,7 +146,7 @@ def look(reader: StateReader, now: int) -> DrainPass:
 
     for node in sorted(nodes, key=lambda n: n.id):
         strategy: DrainStrategy = node.drain_strategy  # type: ignore[assignment]
-        forced = strategy.forced(now)
+        forced = strategy.forced(now) or (overdue is not None and overdue(node.id, strategy))
         system, other = [], []
         for alloc in _on_client(reader, node):
             job = job_of(alloc.job_id)
@@ -223,6 +260,7 @@ class Drainer:
         self.lc = lc
         self.server = lc.server
         self.poke = asyncio.Event()
+        self.overdue = Overdue()
         self.log = self.server.log.bind(component="drainer")
 
     def draining(self) -> bool:
@@ -243,7 +281,8 @@ class Drainer:
         """One pass: mark what moves now, end the drains that are done."""
 
         now = self.server.state_now()
-        found = await self.server.local(lambda r: look(r, now))
+        found = await self.server.local(lambda r: look(r, now, self.overdue))
+        self.overdue.end_pass()
         if found.marks:
             await self._mark(found)
         for node_id, started_at in found.done:

@@ -137,3 +137,30 @@ def test_a_reschedule_delay_after_a_leader_clock_jump_takes_the_delay_not_the_sk
         failed = time.monotonic()
         wait_until(lambda: any(a["PreviousAllocation"] for a in crashed()), 40, "the crash rescheduled after its delay")
     assert time.monotonic() - failed >= 3.5, "the crash's delay was kept, not skipped"
+
+
+def test_a_drain_deadline_is_not_held_back_by_an_earlier_clock_jump(clock_testbed: Testbed) -> None:
+    """Campaign 601:3, seed 601: after a leader's clock had run a minute ahead, a drain's 5 s deadline
+    was still ahead 35 s later. The FSM stamps the deadline in the state's time, which stands still
+    until the wall clock catches up with the jump; the drainer now also counts it on its own clock."""
+    tb = clock_testbed
+    tb.start_client_sim(1)
+    leader = tb.wait_for_leader(30.0)
+    assert tb.set_clock_offset(leader, 60 * 10**9)
+    submit_time(tb, leader, "ahead")  # the state's time: a minute ahead from here on
+    assert tb.set_clock_offset(leader, 0)
+    batch = {"ID": "forever", "Type": "batch", "Datacenters": ["dc1"], "TaskGroups": [
+        {"Name": "g", "Count": 1, "Tasks": [{"Name": "t", "Driver": "sim", "Resources": {"CPU": 10, "MemoryMB": 10}}]}]}
+    with tb.client(leader, timeout=10.0) as client:
+
+        def running() -> list[str]:
+            rows = client.call("alloc.list", {"job_id": "forever"})["data"]
+            return [a["NodeID"] for a in rows if a["ClientStatus"] == "running"]
+
+        client.call("job.register", {"job": batch})
+        (node_id,) = wait_until(running, 60, "the batch alloc running on the simulated node")
+        started = time.monotonic()
+        client.call("node.drain", {"node_id": node_id, "drain_spec": {"Deadline": 3 * 10**9}})
+        wait_until(lambda: not client.call("node.get", {"node_id": node_id})["data"]["Drain"], 30,
+                   "the drain to end at its 3 s deadline (a batch alloc is left until then)")
+    assert time.monotonic() - started >= 3.0, "the drain ended before its deadline"

@@ -19,7 +19,7 @@ from fsm.structs import (
     Job,
     MigrateStrategy,
 )
-from node.drainer import DrainPass, look
+from node.drainer import DrainPass, Overdue, look
 from tests.fsm.support import Harness
 from tests.lifecycle.support import alloc as make_alloc
 from tests.lifecycle.support import job, live, node, register, run_eval
@@ -107,6 +107,59 @@ def test_a_drain_closes_the_node_keeps_its_start_and_counts_its_deadline_from_th
         assert r.node("a").scheduling_eligibility == "eligible" and not r.node("a").drain
     missing = h.apply(m.NodeUpdateDrain(node_id="nope", strategy=DrainStrategy()))
     assert not missing.ok and missing.code == "not_found"
+
+
+def test_a_deadline_passes_on_the_leaders_clock_while_the_states_time_stands_still(h: Harness) -> None:
+    """Campaign 601:3, seed 601: a clock jumped 60 s ahead pinned the state's time forward, so a drain
+    with a 5 s deadline, stamped in that time, was still short of it 35 s later.
+
+    The state's time stays at the drain's start here (as while it is pinned); the drainer's own
+    monotonic clock moves. The deadline passes 5 s after the drainer first saw the drain, not
+    sooner, and a changed deadline counts from when the drainer saw the change.
+    """
+    service_on_a(h, count=3, max_parallel=1)
+    drain(h, deadline=5 * SECOND)
+    started = h.time  # the drain entry's time
+    tick = [1000.0]
+    overdue = Overdue(lambda: tick[0])
+
+    def forced_pass() -> DrainPass:
+        with h.reader() as r:
+            found = look(r, h.time, overdue)  # the state's time: before the force deadline throughout
+            strategy = r.node("a").drain_strategy
+            assert strategy is None or not strategy.forced(h.time)
+        overdue.end_pass()
+        return found
+
+    first = forced_pass()
+    assert sum(map(len, first.marks.values())) == 1 and not first.done  # a step of max_parallel 1
+    tick[0] += 4.9
+    assert not forced_pass().done
+    tick[0] += 0.1
+    late = forced_pass()
+    assert sum(map(len, late.marks.values())) == 3 and late.done == [("a", started)]
+
+    drain(h, deadline=MINUTE)  # changed: the new deadline counts from this pass on
+    assert not forced_pass().done
+    tick[0] += 59.9
+    assert not forced_pass().done
+    tick[0] += 0.1
+    assert forced_pass().done
+    h.ok(m.NodeUpdateDrain(node_id="a"))
+    forced_pass()
+    assert not overdue._first  # an ended drain is forgotten
+
+
+def test_without_a_deadline_or_with_force_the_leaders_clock_changes_nothing(h: Harness) -> None:
+    service_on_a(h, count=3, max_parallel=1)
+    drain(h, deadline=0)
+    overdue = Overdue(lambda: 1e9)
+    with h.reader() as r:
+        assert look(r, h.time, overdue).marks == look(r, h.time).marks
+    drain(h, deadline=-1)
+    with h.reader() as r:
+        started = r.node("a").drain_strategy.started_at
+        assert look(r, h.time, overdue).done == look(r, h.time).done == [("a", started)]
 
 
 # -- service allocs ---------------------------------------------------------------------------
