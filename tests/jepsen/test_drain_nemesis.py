@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from jepsen_like import nemesis
 from jepsen_like.testbed import Testbed
 from node.rpc_client import RPCClient
+from tests.conditions import wait_until
 
 
 @pytest.fixture
@@ -21,14 +21,6 @@ def testbed(tmp_path: Path) -> Iterator[Testbed]:
         yield tb
     finally:
         tb.teardown()
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.cluster
@@ -56,7 +48,7 @@ def test_a_drain_is_ended_when_the_first_server_the_harness_asks_has_no_leader(t
         others = [tb.status(n) or {} for n in majority]
         return not mine.get("Leader") and any(st.get("Role") == "leader" for st in others)
 
-    _wait(cut_off_and_leaderless, 30, f"{first} to lose its leader and the others to have one")
+    wait_until(cut_off_and_leaderless, 30, f"{first} to lose its leader and the others to have one")
 
     nemesis._end_drain(tb, "drained-node", timeout=nemesis.DRAIN_WAIT)
 
@@ -82,7 +74,7 @@ def test_a_drain_is_started_and_ended_while_the_first_server_is_paused(testbed: 
     first = tb.names[0]
     others = [n for n in tb.names if n != first]
     tb.pause(first)
-    _wait(lambda: any((tb.status(n) or {}).get("Role") == "leader" for n in others), 30, "a leader among the running servers")
+    wait_until(lambda: any((tb.status(n) or {}).get("Role") == "leader" for n in others), 30, "a leader among the running servers")
 
     undo, targets, what = nemesis.Drain().inject(tb, random.Random(0))
     assert targets == ["node drained-"] and what.startswith("drain node drained-"), what
