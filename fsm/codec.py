@@ -10,12 +10,11 @@ msgspec does the work in C: packing, ``load``, and decoding an entry in the
 exact shape the leader writes (``decode_exact``), which is what every
 replica decodes for every entry. Anything else takes the strict path
 written here in Python (``from_wire``), which also names what is wrong.
-Its conversion plans are built once per dataclass from its type hints.
+Its conversion plans are built once per record class from its type hints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import types
 import typing
@@ -25,6 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from fsm.errors import CodecError
+from fsm.record import Record, fields, is_record
 
 SCHEMA_VERSION = 1
 
@@ -146,7 +146,7 @@ def _strict_converter(hint: Any) -> Converter:
             return out
 
         return as_dict
-    if dataclasses.is_dataclass(hint):
+    if is_record(hint):
         return lambda value: _strict_build(hint, value)
     raise TypeError(f"codec cannot handle type hint {hint!r}")
 
@@ -182,15 +182,11 @@ def _strict_plan(cls: type) -> StrictPlan:
     plan = _STRICT.get(cls)
     if plan is None:
         hints = typing.get_type_hints(cls)
-        fields = dataclasses.fields(cls)
-        converters = {f.name: _strict_converter(hints[f.name]) for f in fields}
-        required = tuple(
-            f.name
-            for f in fields
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        )
-        plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
-        ordered = tuple((f.name, _accepted_as_is(hints[f.name]), converters[f.name]) for f in fields)
+        record_fields = fields(cls)
+        converters = {f.name: _strict_converter(hints[f.name]) for f in record_fields}
+        required = tuple(f.name for f in record_fields if f.required)
+        plain = not hasattr(cls, "__post_init__")
+        ordered = tuple((f.name, _accepted_as_is(hints[f.name]), converters[f.name]) for f in record_fields)
         plan = (converters, required, plain, ordered)
         _STRICT[cls] = plan
     return plan
@@ -202,22 +198,20 @@ def _strict_build(cls: type[T], data: Any) -> T:
     converters, required, plain, ordered = _strict_plan(cls)
     if plain and data.keys() == converters.keys():
         # Every field and nothing else (what encode_entry sends): convert in
-        # field order and skip __init__'s argument binding, as ``load`` does.
+        # field order and pass them by position.
         # Values of a class the field takes as-is (most scalars) skip the call.
-        values = {}
+        values = []
         for key, as_is, convert in ordered:
             value = data[key]
             if value.__class__ in as_is:
-                values[key] = value
+                values.append(value)
                 continue
             try:
-                values[key] = convert(value)
+                values.append(convert(value))
             except _PathError as exc:
                 exc.path.append(f".{key}")
                 raise
-        obj = object.__new__(cls)
-        obj.__dict__ = values
-        return obj
+        return cls(*values)
     kwargs = {}
     for key, value in data.items():
         convert = converters.get(key)
@@ -237,7 +231,7 @@ def _strict_build(cls: type[T], data: Any) -> T:
 # -- generated exact-shape builders ---------------------------------------------
 # What the leader's ``encode_entry`` sends is always the exact shape: every
 # field, each value of the one class msgpack produces for it. For each
-# dataclass a builder specialised to that shape is generated once (straight-
+# record class a builder specialised to that shape is generated once (straight-
 # line Python, no per-field converter calls). It accepts only values the
 # general path above accepts, and builds the same object from them; on
 # anything else it raises ``_Slow`` and ``from_wire`` runs the general path,
@@ -314,7 +308,7 @@ class _Emitter:
                 self.check(args[0], var, indent + 1)
                 if len(self.lines) == mark:
                     self.lines.pop()  # nothing to check inside
-        elif dataclasses.is_dataclass(hint):
+        elif is_record(hint):
             self.emit(indent, f"{var} = {self.builder(hint)}({var})")
         elif origin is list:
             self._check_list(typing.get_args(hint)[0], var, indent)
@@ -329,7 +323,7 @@ class _Emitter:
 
     def _check_list(self, item_hint: Any, var: str, indent: int) -> None:
         self.emit(indent, f"if {var}.__class__ is not list: raise _Slow")
-        if dataclasses.is_dataclass(item_hint):
+        if is_record(item_hint):
             build = self.builder(item_hint)
             # (an empty list skips the comprehension's function call)
             self.emit(indent, f"{var} = [{build}(v) for v in {var}] if {var} else []")
@@ -358,28 +352,26 @@ class _Emitter:
 def _generate_builder(cls: type) -> Callable[[Any], Any]:
     """Source of ``build(data)`` for ``cls``'s exact shape, compiled."""
     hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
+    names = [f.name for f in fields(cls)]
+    plain = not hasattr(cls, "__post_init__")
     e = _Emitter()
-    e.names.update(_cls=cls, _new=object.__new__)
+    e.names.update(_cls=cls)
     e.emit(0, "def build(data):")
     if not plain:  # __init__ must run: only the general path builds it
         e.emit(1, "raise _Slow")
     # Exactly the fields: as many keys as fields, and each field found
     # (cheaper than comparing key sets).
-    e.emit(1, f"if data.__class__ is not dict or len(data) != {len(fields)}: raise _Slow")
+    e.emit(1, f"if data.__class__ is not dict or len(data) != {len(names)}: raise _Slow")
     local = {}
-    if fields:
+    if names:
         e.emit(1, "try:")
-        for i, name in enumerate(fields):
+        for i, name in enumerate(names):
             local[name] = var = f"f{i}"
             e.emit(2, f"{var} = data[{name!r}]")
             e.check(hints[name], var, 2)
         e.emit(1, "except KeyError:")
         e.emit(2, "raise _Slow from None")
-    e.emit(1, "obj = _new(_cls)")
-    e.emit(1, "obj.__dict__ = {" + ", ".join(f"{n!r}: {v}" for n, v in local.items()) + "}")
-    e.emit(1, "return obj")
+    e.emit(1, "return _cls(" + ", ".join(local.values()) + ")")
     source = "\n".join(e.lines)
     exec(compile(source, f"<codec builder {cls.__qualname__}>", "exec"), e.names)
     return e.names["build"]
@@ -399,9 +391,9 @@ def from_wire(cls: type[T], data: Any, path: str | None = None) -> T:
 
 
 def _nested_kind(hint: Any) -> tuple[str, type] | None:
-    """How a field holds dataclasses, if it does: ('one'|'opt'|'list'|'dict', cls)."""
+    """How a field holds records, if it does: ('one'|'opt'|'list'|'dict', cls)."""
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if is_record(hint):
         return ("one", hint)
     if origin in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -413,11 +405,11 @@ def _nested_kind(hint: Any) -> tuple[str, type] | None:
             return inner
     if origin is list:
         (item,) = typing.get_args(hint)
-        if dataclasses.is_dataclass(item):
+        if is_record(item):
             return ("list", item)
     if origin is dict:
         item = typing.get_args(hint)[1]
-        if dataclasses.is_dataclass(item):
+        if is_record(item):
             return ("dict", item)
     return None
 
@@ -425,7 +417,7 @@ def _nested_kind(hint: Any) -> tuple[str, type] | None:
 def _nested_fields(cls: type) -> list[tuple[str, str, type]]:
     hints = typing.get_type_hints(cls)
     out = []
-    for f in dataclasses.fields(cls):
+    for f in fields(cls):
         kind = _nested_kind(hints[f.name])
         if kind is not None:
             out.append((f.name, kind[0], kind[1]))
@@ -438,7 +430,7 @@ def _dumper(cls: type) -> Callable[[Any], dict]:
         nested = _nested_fields(cls)
 
         def fn(obj: Any) -> dict:
-            data = dict(obj.__dict__)
+            data = msgspec.structs.asdict(obj)
             for name, kind, _sub in nested:
                 value = data[name]
                 if value is None:
@@ -456,8 +448,8 @@ def _dumper(cls: type) -> Callable[[Any], dict]:
 
 
 def to_wire(obj: Any) -> Any:
-    """Dataclasses to plain maps, recursively (faster than dataclasses.asdict)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    """Records to plain maps, recursively."""
+    if isinstance(obj, Record):
         return _dumper(type(obj))(obj)
     if isinstance(obj, list):
         return [to_wire(v) for v in obj]
@@ -474,42 +466,11 @@ def dump(obj: Any) -> dict:
 def encode(obj: Any) -> bytes:
     """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes).
 
-    msgspec packs a dataclass's ``__dict__``, in C. A record's ``__dict__``
-    holds every field and nothing else, in field order (``__init__``, the
-    builders and msgspec with stripped class defaults all make it so), so
-    the bytes are those of ``pack(dump(obj))`` (tests/fsm/test_invariants.py
+    msgspec packs a record in C, every field in definition order, so the
+    bytes are those of ``pack(dump(obj))`` (tests/fsm/test_invariants.py
     checks it for every message type).
     """
     return _encoder().encode(obj)
-
-
-_STRIPPED: set[type] = set()
-_STRIP_LOCK = threading.Lock()
-
-
-def _strip_class_defaults(cls: type) -> None:
-    """Remove the class attributes ``@dataclass`` leaves for plain defaults, here and in nested records.
-
-    msgspec fills a missing field only when the class does not hold its
-    default itself; otherwise the instance lacks the attribute, reads the
-    class's, and packs without it (msgspec packs ``__dict__``). Such a record
-    would pass ``decode_exact``'s check, since it packs back to the very bytes
-    that omitted the field, and be stored without it, where the strict path
-    stores every field. Without the class attributes msgspec sets every
-    default, so every record has all its fields. ``__init__``, ``fields()``
-    and ``replace()`` keep the defaults; nothing reads them off the class.
-    """
-    with _STRIP_LOCK:
-        todo = [cls]
-        while todo:
-            c = todo.pop()
-            if c in _STRIPPED or not dataclasses.is_dataclass(c):
-                continue
-            _STRIPPED.add(c)
-            for f in dataclasses.fields(c):
-                if f.default is not dataclasses.MISSING and c.__dict__.get(f.name, f) is f.default:
-                    delattr(c, f.name)
-            todo += [sub for _name, _kind, sub in _nested_fields(c)]
 
 
 def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:
@@ -518,7 +479,6 @@ def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:
         decoders = _local.decoders = {}
     decoder = decoders.get(cls)
     if decoder is None:
-        _strip_class_defaults(cls)
         decoder = decoders[cls] = msgspec.msgpack.Decoder(cls)
     return decoder
 
@@ -526,7 +486,7 @@ def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:
 def decode_exact(cls: type[T], data: bytes | memoryview) -> T | None:
     """``cls`` from bytes in exactly the shape ``encode`` writes, or None for anything else.
 
-    msgspec builds the dataclasses and checks every type in C, but it ignores
+    msgspec builds the records and checks every type in C, but it ignores
     fields a class does not have, fills in missing ones and converts a few
     values (an int for a float). So the result is taken only if packing it
     again gives back the very same bytes: then nothing was dropped, added or

@@ -19,6 +19,7 @@ from fsm import messages as m
 from fsm.errors import ApplyRejected
 from fsm.keys import u64
 from fsm.messages import MessageType
+from fsm.record import copy_record
 from fsm.store import META_ACL_BOOTSTRAP, StateReader
 from fsm.structs import (
     CLIENT_PENDING,
@@ -201,10 +202,8 @@ def _move_status(w: StateWriter, job_id: str, old_group: str, old: str, new_grou
 
 
 def _clone(obj: Any) -> Any:
-    """A shallow copy of a record (copy.copy without the __reduce_ex__ detour)."""
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    return new
+    """A shallow copy of a record."""
+    return copy_record(obj)
 
 
 def _set_queued(w: StateWriter, ev: Evaluation) -> None:

@@ -11,12 +11,15 @@ client retries idempotent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+import msgspec
+
 from fsm import codec
 from fsm.errors import CodecError
+from fsm.record import Record, field
 from fsm.structs import (
     ACLToken,
     Allocation,
@@ -60,16 +63,14 @@ class MessageType(IntEnum):
     NODE_UPDATE_DRAIN = 23
 
 
-@dataclass
-class Reap:
+class Reap(Record):
     """One object to delete, only if it still has the modify index the leader saw."""
 
     id: str
     modify_index: int
 
 
-@dataclass
-class JobRegister:
+class JobRegister(Record):
     job: Job
     eval: Evaluation | None = None
     # Compare-and-set as Nomad's EnforceIndex: the existing job's
@@ -77,31 +78,26 @@ class JobRegister:
     enforce_index: int | None = None
 
 
-@dataclass
-class JobDeregister:
+class JobDeregister(Record):
     job_id: str
     purge: bool = False
     eval: Evaluation | None = None
 
 
-@dataclass
-class JobBatchDeregister:
+class JobBatchDeregister(Record):
     jobs: list[Reap] = field(default_factory=list)
 
 
-@dataclass
-class EvalUpsert:
+class EvalUpsert(Record):
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class EvalReap:
+class EvalReap(Record):
     evals: list[Reap] = field(default_factory=list)
     allocs: list[Reap] = field(default_factory=list)
 
 
-@dataclass
-class AllocStop:
+class AllocStop(Record):
     id: str
     desired_status: str = "stop"
     desired_description: str = ""
@@ -109,8 +105,7 @@ class AllocStop:
     followup_eval_id: str = ""
 
 
-@dataclass
-class PlanApply:
+class PlanApply(Record):
     eval_id: str = ""
     job_id: str = ""
     allocs_to_place: list[Allocation] = field(default_factory=list)
@@ -119,8 +114,7 @@ class PlanApply:
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class AllocClientState:
+class AllocClientState(Record):
     id: str
     client_status: str
     client_description: str = ""
@@ -128,25 +122,21 @@ class AllocClientState:
     deployment_status: DeploymentStatus | None = None
 
 
-@dataclass
-class AllocClientUpdate:
+class AllocClientUpdate(Record):
     allocs: list[AllocClientState] = field(default_factory=list)
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class AllocDesiredTransition:
+class AllocDesiredTransition(Record):
     allocs: dict[str, DesiredTransition] = field(default_factory=dict)
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class DeploymentUpsert:
+class DeploymentUpsert(Record):
     deployment: Deployment
 
 
-@dataclass
-class DeploymentStatusUpdate:
+class DeploymentStatusUpdate(Record):
     deployment_id: str
     status: str
     status_description: str = ""
@@ -159,8 +149,7 @@ class DeploymentStatusUpdate:
     expect_status: str = ""
 
 
-@dataclass
-class DeploymentPromote:
+class DeploymentPromote(Record):
     """Nomad's ApplyDeploymentPromotion: the groups' canaries are good, replace the rest."""
 
     deployment_id: str
@@ -168,34 +157,29 @@ class DeploymentPromote:
     eval: Evaluation | None = None
 
 
-@dataclass
-class DeploymentReap:
+class DeploymentReap(Record):
     deployments: list[Reap] = field(default_factory=list)
 
 
-@dataclass
-class NodeRegister:
+class NodeRegister(Record):
     node: Node
 
 
-@dataclass
-class NodeUpdateStatus:
+class NodeUpdateStatus(Record):
     node_id: str
     status: str
     status_description: str = ""
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class NodeUpdateEligibility:
+class NodeUpdateEligibility(Record):
     node_id: str
     eligibility: str
     drain: bool | None = None
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class NodeUpdateDrain:
+class NodeUpdateDrain(Record):
     """Nomad's Node.UpdateDrain: start or change a node's drain (``strategy``) or end it (None).
 
     A drain makes the node ineligible; ending it leaves the node ineligible
@@ -211,40 +195,33 @@ class NodeUpdateDrain:
     evals: list[Evaluation] = field(default_factory=list)
 
 
-@dataclass
-class NodeReap:
+class NodeReap(Record):
     nodes: list[Reap] = field(default_factory=list)
 
 
-@dataclass
-class ACLTokenBootstrap:
+class ACLTokenBootstrap(Record):
     token: ACLToken
 
 
-@dataclass
-class ACLTokenUpsert:
+class ACLTokenUpsert(Record):
     tokens: list[ACLToken] = field(default_factory=list)
 
 
-@dataclass
-class ACLTokenDelete:
+class ACLTokenDelete(Record):
     accessor_ids: list[str] = field(default_factory=list)
     # Expired-token GC passes the modify index it saw; an explicit delete does not.
     reaps: list[Reap] = field(default_factory=list)
 
 
-@dataclass
-class Barrier:
+class Barrier(Record):
     pass
 
 
-@dataclass
-class ReconcileSummaries:
+class ReconcileSummaries(Record):
     """Recount every job summary from its allocs (Nomad's PUT /v1/system/reconcile/summaries)."""
 
 
-@dataclass
-class Batch:
+class Batch(Record):
     """Several client writes the leader coalesced into one raft entry (as Nomad batches alloc updates).
 
     Each item is a complete entry of another type (``type byte | envelope``)
@@ -296,7 +273,7 @@ class Entry:
 
 
 def encode_entry(body: Any, *, time: int, rid: str) -> bytes:
-    """Encode a payload dataclass as a log entry (the leader's side)."""
+    """Encode a payload record as a log entry (the leader's side)."""
     msg_type = MESSAGE_OF[type(body)]
     # codec.pack gives pack(to_wire(...))'s bytes without building the maps in Python.
     envelope = {"v": codec.SCHEMA_VERSION, "time": time, "rid": rid, "body": body}
@@ -321,9 +298,9 @@ _ENVELOPE_FIELDS = frozenset(("v", "time", "rid", "body"))
 
 
 def _envelope_class(payload: type) -> type:
-    """The envelope as one dataclass, so an entry decodes in one msgspec call."""
-    return make_dataclass(
-        f"{payload.__name__}Envelope", [("v", int), ("time", int), ("rid", str), ("body", payload)]
+    """The envelope as one record, so an entry decodes in one msgspec call."""
+    return msgspec.defstruct(
+        f"{payload.__name__}Envelope", [("v", int), ("time", int), ("rid", str), ("body", payload)], bases=(Record,)
     )
 
 

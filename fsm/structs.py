@@ -6,8 +6,9 @@ the FSM). Durations are integer nanoseconds, as in Nomad's API.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from fsm.record import Record, field
 
 SECOND = 1_000_000_000
 MINUTE = 60 * SECOND
@@ -50,22 +51,19 @@ NODE_ELIGIBLE, NODE_INELIGIBLE = "eligible", "ineligible"
 TOKEN_MANAGEMENT, TOKEN_CLIENT = "management", "client"
 
 
-@dataclass
-class Resources:
+class Resources(Record):
     cpu: int = 100
     memory_mb: int = 300
     disk_mb: int = 0
 
 
-@dataclass
-class Constraint:
+class Constraint(Record):
     l_target: str = ""
     r_target: str = ""
     operand: str = "="
 
 
-@dataclass
-class ReschedulePolicy:
+class ReschedulePolicy(Record):
     attempts: int = 0
     interval: int = 0
     delay: int = 30 * SECOND
@@ -74,8 +72,7 @@ class ReschedulePolicy:
     unlimited: bool = True
 
 
-@dataclass
-class UpdateStrategy:
+class UpdateStrategy(Record):
     max_parallel: int = 1
     min_healthy_time: int = 10 * SECOND
     healthy_deadline: int = 5 * MINUTE
@@ -87,8 +84,7 @@ class UpdateStrategy:
     auto_promote: bool = False
 
 
-@dataclass
-class MigrateStrategy:
+class MigrateStrategy(Record):
     """Nomad's migrate block: how a node drain moves a service group's allocs.
 
     At most ``max_parallel`` of the group's allocs are moving at once: the
@@ -102,8 +98,7 @@ class MigrateStrategy:
     healthy_deadline: int = 5 * MINUTE
 
 
-@dataclass
-class Task:
+class Task(Record):
     name: str
     driver: str = "sim"
     config: dict[str, Any] = field(default_factory=dict)
@@ -111,8 +106,7 @@ class Task:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class TaskGroup:
+class TaskGroup(Record):
     name: str
     count: int = 1
     tasks: list[Task] = field(default_factory=list)
@@ -123,8 +117,7 @@ class TaskGroup:
     migrate: MigrateStrategy | None = None  # None: Nomad's defaults (service jobs; others are not migrated in steps)
 
 
-@dataclass
-class Job:
+class Job(Record):
     id: str
     name: str = ""
     namespace: str = "default"
@@ -149,8 +142,7 @@ class Job:
     modify_time: int = 0
 
 
-@dataclass
-class TaskGroupSummary:
+class TaskGroupSummary(Record):
     queued: int = 0
     complete: int = 0
     failed: int = 0
@@ -160,8 +152,7 @@ class TaskGroupSummary:
     unknown: int = 0
 
 
-@dataclass
-class JobSummary:
+class JobSummary(Record):
     job_id: str
     namespace: str = "default"
     summary: dict[str, TaskGroupSummary] = field(default_factory=dict)
@@ -169,8 +160,7 @@ class JobSummary:
     modify_index: int = 0
 
 
-@dataclass
-class Evaluation:
+class Evaluation(Record):
     id: str
     job_id: str
     namespace: str = "default"
@@ -194,8 +184,7 @@ class Evaluation:
     modify_time: int = 0
 
 
-@dataclass
-class TaskState:
+class TaskState(Record):
     state: str = "pending"
     failed: bool = False
     restarts: int = 0
@@ -203,35 +192,30 @@ class TaskState:
     finished_at: int = 0
 
 
-@dataclass
-class RescheduleEvent:
+class RescheduleEvent(Record):
     reschedule_time: int
     prev_alloc_id: str
     prev_node_id: str
     delay: int
 
 
-@dataclass
-class RescheduleTracker:
+class RescheduleTracker(Record):
     events: list[RescheduleEvent] = field(default_factory=list)
 
 
-@dataclass
-class DesiredTransition:
+class DesiredTransition(Record):
     migrate: bool = False
     reschedule: bool = False
     force_reschedule: bool = False
 
 
-@dataclass
-class DeploymentStatus:
+class DeploymentStatus(Record):
     healthy: bool | None = None
     timestamp: int = 0
     canary: bool = False
 
 
-@dataclass
-class Allocation:
+class Allocation(Record):
     id: str
     eval_id: str
     job_id: str
@@ -270,8 +254,7 @@ class Allocation:
         return self.server_terminal() or self.client_terminal()
 
 
-@dataclass
-class DeploymentState:
+class DeploymentState(Record):
     desired_total: int = 0
     placed_allocs: int = 0
     healthy_allocs: int = 0
@@ -288,8 +271,7 @@ class DeploymentState:
         return self.desired_canaries > 0 and not self.promoted
 
 
-@dataclass
-class Deployment:
+class Deployment(Record):
     id: str
     job_id: str
     namespace: str = "default"
@@ -308,8 +290,7 @@ class Deployment:
         return self.status in DEPLOYMENT_ACTIVE
 
 
-@dataclass
-class DrainStrategy:
+class DrainStrategy(Record):
     """Nomad's DrainStrategy: a node is being emptied so it can be taken out of service.
 
     ``deadline`` > 0: what has not moved by then is moved at once
@@ -327,8 +308,7 @@ class DrainStrategy:
         return self.deadline < 0 or (self.force_deadline > 0 and now >= self.force_deadline)
 
 
-@dataclass
-class Node:
+class Node(Record):
     id: str
     name: str = ""
     datacenter: str = "dc1"
@@ -347,8 +327,7 @@ class Node:
     modify_time: int = 0
 
 
-@dataclass
-class ACLToken:
+class ACLToken(Record):
     """An ACL token. Only a SHA-256 of the secret is ever stored or replicated."""
 
     accessor_id: str

@@ -8,7 +8,6 @@ error naming the field.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import re
@@ -19,6 +18,7 @@ from typing import Any
 
 from fsm import codec
 from fsm.errors import ApplyRejected, CodecError
+from fsm.record import copy_record, fields, is_record
 from fsm.structs import HOUR, SECOND, Job, MigrateStrategy, ReschedulePolicy, UpdateStrategy
 from fsm.validate import check_job
 from node.nomadjson import DATA_MAPS, from_nomad, pascal, snake
@@ -30,17 +30,17 @@ class JobSpecError(ValueError):
 
 def _nested_class(hint: Any) -> type | None:
     for arg in (hint, *typing.get_args(hint)):
-        if dataclasses.is_dataclass(arg):
+        if is_record(arg):
             return arg
         for inner in typing.get_args(arg):
-            if dataclasses.is_dataclass(inner):
+            if is_record(inner):
                 return inner
     return None
 
 
 @functools.cache
 def _fields_of(cls: type) -> tuple[frozenset[str], dict[str, tuple[type, bool]]]:
-    """(field names, {field: (nested dataclass, held in a dict?)}) of ``cls``, worked out once.
+    """(field names, {field: (nested record class, held in a dict?)}) of ``cls``, worked out once.
 
     Per class, not per type hint: hashing a hint such as
     ``list[TaskGroup] | None`` for a cache lookup on every field of every
@@ -48,11 +48,11 @@ def _fields_of(cls: type) -> tuple[frozenset[str], dict[str, tuple[type, bool]]]
     """
     hints = typing.get_type_hints(cls)
     nested = {}
-    for f in dataclasses.fields(cls):
+    for f in fields(cls):
         sub = _nested_class(hints[f.name])
         if sub is not None:
             nested[f.name] = (sub, typing.get_origin(hints[f.name]) is dict)
-    return frozenset(f.name for f in dataclasses.fields(cls)), nested
+    return frozenset(f.name for f in fields(cls)), nested
 
 
 def _prune(cls: type, data: Any, path: str, warnings: list[str]) -> Any:
@@ -190,7 +190,7 @@ def _general_parse(spec: dict[str, Any]) -> tuple[Job, list[str]]:
 # and the codec's general builder binds ``__init__`` arguments per record:
 # most of a registration's parse cost on the leader. ``_fast_job`` reads the
 # Nomad-shaped spec once, with a per-class table from Nomad key to field, and
-# builds each record's ``__dict__`` directly. It accepts only what the general
+# builds each record from the values it read. It accepts only what the general
 # path accepts unchanged (each value of the exact class msgpack/JSON yields,
 # no two keys naming one field, every key a string) and raises ``_Fallback``
 # on anything else, so every invalid or unusual spec gets the general path's
@@ -225,7 +225,7 @@ class _Field(typing.NamedTuple):
 
 
 class _Shape:
-    """One record class's table: its fields by every spelling met, defaults, and field order."""
+    """One record class's table: its fields by every spelling met, and which are required."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -233,23 +233,12 @@ class _Shape:
         # Nomad spelling (and the snake name itself) -> field; other spellings
         # are looked up through ``snake`` and not remembered (they are user input).
         self.by_key: dict[str, _Field] = {}
-        fields = dataclasses.fields(cls)
-        self.plain = not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__")
-        # The new record's __dict__ starts as a copy of this (field order, immutable defaults).
-        self.template: dict[str, Any] = {}
-        self.factories: tuple[tuple[str, Any], ...] = tuple(
-            (f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING
-        )
-        self.required = tuple(
-            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        )
-        for f in fields:
-            self.template[f.name] = None if f.default is dataclasses.MISSING else f.default
+        self.required = tuple(f.name for f in fields(cls) if f.required)
 
     def fill(self) -> None:
         """Work out each field's kind (after registering, so a class may hold itself)."""
         hints = typing.get_type_hints(self.cls)
-        for f in dataclasses.fields(self.cls):
+        for f in fields(self.cls):
             kind, arg = _kind_of(f.name, hints[f.name])
             if self.cls is Job and f.name in ("periodic", "parameterized"):
                 kind, arg = _TRUTH, None
@@ -289,11 +278,11 @@ def _kind_of(name: str, hint: Any) -> tuple[int, Any]:
         hint, origin = args[0], typing.get_origin(args[0])
     if hint in _SCALAR_CLASSES:
         return _EXACT, _SCALAR_CLASSES[hint]
-    if dataclasses.is_dataclass(hint):
+    if is_record(hint):
         return _RECORD, _shape(hint)
     if origin is list:
         (item,) = typing.get_args(hint)
-        if dataclasses.is_dataclass(item):
+        if is_record(item):
             return _RECORDS, _shape(item)
         if item in _SCALAR_CLASSES:
             return _SCALARS, _SCALAR_CLASSES[item]
@@ -409,22 +398,10 @@ def _read(shape: _Shape, data: Any, path: Any, warnings: list[str]) -> Any:
         else:
             raise _Fallback
         values[name] = value
-    if not shape.plain:
-        for name in shape.required:
-            if name not in values:
-                raise _Fallback
-        return shape.cls(**values)
-    out = shape.template.copy()
-    out.update(values)
-    for name, factory in shape.factories:
-        if name not in values:
-            out[name] = factory()
     for name in shape.required:
         if name not in values:
             raise _Fallback
-    obj = object.__new__(shape.cls)
-    obj.__dict__ = out
-    return obj
+    return shape.cls(**values)
 
 
 def _any_map(value: Any) -> dict[str, Any]:
@@ -450,17 +427,15 @@ def _fast_job(spec: dict[str, Any]) -> tuple[Job, list[str]]:
     return _read(_shape(Job), spec, "Job", warnings), warnings
 
 
-_RESCHEDULE_DEFAULTS: dict[str, dict[str, Any]] = {}
+_RESCHEDULE_DEFAULTS: dict[str, ReschedulePolicy] = {}
 
 
 def _default_reschedule_copy(job_type: str) -> ReschedulePolicy:
-    """``default_reschedule(job_type)`` from a kept field map (a dataclass __init__ per group showed)."""
-    fields = _RESCHEDULE_DEFAULTS.get(job_type)
-    if fields is None:
-        fields = _RESCHEDULE_DEFAULTS[job_type] = dict(default_reschedule(job_type).__dict__)
-    policy = object.__new__(ReschedulePolicy)
-    policy.__dict__ = fields.copy()
-    return policy
+    """``default_reschedule(job_type)``, copied from one kept per job type (its fields are scalars)."""
+    policy = _RESCHEDULE_DEFAULTS.get(job_type)
+    if policy is None:
+        policy = _RESCHEDULE_DEFAULTS[job_type] = default_reschedule(job_type)
+    return copy_record(policy)
 
 
 def parse_job(spec: Any) -> tuple[Job, list[str]]:

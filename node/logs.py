@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor
 
+from fsm.record import Record
+from fsm.record import fields as record_fields
+
 if TYPE_CHECKING:
     from node.config import ServerConfig
 
@@ -90,9 +93,10 @@ class SecretRedactor:
             return {k: self._clean(k, v, depth + 1) for k, v in value.items()}
         if isinstance(value, list | tuple | set | frozenset):
             return [self._clean(None, v, depth + 1) for v in value]
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            # A dataclass's repr would print every field, secrets included.
-            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if isinstance(value, Record) or dataclasses.is_dataclass(value) and not isinstance(value, type):
+            # A record's repr would print every field, secrets included.
+            names = record_fields(type(value)) if isinstance(value, Record) else dataclasses.fields(value)
+            fields = {f.name: getattr(value, f.name) for f in names}
             return {
                 "_type": type(value).__name__,
                 **{k: self._clean(k, v, depth + 1) for k, v in fields.items()},

@@ -8,11 +8,11 @@ irregular spellings, so a new struct field needs no code here.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
 from fsm import codec, structs
+from fsm.record import fields, is_record
 
 # snake_case names whose Nomad spelling is not plain PascalCase.
 _SPECIAL = {
@@ -75,7 +75,7 @@ def snake(name: str) -> str:
 
 
 def to_nomad(obj: Any) -> Any:
-    """A record (dataclass or wire map) in Nomad's JSON shape."""
+    """A record (a Record or its wire map) in Nomad's JSON shape."""
     return _renamed(codec.to_wire(obj), False)
 
 
@@ -110,8 +110,8 @@ _CONTAINERS = (list, dict)
 _PASCAL: dict[str, str] = {
     f.name: pascal(f.name)
     for record in vars(structs).values()
-    if isinstance(record, type) and dataclasses.is_dataclass(record)
-    for f in dataclasses.fields(record)
+    if is_record(record)
+    for f in fields(record)
 }
 
 

@@ -17,7 +17,6 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from fsm import messages as m
 from fsm.errors import CodecError, FatalApplyError
 from fsm.machine import FSM
 from fsm.messages import IGNORE_FLAG, MessageType, decode_entry, encode_entry
+from fsm.record import Record, field
 from fsm.structs import SECOND, Job, Task, TaskGroup, TaskState
 from tests.fsm.support import (
     SMALL_MAP,
@@ -625,7 +625,7 @@ def test_every_message_type_round_trips() -> None:
 def test_msgspec_takes_exactly_what_encode_entry_writes_and_nothing_it_would_drop() -> None:
     """The C decoder's result is used only when packing it again gives the entry's bytes.
 
-    msgspec alone ignores fields a dataclass lacks: a field from a newer
+    msgspec alone ignores fields a record lacks: a field from a newer
     version deep inside a job would vanish on this replica and not on one
     that knows it. Such an entry must take the strict path and be refused.
     """
@@ -730,8 +730,7 @@ def test_exact_shape_builders_agree_with_the_general_path() -> None:
     assert aliased.job.meta is not wire["job"]["meta"], "maps are copied, as before"
 
 
-@dataclass
-class _Tree:
+class _Tree(Record):
     """A record that holds itself: its generated builder looks its own up when called."""
 
     name: str

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fsm import codec
 from fsm.messages import PlanApply
+from fsm.record import copy_record
 from fsm.structs import (
     HOUR,
     MINUTE,
@@ -155,8 +156,8 @@ def test_selector_heap_equals_a_full_scan(caps, used, ask_cpu, ask_mem, k, seed)
     usage = {f"n{i}": Resources(cpu=min(u[0], caps[i][0]), memory_mb=min(u[1], caps[i][1]), disk_mb=0) for i, u in enumerate(used[: len(caps)])}
     j = job(cpu=ask_cpu, mem=ask_mem)
     ask = ask_for(j, j.task_groups[0])
-    fast = Selector(nodes, PlacementContext(usage={k2: Resources(**vars(v)) for k2, v in usage.items()}), rng=random.Random(seed))
-    slow_ctx = PlacementContext(usage={k2: Resources(**vars(v)) for k2, v in usage.items()})
+    fast = Selector(nodes, PlacementContext(usage={k2: copy_record(v) for k2, v in usage.items()}), rng=random.Random(seed))
+    slow_ctx = PlacementContext(usage={k2: copy_record(v) for k2, v in usage.items()})
     tiebreak = dict(fast.tiebreak)
     for _ in range(k):
         got = fast.select(Request(ask))

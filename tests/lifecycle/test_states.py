@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import random
 from collections import Counter
 from typing import Any
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 from fsm import messages as m
 from fsm.caches import NodeUsageCache
+from fsm.record import replace
 from fsm.structs import (
     HOUR,
     MINUTE,
@@ -106,7 +106,7 @@ def test_a_rollout_counts_placed_and_moved_allocs_and_their_fresh_health(h: Harn
         ids = r.alloc_ids_by_job("s")
     assert d0.task_groups["g"].placed_allocs == 2
     healthy = m.AllocClientState(id="", client_status="running", deployment_status=DeploymentStatus(healthy=True, timestamp=1))
-    h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=i) for i in ids]))
+    h.ok(m.AllocClientUpdate(allocs=[replace(healthy, id=i) for i in ids]))
     run_eval(h, register(h, job("s", count=3, update=update)))  # count only: two in place, one new
     with h.reader() as r:
         d1 = next(d for d in r.deployments_by_job("s") if d.id != d0.id)
@@ -115,7 +115,7 @@ def test_a_rollout_counts_placed_and_moved_allocs_and_their_fresh_health(h: Harn
     state = d1.task_groups["g"]
     assert (state.desired_total, state.placed_allocs, state.healthy_allocs) == (3, 3, 0)
     assert all(a.deployment_id == d1.id and a.deployment_status is None for a in allocs)
-    h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=a.id) for a in allocs]))
+    h.ok(m.AllocClientUpdate(allocs=[replace(healthy, id=a.id) for a in allocs]))
     with h.reader() as r:
         assert r.deployment(d1.id).task_groups["g"].healthy_allocs == 3
 
@@ -219,7 +219,7 @@ def test_a_paused_rollout_replaces_nothing_and_gets_no_verdict_until_resumed(h: 
         (d0,) = r.deployments_by_job("p")
     healthy = m.AllocClientState(id="", client_status="running", deployment_status=DeploymentStatus(healthy=True, timestamp=1))
     with h.reader() as r:
-        h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=i) for i in r.alloc_ids_by_job("p")]))
+        h.ok(m.AllocClientUpdate(allocs=[replace(healthy, id=i) for i in r.alloc_ids_by_job("p")]))
     h.ok(m.DeploymentStatusUpdate(deployment_id=d0.id, status="successful"))
     ev = register(h, job("p", count=3, update=update, config={"v": 1}))
     assert len(run_eval(h, ev).place) == 1  # max_parallel 1: one destructive replacement
@@ -236,7 +236,7 @@ def test_a_paused_rollout_replaces_nothing_and_gets_no_verdict_until_resumed(h: 
         with pytest.raises(DeploymentError, match="already paused"):
             pause_or_resume(r, d1, pause=True)
         (new,) = [a for a in r.allocs_by_job("p") if a.deployment_id == d1.id]
-    h.ok(m.AllocClientUpdate(allocs=[dataclasses.replace(healthy, id=new.id)]))  # health still counts
+    h.ok(m.AllocClientUpdate(allocs=[replace(healthy, id=new.id)]))  # health still counts
     with h.reader() as r:
         d1 = r.deployment(d1.id)
         assert d1.task_groups["g"].healthy_allocs == 1
@@ -260,7 +260,7 @@ def test_a_paused_rollout_replaces_nothing_and_gets_no_verdict_until_resumed(h: 
     # Stopping the job still cancels a paused rollout.
     with h.reader() as r:
         _decided(h, pause_or_resume(r, r.deployment(d1.id), pause=True))
-    h.ok(m.JobRegister(job=dataclasses.replace(job("p", count=3, update=update, config={"v": 1}), stop=True)))
+    h.ok(m.JobRegister(job=replace(job("p", count=3, update=update, config={"v": 1}), stop=True)))
     with h.reader() as r:
         cancelled = decide(r, r.deployment(d1.id), h.time, 1)
     assert (cancelled.status, cancelled.description) == ("cancelled", "Cancelled because job is stopped")
@@ -804,7 +804,7 @@ def _two_groups(version: int) -> Job:
     """Job "two": group "web" with auto_revert, group "worker" without; ``version`` in both configs."""
     web = job("two", count=1, config={"v": version},
               update=UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE, auto_revert=True))
-    worker = dataclasses.replace(copy.deepcopy(web.task_groups[0]), name="worker",
+    worker = replace(copy.deepcopy(web.task_groups[0]), name="worker",
                                  update=UpdateStrategy(max_parallel=1, min_healthy_time=SECOND, progress_deadline=10 * MINUTE))
     web.task_groups[0].name = "web"
     web.task_groups.append(worker)

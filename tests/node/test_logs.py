@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
+from fsm.record import Record
 from node.config import ServerConfig
 from node.logs import (
     REDACTED,
@@ -29,6 +30,12 @@ ACL_SECRET = "6f1e1c1a-2b1c-4d4e-9f00-5ec7e75ec7e7"
 
 @dataclass
 class Token:
+    accessor_id: str
+    secret_id: str
+    policies: list[str]
+
+
+class StoredToken(Record):
     accessor_id: str
     secret_id: str
     policies: list[str]
@@ -53,6 +60,7 @@ def log_every_kind_of_secret(log: Any) -> None:
         request={"args": {"secret": "x" * 10}},
     )
     log.info("as a record", record=Token("acc-2", ACL_SECRET, ["write"]))
+    log.info("as a stored record", record=StoredToken("acc-3", ACL_SECRET, ["read"]))
     log.info("tuple", pairs=(("a", 1), {"raft_password": RAFT_PASSWORD}))
     log.info(f"message quoting the raft password {RAFT_PASSWORD}")
     log.info("object", thing=Shouty())
@@ -86,7 +94,7 @@ def test_secrets_never_reach_the_log_file(private: tuple[Any, Path]) -> None:
     assert RAFT_PASSWORD not in text
     assert "x" * 10 not in text
     lines = read_lines(path)
-    assert len(lines) == 7
+    assert len(lines) == 8
     by_event = {line["event"]: line for line in lines}
     assert by_event["token issued"]["token"] == REDACTED
     assert by_event["token issued"]["accessor_id"] == "acc-1"  # not every id is a secret
@@ -96,6 +104,12 @@ def test_secrets_never_reach_the_log_file(private: tuple[Any, Path]) -> None:
         "accessor_id": "acc-2",
         "secret_id": REDACTED,
         "policies": ["write"],
+    }
+    assert by_event["as a stored record"]["record"] == {  # a Record (msgspec Struct), not a dataclass
+        "_type": "StoredToken",
+        "accessor_id": "acc-3",
+        "secret_id": REDACTED,
+        "policies": ["read"],
     }
     assert f"message quoting the raft password {REDACTED}" in by_event
     failed = by_event["raft auth failed"]
