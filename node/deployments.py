@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
-from fsm.handlers import healthy_canaries, job_spec
+from fsm.handlers import healthy_canaries, same_spec
 from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,
@@ -204,7 +204,7 @@ def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: st
     stable = next((v for v in reader.job_versions(job.id) if v.stable), None)
     if stable is None:
         out.description = f"{why} - no stable job version to auto revert to"
-    elif job_spec(stable) == job_spec(job):
+    elif same_spec(stable, job):
         # Going back would deploy the same spec again (and fail again).
         out.description = f"{why} - not rolling back to stable job version {stable.version} as current job has same specification"
     else:

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from fsm import codec
+from fsm import codec, handlers
 from fsm import messages as m
 from fsm.journal import Retention
 from fsm.keys import MAX_ID_BYTES, valid_id
@@ -961,3 +961,47 @@ def test_entry_bytes_are_those_of_the_plain_wire_maps(job: Job, time: int, rid: 
     body = m.JobRegister(job=job, eval=None)
     plain = {"v": codec.SCHEMA_VERSION, "time": time, "rid": rid, "body": codec.to_wire(body)}
     assert m.encode_entry(body, time=time, rid=rid) == bytes([m.MessageType.JOB_REGISTER]) + codec.pack(plain)
+
+
+def _wire_spec(job: Job) -> dict[str, Any]:
+    """The definition ``same_spec`` must agree with: the wire map without the bookkeeping fields."""
+    data = codec.to_wire(job)
+    for name in handlers._JOB_BOOKKEEPING:
+        del data[name]
+    return data
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    job=job_specs(),
+    bookkeeping=st.dictionaries(
+        st.sampled_from(handlers._JOB_BOOKKEEPING), st.sampled_from([0, 7, "", "dead", True, False])
+    ),
+    change=st.sampled_from([None, "priority", "count", "config", "group", "meta", "stop"]),
+)
+def test_same_spec_agrees_with_the_wire_maps_without_bookkeeping(
+    job: Job, bookkeeping: dict[str, Any], change: str | None
+) -> None:
+    """Registering a known job keeps its version exactly when its spec is the same, as before."""
+    assert set(handlers._NO_BOOKKEEPING) == set(handlers._JOB_BOOKKEEPING)
+    other = codec.from_wire(Job, codec.unpack(codec.pack(codec.to_wire(job))))  # as read from the store
+    for name, value in bookkeeping.items():
+        setattr(other, name, value)
+    if change in ("count", "config") and not (other.task_groups and other.task_groups[0].tasks):
+        change = "group"  # a corrupted spec without groups or tasks
+    if change == "priority":
+        other.priority += 1
+    elif change == "count":
+        other.task_groups[0].count += 1
+    elif change == "config":
+        other.task_groups[0].tasks[0].config["k"] = [1, {"x": None}]
+    elif change == "group":
+        other.task_groups.append(TaskGroup(name="zz", tasks=[Task(name="t")]))
+    elif change == "meta":
+        other.meta["k"] = "v"
+    elif change == "stop":
+        other.stop = not other.stop
+    expected = _wire_spec(job) == _wire_spec(other)
+    assert handlers.same_spec(job, other) is expected
+    assert handlers.same_spec(other, job) is expected
+    assert expected or change is not None
