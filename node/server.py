@@ -465,8 +465,7 @@ class Server:
         """Check the caller's token. Inline on the loop: two point reads in LMDB cost microseconds."""
         if need is Need.NONE or not self._acls_enabled():
             return
-        with self.fsm.read() as reader:
-            acl.authorize(reader, ctx.token, need, time.time_ns())
+        read_committed(self.fsm, lambda reader: acl.authorize(reader, ctx.token, need, time.time_ns()))
 
     def _acls_enabled(self) -> bool:
         """Whether ACLs are bootstrapped, reading the store at most once per commit until they are.
@@ -481,8 +480,7 @@ class Server:
         commits = self._commits
         if self._acls_off_at == commits:
             return False
-        with self.fsm.read() as reader:
-            on = bool(reader.acl_bootstrap_index())
+        on = bool(read_committed(self.fsm, lambda reader: reader.acl_bootstrap_index()))
         if on:
             self._acls_on = True
         else:
@@ -704,8 +702,7 @@ class Server:
                 return
 
     def fsm_digest(self) -> tuple[str, int]:
-        with self.fsm.read() as reader:
-            return reader.digest(), reader.applied_index
+        return read_committed(self.fsm, lambda reader: (reader.digest(), reader.applied_index))
 
     async def transfer_leadership(self, ctx: RequestContext, target: str | None) -> dict[str, Any]:
         self.ensure_leader()

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import lmdb
 import pytest
 
 from fsm import messages as m
+from node.acl import Need
+from node.config import ServerConfig
 from node.endpoints import PREFIX_MATCH_LIMIT, by_prefix
 from node.errors import BAD_REQUEST, UNAVAILABLE, RPCError
-from node.server import read_committed
+from node.rpc_server import RequestContext
+from node.server import Server, read_committed
 from tests.fsm.support import Harness
 from tests.lifecycle.support import node
 
@@ -70,3 +74,66 @@ def test_a_prefix_lookup_reads_a_bounded_number_of_objects(h: Harness) -> None:
         lookup("abc")
     assert f"matches more than {PREFIX_MATCH_LIMIT} objects; give more characters" in err.value.message
     assert set(asked) == {PREFIX_MATCH_LIMIT + 1}
+
+
+def _server(tmp_path: Any) -> Server:
+    """A real Server over a temporary store; its raft node and RPC port are never started."""
+    return Server(
+        ServerConfig.from_dict(
+            {
+                "node_id": "s1",
+                "data_dir": str(tmp_path / "data"),
+                "raft_password": "pw-0123456789abcdef",
+                "server": [{"id": "s1", "rpc_addr": "127.0.0.1:4647", "raft_addr": "127.0.0.1:4648"}],
+            }
+        )
+    )
+
+
+def _cut_off_reads(server: Server, monkeypatch: Any) -> None:
+    """The next read begins as a snapshot restore swaps the store, as a restore does under open reads."""
+    real_read = server.fsm.store.read
+
+    def read_across_a_restore() -> Any:
+        server.fsm.reopen()
+        return real_read()
+
+    monkeypatch.setattr(server.fsm.store, "read", read_across_a_restore)
+
+
+@pytest.mark.parametrize("bootstrapped", [False, True])
+def test_a_token_check_cut_off_by_a_store_swap_is_unavailable(tmp_path: Any, monkeypatch: Any, bootstrapped: bool) -> None:
+    """Campaign 661:3, seed 661: an ``event.stream`` checked its token while a snapshot
+    was restored, and the store's "closed/deleted/dropped object" came back as an internal
+    error with a traceback in the log. The token check reads the store as every read does."""
+    server = _server(tmp_path)
+    try:
+        if bootstrapped:
+            server._acls_on = True  # the bootstrap is already known: the token read is the one cut off
+        ctx = RequestContext("r1", "event.stream", "some-token", "peer", None, server.log, None)
+        _cut_off_reads(server, monkeypatch)
+        with pytest.raises(RPCError) as err:
+            asyncio.run(server.authorize(ctx, Need.READ))
+        assert err.value.code == UNAVAILABLE and "snapshot" in err.value.message
+        monkeypatch.undo()
+        if not bootstrapped:  # the store is back: no ACLs yet, so nothing to check
+            asyncio.run(server.authorize(ctx, Need.READ))
+    finally:
+        server.fsm.close()
+        server.executor.shutdown()
+
+
+def test_a_digest_cut_off_by_a_store_swap_is_unavailable(tmp_path: Any, monkeypatch: Any) -> None:
+    """``debug.digest`` reads the store the same way (and answered an internal error the same way)."""
+    server = _server(tmp_path)
+    try:
+        _cut_off_reads(server, monkeypatch)
+        with pytest.raises(RPCError) as err:
+            server.fsm_digest()
+        assert err.value.code == UNAVAILABLE
+        monkeypatch.undo()
+        digest, index = server.fsm_digest()
+        assert index == 0 and digest
+    finally:
+        server.fsm.close()
+        server.executor.shutdown()
