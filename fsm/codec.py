@@ -175,7 +175,7 @@ def _accepted_as_is(hint: Any) -> tuple[type, ...]:
     return ()
 
 
-StrictPlan = tuple[dict[str, Converter], tuple[str, ...], bool, tuple[tuple[str, tuple[type, ...], Converter], ...]]
+StrictPlan = tuple[dict[str, Converter], tuple[str, ...], tuple[tuple[str, tuple[type, ...], Converter], ...]]
 
 
 def _strict_plan(cls: type) -> StrictPlan:
@@ -185,9 +185,8 @@ def _strict_plan(cls: type) -> StrictPlan:
         record_fields = fields(cls)
         converters = {f.name: _strict_converter(hints[f.name]) for f in record_fields}
         required = tuple(f.name for f in record_fields if f.required)
-        plain = not hasattr(cls, "__post_init__")
         ordered = tuple((f.name, _accepted_as_is(hints[f.name]), converters[f.name]) for f in record_fields)
-        plan = (converters, required, plain, ordered)
+        plan = (converters, required, ordered)
         _STRICT[cls] = plan
     return plan
 
@@ -195,8 +194,8 @@ def _strict_plan(cls: type) -> StrictPlan:
 def _strict_build(cls: type[T], data: Any) -> T:
     if not isinstance(data, dict):
         raise _fail(f"expected map, got {type(data).__name__}")
-    converters, required, plain, ordered = _strict_plan(cls)
-    if plain and data.keys() == converters.keys():
+    converters, required, ordered = _strict_plan(cls)
+    if data.keys() == converters.keys():
         # Every field and nothing else (what encode_entry sends): convert in
         # field order and pass them by position.
         # Values of a class the field takes as-is (most scalars) skip the call.
@@ -353,12 +352,9 @@ def _generate_builder(cls: type) -> Callable[[Any], Any]:
     """Source of ``build(data)`` for ``cls``'s exact shape, compiled."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in fields(cls)]
-    plain = not hasattr(cls, "__post_init__")
     e = _Emitter()
     e.names.update(_cls=cls)
     e.emit(0, "def build(data):")
-    if not plain:  # __init__ must run: only the general path builds it
-        e.emit(1, "raise _Slow")
     # Exactly the fields: as many keys as fields, and each field found
     # (cheaper than comparing key sets).
     e.emit(1, f"if data.__class__ is not dict or len(data) != {len(names)}: raise _Slow")
