@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import structlog
 
 from fsm.machine import FSM, ApplyResult
@@ -46,6 +45,7 @@ from node.errors import (
     RPCError,
 )
 from node.ids import new_uuid
+from node.reads import read_committed
 from node.rpc_client import AsyncRPCClient
 from node.rpc_server import RequestContext, RPCServer
 from node.wakeup import CoalescedWake, wait_event
@@ -100,24 +100,6 @@ class Member:
     node_id: str
     raft_addr: str
     rpc_addr: str
-
-
-def read_committed(fsm: FSM, fn: Callable[[StateReader], Any]) -> Any:
-    """``fn`` on the committed state; a read cut off by a snapshot restore is ``unavailable``.
-
-    Restoring a snapshot closes the store under open reads. Those reads
-    failed with LMDB's "closed/deleted/dropped object" as an internal error
-    (and a traceback in the log); they were not executed, so the client may
-    send them again, here or to another server.
-    """
-    generation = fsm.generation
-    try:
-        with fsm.read() as reader:
-            return fn(reader)
-    except lmdb.Error:
-        if fsm.read_interrupted(generation):
-            raise RPCError(UNAVAILABLE, "this server was loading a snapshot during the read; retry it") from None
-        raise
 
 
 class Server:

@@ -104,6 +104,7 @@ from node.acl import Need
 from node.endpoints import stream_method
 from node.errors import BAD_REQUEST, PERMISSION_DENIED, UNAVAILABLE, RPCError
 from node.framing import SharedItem
+from node.reads import read_committed
 from node.rpc_server import RequestContext
 from node.wakeup import CoalescedWake
 
@@ -472,9 +473,8 @@ def grouped(items: list[Item]) -> Item:
 class Hub:
     """The journal fan-out of one server; all methods run on its event loop.
 
-    ``fsm`` may be an ``FSM`` or anything with ``read()`` and
-    ``on_commit(listener)``; the listener only posts to the loop, so apply
-    never waits for a subscriber.
+    ``fsm``'s ``on_commit`` listener only posts to the loop, so apply never
+    waits for a subscriber.
     """
 
     def __init__(self, fsm: FSM, loop: asyncio.AbstractEventLoop) -> None:
@@ -551,8 +551,10 @@ class Hub:
         fan-out round reads cost less than that to read right here.
         """
         def run() -> Chunk:
-            with self.fsm.read() as reader:
-                return read_chunk(reader, after, decode)
+            # A read cut off by a snapshot restore is ``unavailable`` (retryable),
+            # as every other read of the store is: the pump retries it, and a
+            # subscriber catching up gets it instead of an internal error.
+            return read_committed(self.fsm, lambda reader: read_chunk(reader, after, decode))
 
         self.stats["reads"] += 1
         if inline:

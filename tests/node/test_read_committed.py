@@ -10,12 +10,15 @@ import lmdb
 import pytest
 
 from fsm import messages as m
+from fsm.machine import FSM
 from node.acl import Need
 from node.config import ServerConfig
 from node.endpoints import PREFIX_MATCH_LIMIT, by_prefix
 from node.errors import BAD_REQUEST, UNAVAILABLE, RPCError
+from node.reads import read_committed
 from node.rpc_server import RequestContext
-from node.server import Server, read_committed
+from node.server import Server
+from node.stream import Hub
 from tests.fsm.support import Harness
 from tests.lifecycle.support import node
 
@@ -90,15 +93,15 @@ def _server(tmp_path: Any) -> Server:
     )
 
 
-def _cut_off_reads(server: Server, monkeypatch: Any) -> None:
+def _cut_off_reads(fsm: FSM, monkeypatch: Any) -> None:
     """The next read begins as a snapshot restore swaps the store, as a restore does under open reads."""
-    real_read = server.fsm.store.read
+    real_read = fsm.store.read
 
     def read_across_a_restore() -> Any:
-        server.fsm.reopen()
+        fsm.reopen()
         return real_read()
 
-    monkeypatch.setattr(server.fsm.store, "read", read_across_a_restore)
+    monkeypatch.setattr(fsm.store, "read", read_across_a_restore)
 
 
 @pytest.mark.parametrize("bootstrapped", [False, True])
@@ -111,7 +114,7 @@ def test_a_token_check_cut_off_by_a_store_swap_is_unavailable(tmp_path: Any, mon
         if bootstrapped:
             server._acls_on = True  # the bootstrap is already known: the token read is the one cut off
         ctx = RequestContext("r1", "event.stream", "some-token", "peer", None, server.log, None)
-        _cut_off_reads(server, monkeypatch)
+        _cut_off_reads(server.fsm, monkeypatch)
         with pytest.raises(RPCError) as err:
             asyncio.run(server.authorize(ctx, Need.READ))
         assert err.value.code == UNAVAILABLE and "snapshot" in err.value.message
@@ -127,7 +130,7 @@ def test_a_digest_cut_off_by_a_store_swap_is_unavailable(tmp_path: Any, monkeypa
     """``debug.digest`` reads the store the same way (and answered an internal error the same way)."""
     server = _server(tmp_path)
     try:
-        _cut_off_reads(server, monkeypatch)
+        _cut_off_reads(server.fsm, monkeypatch)
         with pytest.raises(RPCError) as err:
             server.fsm_digest()
         assert err.value.code == UNAVAILABLE
@@ -137,3 +140,21 @@ def test_a_digest_cut_off_by_a_store_swap_is_unavailable(tmp_path: Any, monkeypa
     finally:
         server.fsm.close()
         server.executor.shutdown()
+
+
+def test_a_journal_read_cut_off_by_a_store_swap_is_unavailable(h: Harness, monkeypatch: Any) -> None:
+    """The journal hub's reads (a subscriber catching up, the fan-out pump) go the same way:
+    a catching-up ``event.stream`` got an internal error for a restore under its read."""
+    h.ok(m.NodeRegister(node=node("n1")))
+
+    async def catch_up(cut_off: bool) -> Any:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        if cut_off:
+            _cut_off_reads(h.fsm, monkeypatch)
+        return await hub.read(0)
+
+    with pytest.raises(RPCError) as err:
+        asyncio.run(catch_up(cut_off=True))
+    assert err.value.code == UNAVAILABLE
+    monkeypatch.undo()
+    assert asyncio.run(catch_up(cut_off=False)).batches, "the store is back: the journal reads again"
