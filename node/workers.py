@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from fsm.caches import NodeUsageCache
 from fsm.store import StateReader
 from fsm.structs import EVAL_TERMINAL, Evaluation
 from node.broker import BrokerError, EvalBroker
+from node.errors import NO_LEADER, NOT_LEADER, RPCError
 from node.plan_apply import PlanApplier, PlanResult
 from scheduler.errors import SchedulerError
 from scheduler.generic import schedule
@@ -39,6 +41,12 @@ LATENCY_SAMPLES = 20_000
 # Protean: while plans conflict, pick at random among the best few nodes.
 CONFLICT_WINDOW = 10.0  # seconds a conflict counts as recent
 CONFLICT_TOP_K = 4
+# After a failed eval a worker pauses before taking the next, doubling the
+# pause while failures repeat (Nomad's worker backs off the same way): a
+# fault that fails every eval, such as this server losing its leadership,
+# then costs a few nacks instead of draining the broker in a burst.
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 2.0
 
 
 @dataclass
@@ -96,6 +104,7 @@ class Worker:
         applier: PlanApplier,
         stats: WorkerStats,
         name: str,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.server = server
         self.broker = broker
@@ -104,6 +113,8 @@ class Worker:
         self.stats = stats
         self.cache = NodeUsageCache()
         self.log = server.log.bind(component="worker", worker=name)
+        self._pause = pause
+        self._failures = 0  # evals failed in a row
 
     async def run(self) -> None:
         while True:
@@ -116,17 +127,30 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the eval is redelivered
-                self.stats.nacked += 1
-                self.log.warning("evaluation failed; nacking it", eval_id=ev.id, job_id=ev.job_id, error=str(exc))
-                try:
-                    self.broker.nack(ev.id, token)
-                except BrokerError:
-                    pass
+                self._nack(ev, token, exc)
+                await self._pause(min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX))
                 continue
+            self._failures = 0
             try:
                 self.broker.ack(ev.id, token)
             except BrokerError as exc:
                 self.log.warning("ack refused", eval_id=ev.id, error=str(exc))
+
+    def _nack(self, ev: Evaluation, token: str, exc: Exception) -> None:
+        """Hand the eval back for redelivery: lost leadership is logged once per run of failures, other errors each time."""
+        self._failures += 1
+        self.stats.nacked += 1
+        if isinstance(exc, RPCError) and exc.code in (NOT_LEADER, NO_LEADER):
+            # Leadership moved: this worker is about to be stopped, and the new
+            # leader takes the eval over from the replicated state.
+            if self._failures == 1:
+                self.log.info("this server is no longer the leader; evaluation handed back", eval_id=ev.id, job_id=ev.job_id)
+        else:
+            self.log.warning("evaluation failed; nacking it", eval_id=ev.id, job_id=ev.job_id, error=str(exc), failures_in_a_row=self._failures)
+        try:
+            self.broker.nack(ev.id, token)
+        except BrokerError:
+            pass
 
     def plan(self, reader: StateReader, ev: Evaluation) -> Plan | None:
         """Schedule ``ev`` on one snapshot; None when the eval is already finished."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,3 +32,15 @@ def wait_until(
             last = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last error: {last!r})")
+
+
+async def wait_until_async(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """``wait_until`` inside an event loop: yields to the loop's other tasks between checks."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
