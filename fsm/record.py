@@ -29,8 +29,13 @@ T = TypeVar("T")
 NO_DEFAULT: Any = msgspec.NODEFAULT
 
 
-class Record(msgspec.Struct):
-    """A stored record or log message: packed as a map of every field, in definition order."""
+class Record(msgspec.Struct, forbid_unknown_fields=True):
+    """A stored record or log message: packed as a map of every field, in definition order.
+
+    msgspec refuses a field the class does not have instead of dropping it:
+    a field from a newer version deep inside a job must not vanish on this
+    replica and not on one that knows it (``codec.decode_typed``).
+    """
 
 
 @dataclass(frozen=True)
