@@ -429,7 +429,9 @@ class FSM:
         if batch.records:
             self._journal.append(index, batch.records)  # type: ignore[union-attr]
             self._touched["journal"] = index
-        result = ApplyResult(index, True, value={"results": [r.to_wire() for r in results]}, batch=results)
+        # The items' results are in ``batch``; nothing reads them as one wire
+        # map (building one cost about 0.3 us a registration, on every server).
+        result = ApplyResult(index, True, batch=results)
         self._consume(index, entry, result)
         if batch.rolled_back:
             self.commit()
