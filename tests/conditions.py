@@ -35,7 +35,7 @@ def wait_until(
 
 
 async def wait_until_async(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """``wait_until`` inside an event loop: yields to the loop's other tasks between checks."""
+    """``wait_until`` inside an event loop: yields to its other tasks between checks; an error in ``predicate`` fails at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:

@@ -16,6 +16,7 @@ import pytest
 
 from client.sim import SimClient, SimConfig, SimError
 from node.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
+from tests.conditions import wait_until_async
 
 JOB = {"ID": "j", "Type": "service", "Version": 0,
        "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "sim", "Config": {}}]}]}
@@ -81,14 +82,6 @@ def _reported(server: ScriptedServer, alloc_id: str, status: str) -> Any:
     return lambda: any(u["ID"] == alloc_id and u["ClientStatus"] == status for u in server.updates)
 
 
-async def _until(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def test_a_failed_reload_after_a_reset_is_retried_and_the_allocs_run() -> None:
     async def scenario() -> None:
         server = ScriptedServer([], [])
@@ -99,7 +92,7 @@ def test_a_failed_reload_after_a_reset_is_retried_and_the_allocs_run() -> None:
         server.streams = [RPCError(RESET_REQUIRED, "the journal moved past index 3")]
         server.lists = [RPCError(UNAVAILABLE, "no leader"), {"data": [alloc], "index": 9}]
         async with _running(sim):
-            await _until(_reported(server, "a1", "running"), "the alloc reported running after the reload was retried")
+            await wait_until_async(_reported(server, "a1", "running"), 10, "the alloc reported running after the reload was retried")
             assert sim.index == 9 and sim.stats.resets == 1 and "no leader" in sim.stats.errors[-1]
 
     asyncio.run(scenario())
@@ -124,7 +117,7 @@ def test_an_alloc_stopped_before_it_ran_here_is_acknowledged() -> None:
                    "desired_status": "stop", "client_status": "pending"}
         server.streams = [[{"index": 5, "events": [["Allocation", "AllocationUpdated", "a2", stopped]]}]]
         async with _running(sim):
-            await _until(_reported(server, "a2", "complete"), "the stop acknowledged")
+            await wait_until_async(_reported(server, "a2", "complete"), 10, "the stop acknowledged")
             assert sim.stats.started == 0
 
     asyncio.run(scenario())
@@ -149,7 +142,7 @@ def test_an_alloc_is_reported_healthy_after_min_healthy_time_or_unhealthy_after_
         async with _running(sim):
             start = loop.time()
             health = lambda: [u["DeploymentStatus"] for u in server.updates if "DeploymentStatus" in u]  # noqa: E731
-            await _until(health, "the alloc's health reported")
+            await wait_until_async(health, 10, "the alloc's health reported")
             took = loop.time() - start
             assert [h["Healthy"] for h in health()] == [healthy]
             assert took >= (0.05 if healthy else 0.4)
