@@ -511,7 +511,35 @@ def load(cls: type[T], data: bytes) -> T:
 
     msgspec builds it in C. Any-typed fields (task config) may hold maps with
     non-string keys that the strict decoder let in; msgspec takes those too.
-    A field this version does not know (a store written by a newer one) is
-    refused, not dropped.
     """
-    return _typed_decoder(cls).decode(data)
+    try:
+        return _typed_decoder(cls).decode(data)
+    except msgspec.ValidationError:
+        # Records refuse unknown fields (for ``decode_typed``), but a record
+        # stored before an upgrade removed one of its fields must still load:
+        # an upgrade is every server restarted on its data directory.
+        return msgspec.convert(_known_fields_only(cls, unpack(data)), cls)
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _known_fields_only(hint: Any, value: Any) -> Any:
+    """``value`` (a plain wire value for ``hint``) without the record fields this version does not have."""
+    if is_record(hint):
+        if not isinstance(value, dict):
+            return value
+        hints = _HINTS.get(hint)
+        if hints is None:
+            hints = _HINTS[hint] = typing.get_type_hints(hint)
+        return {k: _known_fields_only(hints[k], v) for k, v in value.items() if k in hints}
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (list, tuple, set, frozenset) and isinstance(value, list) and args:
+        return [_known_fields_only(args[0], v) for v in value]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _known_fields_only(args[1], v) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            if is_record(arg) and isinstance(value, dict):
+                return _known_fields_only(arg, value)
+    return value

@@ -32,7 +32,16 @@ from fsm.errors import CodecError, FatalApplyError
 from fsm.machine import FSM
 from fsm.messages import IGNORE_FLAG, MessageType, decode_entry, encode_entry
 from fsm.record import Record, field
-from fsm.structs import SECOND, Job, Task, TaskGroup, TaskState
+from fsm.structs import (
+    SECOND,
+    Job,
+    JobSummary,
+    ReschedulePolicy,
+    Task,
+    TaskGroup,
+    TaskGroupSummary,
+    TaskState,
+)
 from tests.fsm.support import (
     SMALL_MAP,
     T0,
@@ -653,6 +662,36 @@ def test_msgspec_takes_what_encode_entry_writes_and_nothing_it_would_drop() -> N
     typed = codec.decode_typed(m._ENVELOPES[MessageType.JOB_REGISTER], memoryview(raw)[1:])
     assert typed is not None and typed.body == m.JobRegister(job=make_job("web"))
     assert typed.body == codec.from_wire(m.JobRegister, wire)
+
+
+def test_a_record_stored_before_a_field_was_removed_still_loads_without_it() -> None:
+    """Records refuse unknown fields in log entries, but an upgraded server must read its old store.
+
+    An upgrade is every server restarted on its data directory; a field the
+    new version dropped is still in the records stored before, at any depth.
+    """
+    job = Job(
+        id="j",
+        task_groups=[
+            TaskGroup(
+                name="g",
+                reschedule_policy=ReschedulePolicy(attempts=2),
+                tasks=[Task(name="t", config={"image": {"retired": 1}})],
+            )
+        ],
+    )
+    wire = codec.to_wire(job)
+    wire["retired"] = "x"  # top level
+    wire["task_groups"][0]["retired"] = [1]  # a record in a list
+    wire["task_groups"][0]["reschedule_policy"]["retired"] = 1  # an optional record
+    summary = JobSummary(job_id="j", summary={"g": TaskGroupSummary(running=2)})
+    summary_wire = codec.to_wire(summary)
+    summary_wire["summary"]["g"]["retired"] = 3  # a record in a map
+    assert codec.load(Job, codec.pack(wire)) == job  # the task config (data, not a record) keeps its keys
+    assert codec.load(JobSummary, codec.pack(summary_wire)) == summary
+    entry = bytes([MessageType.JOB_REGISTER]) + codec.pack({"v": 1, "time": T0, "rid": "", "body": {"job": wire}})
+    with pytest.raises(CodecError, match=r"^JobRegister\.job\.task_groups\[0\]\.reschedule_policy: unknown field 'retired'$"):
+        decode_entry(entry)
 
 
 def _record_classes() -> list[type]:
