@@ -521,25 +521,20 @@ def load(cls: type[T], data: bytes) -> T:
         return msgspec.convert(_known_fields_only(cls, unpack(data)), cls)
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _known_fields_only(hint: Any, value: Any) -> Any:
-    """``value`` (a plain wire value for ``hint``) without the record fields this version does not have."""
-    if is_record(hint):
-        if not isinstance(value, dict):
-            return value
-        hints = _HINTS.get(hint)
-        if hints is None:
-            hints = _HINTS[hint] = typing.get_type_hints(hint)
-        return {k: _known_fields_only(hints[k], v) for k, v in value.items() if k in hints}
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (list, tuple, set, frozenset) and isinstance(value, list) and args:
-        return [_known_fields_only(args[0], v) for v in value]
-    if origin is dict and isinstance(value, dict) and len(args) == 2:
-        return {k: _known_fields_only(args[1], v) for k, v in value.items()}
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            if is_record(arg) and isinstance(value, dict):
-                return _known_fields_only(arg, value)
-    return value
+def _known_fields_only(cls: type, data: Any) -> Any:
+    """A stored record's wire map without the fields ``cls`` does not have, at any depth (a rare path)."""
+    if not isinstance(data, dict):
+        return data
+    known = {f.name for f in fields(cls)}
+    out = {k: v for k, v in data.items() if k in known}
+    for name, kind, sub in _nested_fields(cls):
+        if name not in out:
+            continue
+        value = out[name]
+        if kind in ("one", "opt"):
+            out[name] = _known_fields_only(sub, value)
+        elif kind == "list" and isinstance(value, list):
+            out[name] = [_known_fields_only(sub, v) for v in value]
+        elif kind == "dict" and isinstance(value, dict):
+            out[name] = {k: _known_fields_only(sub, v) for k, v in value.items()}
+    return out

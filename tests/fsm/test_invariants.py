@@ -668,7 +668,8 @@ def test_a_record_stored_before_a_field_was_removed_still_loads_without_it() -> 
     """Records refuse unknown fields in log entries, but an upgraded server must read its old store.
 
     An upgrade is every server restarted on its data directory; a field the
-    new version dropped is still in the records stored before, at any depth.
+    new version dropped is still in the records stored before, at any depth,
+    and a field it added is missing from them.
     """
     job = Job(
         id="j",
@@ -684,6 +685,7 @@ def test_a_record_stored_before_a_field_was_removed_still_loads_without_it() -> 
     wire["retired"] = "x"  # top level
     wire["task_groups"][0]["retired"] = [1]  # a record in a list
     wire["task_groups"][0]["reschedule_policy"]["retired"] = 1  # an optional record
+    del wire["task_groups"][0]["tasks"][0]["resources"]  # and one added since: its default
     summary = JobSummary(job_id="j", summary={"g": TaskGroupSummary(running=2)})
     summary_wire = codec.to_wire(summary)
     summary_wire["summary"]["g"]["retired"] = 3  # a record in a map
