@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -236,6 +238,7 @@ def main() -> None:
     ap.add_argument("--failovers", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="raw/registration pairs; the ratio reported is their median")
     ap.add_argument("--fsync", action="store_true", help="run the servers with fsync = true (the config default)")
+    ap.add_argument("--keep", action="store_true", help="keep each round's cluster directory (data and logs) instead of removing it")
     a = ap.parse_args()
     n = a.pipelined
 
@@ -253,8 +256,15 @@ def main() -> None:
             if r == a.rounds - 1:
                 reads, upd, upd_cpu = reads_and_updates(leader, pids, n, a.window)
                 fo = failover(c, a.failovers)
-        finally:
+        except BaseException:
             cl.down(c)
+            print(f"round {r + 1} failed; its servers' logs are in {c.dir}", file=sys.stderr)
+            raise
+        cl.down(c)
+        if a.keep:
+            print(f"round {r + 1}: cluster directory kept in {c.dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(c.dir, ignore_errors=True)  # a round leaves ~1-2 GB of LMDB and raft logs
 
     first = rounds[0].raw
     raw_p50 = first.get("p50_ms", float("nan"))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--fsync", action="store_true", help="run the servers with fsync = true (the config default)")
     ap.add_argument("--workers", type=int, default=None, help="scheduler workers on the leader (default: the config's)")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster directory (data and logs) instead of removing it")
     a = ap.parse_args()
 
     directory = tempfile.mkdtemp(prefix="caravan-lifecycle-bench-")
@@ -203,13 +205,17 @@ def main() -> None:
                 os.kill(sim.pid, signal.SIGKILL)
                 sim.wait(5)
         cl.down(c)
+        if sys.exc_info()[0] is not None:
+            print(f"the benchmark failed; the servers' logs are in {directory}", file=sys.stderr)
+    if not a.keep:
+        shutil.rmtree(directory, ignore_errors=True)
 
     one_rate = placed / one_s
     burst_placed = per * a.jobs
     burst_rate = burst_placed / burst_s
     w1, w2 = stats_one["Workers"], stats_burst["Workers"]
     print(f"fsync={a.fsync}  nodes={a.nodes}  allocs={a.allocs}  workers={a.workers or 'default'}  "
-          f"(shared 2-core machine: compare ratios; logs in {directory})")
+          f"(shared 2-core machine: compare ratios{'; logs in ' + directory if a.keep else ''})")
     print(f"{'measure':<52} {'value':>10} {'vs raw':>8}")
     print(f"{'raw writes, pipelined node re-registrations (/s)':<52} {raw:>10.0f} {1.0:>8.2f}")
     print(f"{'one job: placements/s (register -> plan committed)':<52} {one_rate:>10.0f} {one_rate / raw:>8.2f}")
