@@ -455,16 +455,28 @@ def to_wire(obj: Any) -> Any:
 
 
 def dump(obj: Any) -> dict:
-    """One record's wire map (what ``encode`` packs and the journal carries)."""
+    """One record's wire map, every field (``encode`` leaves a ``CompactRecord``'s defaults out)."""
     return _dumper(type(obj))(obj)
 
 
-def encode(obj: Any) -> bytes:
-    """A record as stored: msgpack of its wire map (``pack(dump(obj))``, the same bytes).
+def full_map(cls: type, data: dict) -> dict:
+    """A packed record's map with every field, as ``dump`` gives it.
 
-    msgspec packs a record in C, every field in definition order, so the
-    bytes are those of ``pack(dump(obj))`` (tests/fsm/test_invariants.py
-    checks it for every message type).
+    A ``CompactRecord``'s packed map leaves out the fields at their default:
+    code that shows a stored map (an event stream) fills them in here.
+    """
+    if not cls.__struct_config__.omit_defaults:  # type: ignore[attr-defined]
+        return data
+    return dump(msgspec.convert(data, cls))
+
+
+def encode(obj: Any) -> bytes:
+    """A record as stored: msgpack of its fields in definition order.
+
+    msgspec packs a record in C. The bytes are those of ``pack(dump(obj))``
+    for a plain ``Record``, and of that map without the fields at their
+    default for a ``CompactRecord`` (tests/fsm/test_invariants.py checks
+    both, for every record and message class).
     """
     return _encoder().encode(obj)
 

@@ -19,7 +19,7 @@ import msgspec
 
 from fsm import codec
 from fsm.errors import CodecError
-from fsm.record import Record, field
+from fsm.record import CompactRecord, field
 from fsm.structs import (
     ACLToken,
     Allocation,
@@ -63,14 +63,14 @@ class MessageType(IntEnum):
     NODE_UPDATE_DRAIN = 23
 
 
-class Reap(Record):
+class Reap(CompactRecord):
     """One object to delete, only if it still has the modify index the leader saw."""
 
     id: str
     modify_index: int
 
 
-class JobRegister(Record):
+class JobRegister(CompactRecord):
     job: Job
     eval: Evaluation | None = None
     # Compare-and-set as Nomad's EnforceIndex: the existing job's
@@ -78,26 +78,26 @@ class JobRegister(Record):
     enforce_index: int | None = None
 
 
-class JobDeregister(Record):
+class JobDeregister(CompactRecord):
     job_id: str
     purge: bool = False
     eval: Evaluation | None = None
 
 
-class JobBatchDeregister(Record):
+class JobBatchDeregister(CompactRecord):
     jobs: list[Reap] = field(default_factory=list)
 
 
-class EvalUpsert(Record):
+class EvalUpsert(CompactRecord):
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class EvalReap(Record):
+class EvalReap(CompactRecord):
     evals: list[Reap] = field(default_factory=list)
     allocs: list[Reap] = field(default_factory=list)
 
 
-class AllocStop(Record):
+class AllocStop(CompactRecord):
     id: str
     desired_status: str = "stop"
     desired_description: str = ""
@@ -105,7 +105,7 @@ class AllocStop(Record):
     followup_eval_id: str = ""
 
 
-class PlanApply(Record):
+class PlanApply(CompactRecord):
     eval_id: str = ""
     job_id: str = ""
     allocs_to_place: list[Allocation] = field(default_factory=list)
@@ -114,7 +114,7 @@ class PlanApply(Record):
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class AllocClientState(Record):
+class AllocClientState(CompactRecord):
     id: str
     client_status: str
     client_description: str = ""
@@ -122,21 +122,21 @@ class AllocClientState(Record):
     deployment_status: DeploymentStatus | None = None
 
 
-class AllocClientUpdate(Record):
+class AllocClientUpdate(CompactRecord):
     allocs: list[AllocClientState] = field(default_factory=list)
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class AllocDesiredTransition(Record):
+class AllocDesiredTransition(CompactRecord):
     allocs: dict[str, DesiredTransition] = field(default_factory=dict)
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class DeploymentUpsert(Record):
+class DeploymentUpsert(CompactRecord):
     deployment: Deployment
 
 
-class DeploymentStatusUpdate(Record):
+class DeploymentStatusUpdate(CompactRecord):
     deployment_id: str
     status: str
     status_description: str = ""
@@ -149,7 +149,7 @@ class DeploymentStatusUpdate(Record):
     expect_status: str = ""
 
 
-class DeploymentPromote(Record):
+class DeploymentPromote(CompactRecord):
     """Nomad's ApplyDeploymentPromotion: the groups' canaries are good, replace the rest."""
 
     deployment_id: str
@@ -157,29 +157,29 @@ class DeploymentPromote(Record):
     eval: Evaluation | None = None
 
 
-class DeploymentReap(Record):
+class DeploymentReap(CompactRecord):
     deployments: list[Reap] = field(default_factory=list)
 
 
-class NodeRegister(Record):
+class NodeRegister(CompactRecord):
     node: Node
 
 
-class NodeUpdateStatus(Record):
+class NodeUpdateStatus(CompactRecord):
     node_id: str
     status: str
     status_description: str = ""
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class NodeUpdateEligibility(Record):
+class NodeUpdateEligibility(CompactRecord):
     node_id: str
     eligibility: str
     drain: bool | None = None
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class NodeUpdateDrain(Record):
+class NodeUpdateDrain(CompactRecord):
     """Nomad's Node.UpdateDrain: start or change a node's drain (``strategy``) or end it (None).
 
     A drain makes the node ineligible; ending it leaves the node ineligible
@@ -195,33 +195,33 @@ class NodeUpdateDrain(Record):
     evals: list[Evaluation] = field(default_factory=list)
 
 
-class NodeReap(Record):
+class NodeReap(CompactRecord):
     nodes: list[Reap] = field(default_factory=list)
 
 
-class ACLTokenBootstrap(Record):
+class ACLTokenBootstrap(CompactRecord):
     token: ACLToken
 
 
-class ACLTokenUpsert(Record):
+class ACLTokenUpsert(CompactRecord):
     tokens: list[ACLToken] = field(default_factory=list)
 
 
-class ACLTokenDelete(Record):
+class ACLTokenDelete(CompactRecord):
     accessor_ids: list[str] = field(default_factory=list)
     # Expired-token GC passes the modify index it saw; an explicit delete does not.
     reaps: list[Reap] = field(default_factory=list)
 
 
-class Barrier(Record):
+class Barrier(CompactRecord):
     pass
 
 
-class ReconcileSummaries(Record):
+class ReconcileSummaries(CompactRecord):
     """Recount every job summary from its allocs (Nomad's PUT /v1/system/reconcile/summaries)."""
 
 
-class Batch(Record):
+class Batch(CompactRecord):
     """Several client writes the leader coalesced into one raft entry (as Nomad batches alloc updates).
 
     Each item is a complete entry of another type (``type byte | envelope``)
@@ -300,7 +300,7 @@ _ENVELOPE_FIELDS = frozenset(("v", "time", "rid", "body"))
 def _envelope_class(payload: type) -> type:
     """The envelope as one record, so an entry decodes in one msgspec call."""
     return msgspec.defstruct(
-        f"{payload.__name__}Envelope", [("v", int), ("time", int), ("rid", str), ("body", payload)], bases=(Record,)
+        f"{payload.__name__}Envelope", [("v", int), ("time", int), ("rid", str), ("body", payload)], bases=(CompactRecord,)
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsm.record import Record, field
+from fsm.record import CompactRecord, Record, field
 
 SECOND = 1_000_000_000
 MINUTE = 60 * SECOND
@@ -57,13 +57,13 @@ class Resources(Record):
     disk_mb: int = 0
 
 
-class Constraint(Record):
+class Constraint(CompactRecord):
     l_target: str = ""
     r_target: str = ""
     operand: str = "="
 
 
-class ReschedulePolicy(Record):
+class ReschedulePolicy(CompactRecord):
     attempts: int = 0
     interval: int = 0
     delay: int = 30 * SECOND
@@ -72,7 +72,7 @@ class ReschedulePolicy(Record):
     unlimited: bool = True
 
 
-class UpdateStrategy(Record):
+class UpdateStrategy(CompactRecord):
     max_parallel: int = 1
     min_healthy_time: int = 10 * SECOND
     healthy_deadline: int = 5 * MINUTE
@@ -84,7 +84,7 @@ class UpdateStrategy(Record):
     auto_promote: bool = False
 
 
-class MigrateStrategy(Record):
+class MigrateStrategy(CompactRecord):
     """Nomad's migrate block: how a node drain moves a service group's allocs.
 
     At most ``max_parallel`` of the group's allocs are moving at once: the
@@ -98,7 +98,7 @@ class MigrateStrategy(Record):
     healthy_deadline: int = 5 * MINUTE
 
 
-class Task(Record):
+class Task(CompactRecord):
     name: str
     driver: str = "sim"
     config: dict[str, Any] = field(default_factory=dict)
@@ -106,7 +106,7 @@ class Task(Record):
     meta: dict[str, str] = field(default_factory=dict)
 
 
-class TaskGroup(Record):
+class TaskGroup(CompactRecord):
     name: str
     count: int = 1
     tasks: list[Task] = field(default_factory=list)
@@ -117,7 +117,7 @@ class TaskGroup(Record):
     migrate: MigrateStrategy | None = None  # None: Nomad's defaults (service jobs; others are not migrated in steps)
 
 
-class Job(Record):
+class Job(CompactRecord):
     id: str
     name: str = ""
     namespace: str = "default"
@@ -160,7 +160,7 @@ class JobSummary(Record):
     modify_index: int = 0
 
 
-class Evaluation(Record):
+class Evaluation(CompactRecord):
     id: str
     job_id: str
     namespace: str = "default"

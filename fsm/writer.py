@@ -38,7 +38,34 @@ GC_KINDS = (GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN)
 TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC = "Job", "Evaluation", "Allocation"
 TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN = "Deployment", "Node", "ACLToken"
 
+#: The record class of each topic's journal records (a token's is ``public_token``'s map).
+RECORD_OF_TOPIC: dict[str, type] = {
+    TOPIC_JOB: Job,
+    TOPIC_EVAL: Evaluation,
+    TOPIC_ALLOC: Allocation,
+    TOPIC_DEPLOYMENT: Deployment,
+    TOPIC_NODE: Node,
+}
+
+#: Topics whose records are ``CompactRecord``s: their journal maps leave out fields at their default.
+COMPACT_TOPICS = frozenset(t for t, cls in RECORD_OF_TOPIC.items() if cls.__struct_config__.omit_defaults)
+
 JOB_VERSIONS_KEPT = 6
+
+
+def full_payload(topic: str, obj: Any) -> Any:
+    """A journal record's object with every field (see ``COMPACT_TOPICS``)."""
+    if obj is None or topic not in COMPACT_TOPICS:
+        return obj
+    return codec.full_map(RECORD_OF_TOPIC[topic], obj)
+
+
+def full_records(records: list[Any]) -> list[Any]:
+    """A journal batch's records as subscribers get them: every field of each job and eval."""
+    return [
+        rec if rec[3] is None or rec[0] not in COMPACT_TOPICS else [rec[0], rec[1], rec[2], full_payload(rec[0], rec[3])]
+        for rec in records
+    ]
 
 
 def public_token(token: ACLToken) -> dict[str, Any]:
@@ -283,13 +310,12 @@ class StateWriter(StateReader):
     def set_job_status(self, job_id: str) -> None:
         """Derive pending/running/dead as Nomad's getJobStatus does.
 
-        Runs for every job an entry touched and usually changes nothing, so
-        it reads the stored map instead of building a ``Job`` (or, for a job
-        ``put_job`` stored in this entry, the fields it packed); a changed job
-        is written back from that map (the same bytes ``encode`` would make).
+        Runs for every job an entry touched and usually changes nothing; for
+        a job ``put_job`` stored in this entry it takes the fields put_job
+        noted instead of loading the job again.
         """
         k = job_id.encode()
-        data = None
+        job = None
         written = self._jobs_put.pop(job_id, None)
         if written is not None:
             raw, type_, periodic, parameterized, stop, old_status, new = written
@@ -298,17 +324,16 @@ class StateWriter(StateReader):
             raw = self.txn.get(k, db=self.dbs["jobs"])
             if raw is None:
                 return
-            data = codec.unpack(raw)
-            type_, periodic, parameterized = data["type"], data["periodic"], data["parameterized"]
-            stop, old_status = data["stop"], data["status"]
+            job = codec.load(Job, raw)
+            type_, periodic, parameterized, stop, old_status = job.type, job.periodic, job.parameterized, job.stop, job.status
         status = self._derive_status(job_id, type_, periodic, parameterized, stop, k + SEP)
         if status != old_status:
-            if data is None:
-                data = codec.unpack(raw)
-            data["status"] = status
-            data["modify_index"] = self.index
-            data["modify_time"] = self.now
-            raw = codec.pack(data)
+            if job is None:
+                job = codec.load(Job, raw)
+            job.status = status
+            job.modify_index = self.index
+            job.modify_time = self.now
+            raw = codec.encode(job)
             self.txn.put(k, raw, db=self.dbs["jobs"])
             self.touched.add("jobs")
             self.record_packed(TOPIC_JOB, "JobStatusChanged", job_id, raw)

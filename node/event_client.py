@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 
+from fsm.writer import full_records
 from node.errors import UNAVAILABLE, RPCError
 from node.nomadjson import to_nomad
 from node.rpc_client import BACKOFF_MAX, RPCClient
@@ -30,8 +31,13 @@ GROUP = 256  # batches per frame when several are ready (the server's "group")
 
 
 def unpack(raw: bytes) -> Any:
-    """A packed batch (``encoding=msgpack``) as its list of records."""
+    """A packed batch (``encoding=msgpack``) as its list of records, as the journal holds them."""
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def decode_batch(raw: bytes) -> list[Any]:
+    """A packed batch's records as a ``records`` subscriber gets them: jobs and evals with every field."""
+    return full_records(unpack(raw))
 
 
 def unfold(frame: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,7 +102,7 @@ def follow(
                     if "index" in item:
                         st.index = item["index"]
                         if decode and "raw" in item:
-                            item = {"index": item["index"], "events": unpack(item["raw"])}
+                            item = {"index": item["index"], "events": decode_batch(item["raw"])}
                     elif "progress" in item:
                         st.index = max(st.index, item["progress"])
                     yield item

@@ -99,7 +99,15 @@ from fsm import codec
 from fsm.keys import from_u64, u64
 from fsm.machine import FSM
 from fsm.store import StateReader
-from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_JOB, TOPIC_NODE, TOPIC_TOKEN
+from fsm.writer import (
+    TOPIC_ALLOC,
+    TOPIC_DEPLOYMENT,
+    TOPIC_EVAL,
+    TOPIC_JOB,
+    TOPIC_NODE,
+    TOPIC_TOKEN,
+    full_records,
+)
 from node.acl import Need
 from node.endpoints import stream_method
 from node.errors import BAD_REQUEST, PERMISSION_DENIED, UNAVAILABLE, RPCError
@@ -228,7 +236,7 @@ class Batch:
     @property
     def records(self) -> list[Any]:
         if self._records is None:
-            self._records = codec.unpack(self.raw)
+            self._records = full_records(codec.unpack(self.raw))  # jobs and evals with every field
         return self._records
 
     def raw_item(self) -> Item:

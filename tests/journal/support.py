@@ -21,6 +21,7 @@ from fsm.keys import from_u64
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
 from fsm.structs import SECOND, Allocation, Evaluation, Job, Node, Resources, Task, TaskGroup
+from fsm.writer import full_records
 
 T0 = 1_700_000_000 * SECOND
 SMALL_MAP = 256 << 20
@@ -104,4 +105,5 @@ def read_journal_raw(state_dir: str | Path) -> dict[int, bytes]:
 
 
 def read_journal(state_dir: str | Path) -> dict[int, list[Any]]:
-    return {i: codec.unpack(v) for i, v in read_journal_raw(state_dir).items()}
+    """{index: records} as subscribers get them (jobs and evals with every field, which the journal leaves out)."""
+    return {i: full_records(codec.unpack(v)) for i, v in read_journal_raw(state_dir).items()}

@@ -17,11 +17,14 @@ from typing import Any
 
 import pytest
 
+from fsm import codec
 from fsm import messages as m
 from fsm.journal import Retention
 from fsm.structs import ACLToken
+from fsm.writer import full_records
 from node.errors import RPCError
-from node.event_client import unfold, unpack
+from node.event_client import decode_batch, record_events, unfold, unpack
+from node.nomadjson import to_nomad
 from node.stream import Hub, parse_args, parse_topics
 from tests.journal.support import Harness, job, node
 
@@ -95,6 +98,8 @@ def test_subscribers_joining_mid_burst_get_every_batch_once_in_order(group: int,
         with h.fsm.read() as r:
             journal = list(r.journal_batches())
         assert journal[-1][0] == 1500
+        if encoding == "records":  # decoded events carry every field of a job or eval
+            journal = [(i, full_records(recs)) for i, recs in journal]
         for start, items in results:
             got = batches_of(items)
             assert got == [b for b in journal if b[0] > start], f"subscriber from {start} saw a different journal"
@@ -424,6 +429,39 @@ def test_commits_the_pump_read_past_before_the_loop_took_them_in_are_no_reset() 
         assert "progress" in item, item
         assert hub.stats["resets"] == 0
         await gen.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        h.close()
+
+
+def test_subscribers_get_every_field_of_a_job_and_eval_the_journal_packs_without_defaults() -> None:
+    """Jobs and evals are CompactRecords: the journal leaves their defaults out, events do not.
+
+    A ``records`` subscriber (and the HTTP stream on top of it) gets each
+    object's every field; a ``msgpack`` subscriber gets the journal's own
+    bytes, which ``follow()`` (and so the CLI) decodes to the same records.
+    """
+    h = Harness()
+    h.apply(job("web"))
+
+    async def main() -> None:
+        hub = Hub(h.fsm, asyncio.get_running_loop())
+        with h.fsm.read() as r:
+            stored_job, stored_eval = r.job("web"), r.eval("eval-web")
+        [packed] = [i for i in await collect(hub, 0, 1, encoding="msgpack") if "index" in i]
+        raw_records = {rec[0]: rec[3] for rec in unpack(packed["raw"])}
+        assert "namespace" not in raw_records["Job"] and "status" not in raw_records["Evaluation"]
+        [decoded] = [i for i in await collect(hub, 0, 1) if "index" in i]
+        payloads = {rec[0]: rec[3] for rec in decoded["events"]}
+        assert payloads["Job"] == codec.dump(stored_job)
+        assert payloads["Evaluation"] == codec.dump(stored_eval)
+        assert payloads["Job"]["namespace"] == "default" and payloads["Evaluation"]["status"] == "pending"
+        assert decode_batch(packed["raw"]) == decoded["events"]  # what follow() yields from journal bytes
+        events = {e["Topic"]: e["Payload"] for e in record_events(1, decode_batch(packed["raw"]))}
+        assert events["Job"]["Job"] == to_nomad(stored_job)
+        assert events["Evaluation"]["Evaluation"]["Status"] == "pending"
 
     try:
         asyncio.run(main())
