@@ -33,7 +33,6 @@ Converter = Callable[[Any], Any]
 
 _STRICT: dict[type, tuple[dict[str, Converter], tuple[str, ...]]] = {}
 _DUMPERS: dict[type, Callable[[Any], dict]] = {}
-_local = threading.local()
 
 
 class _PathError(CodecError):
@@ -45,33 +44,27 @@ class _PathError(CodecError):
         self.path = path
 
 
+# One encoder and decoders shared by every thread, reused across calls
+# (msgspec.msgpack.encode sets one up on every call). Sharing is safe: a
+# call keeps its state on the C stack and holds the GIL throughout (we pass
+# no hooks that could call back into Python). A thread-local lookup per call
+# cost each server about 1 us a registration.
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
+_TYPED_DECODERS: dict[type, msgspec.msgpack.Decoder] = {}
+
+
 def pack(obj: Any) -> bytes:
-    """msgpack of any value; records in it pack as their field maps (``pack(to_wire(obj))``'s bytes)."""
-    return _encoder().encode(obj)
-
-
-def _decoder() -> msgspec.msgpack.Decoder:
-    decoder = getattr(_local, "decoder", None)
-    if decoder is None:
-        decoder = _local.decoder = msgspec.msgpack.Decoder()
-    return decoder
+    """msgpack of any value; records in it pack as ``encode`` packs them."""
+    return _ENCODER.encode(obj)
 
 
 def unpack(data: bytes | memoryview) -> Any:
     """A plain value from msgpack: maps, lists, str (msgpack str), bytes (bin), numbers."""
     try:
-        return _decoder().decode(data)
+        return _DECODER.decode(data)
     except msgspec.DecodeError as exc:
         raise CodecError(f"malformed msgpack: {exc}") from None
-
-
-def _encoder() -> msgspec.msgpack.Encoder:
-    # One per thread: they are reused across calls (msgspec.msgpack.encode
-    # sets one up on every call).
-    encoder = getattr(_local, "encoder", None)
-    if encoder is None:
-        encoder = _local.encoder = msgspec.msgpack.Encoder()
-    return encoder
 
 
 def _fail(message: str) -> _PathError:
@@ -478,16 +471,13 @@ def encode(obj: Any) -> bytes:
     default for a ``CompactRecord`` (tests/fsm/test_invariants.py checks
     both, for every record and message class).
     """
-    return _encoder().encode(obj)
+    return _ENCODER.encode(obj)
 
 
 def _typed_decoder(cls: type) -> msgspec.msgpack.Decoder:
-    decoders = getattr(_local, "decoders", None)
-    if decoders is None:
-        decoders = _local.decoders = {}
-    decoder = decoders.get(cls)
-    if decoder is None:
-        decoder = decoders[cls] = msgspec.msgpack.Decoder(cls)
+    decoder = _TYPED_DECODERS.get(cls)
+    if decoder is None:  # two threads may both build one: either will do
+        decoder = _TYPED_DECODERS[cls] = msgspec.msgpack.Decoder(cls)
     return decoder
 
 
