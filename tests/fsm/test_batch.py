@@ -8,13 +8,16 @@ index; a crash loses the batch whole or not at all; replicas converge.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from fsm import codec
 from fsm import messages as m
+from fsm.keys import SEP, u64
+from fsm.machine import IDS_OF_INDEX
 from fsm.messages import MessageType, decode_entry, encode_batch, encode_entry
-from fsm.structs import SECOND
+from fsm.structs import MINUTE, SECOND
 from tests.fsm.support import T0, Harness, dump, make_alloc, make_eval, make_job, make_node
 
 
@@ -165,3 +168,56 @@ def test_group_commit_crash_and_replay_converge() -> None:
     finally:
         one.destroy()
         group.destroy()
+
+
+def time_rows(h: Harness) -> list[tuple[int, bytes, Any]]:
+    """``requests_by_time`` as (time, marker byte, ids or index), oldest first."""
+    with h.reader() as r:
+        rows = list(r.txn.cursor(db=r.dbs["requests_by_time"]))
+    return [
+        (int.from_bytes(k[:8], "big"), k[8:9], codec.unpack(v) if k[8:9] == IDS_OF_INDEX else k[9:]) for k, v in rows
+    ]
+
+
+def test_a_batch_notes_its_request_ids_in_one_row_even_after_a_rollback() -> None:
+    """One time row per index: a Batch's items share it, under its newest item's time."""
+    h = Harness.temp(request_ttl=MINUTE, request_min_entries=0)
+    try:
+        setup_allocs(h)
+        items = [
+            item(m.JobRegister(job=make_job("a")), "b1", h.time + 1),
+            item(REJECTED_AFTER_WRITE, "undone", h.time + 3),  # rolls the group back: the batch is applied again
+            item(m.JobRegister(job=make_job("b")), "b2", h.time + 2),
+        ]
+        h.raw(encode_batch(items, time=h.time))
+        assert h.fsm.last_time == h.time + 3, "the newest item's time"
+        batch_row = [row for row in time_rows(h) if row[2] and row[2][0] == b"b1"]
+        assert batch_row == [(h.fsm.last_time, IDS_OF_INDEX, [b"b1", b"undone", b"b2"])]
+        h.time = h.fsm.last_time + 2 * MINUTE
+        h.ok(m.Barrier(), rid="later")
+        with h.reader() as r:
+            assert [r.request_result(x) for x in ("b1", "undone", "b2")] == [None] * 3
+            assert r.request_result("later") is not None
+        assert [row[2] for row in time_rows(h)] == [[b"later"]]
+    finally:
+        h.destroy()
+
+
+def test_request_rows_of_one_id_written_before_still_expire_in_time_order() -> None:
+    """A store from before ids were noted per index keeps (time, SEP, id) -> index rows; expiry takes both kinds."""
+    h = Harness.temp(request_ttl=MINUTE, request_min_entries=0)
+    try:
+        h.ok(m.Barrier(), rid="new-old")
+        with h.fsm.store.env.begin(write=True) as txn:
+            dbs = h.fsm.store.dbs
+            for t, rid in ((T0 - 1, b"older"), (T0 + 3 * MINUTE, b"younger")):
+                txn.put(rid, codec.pack({"index": 1, "ok": True, "value": {}, "code": "", "error": ""}), db=dbs["requests"])
+                txn.put(u64(t) + SEP + rid, u64(1), db=dbs["requests_by_time"])
+        h.time = T0 + 2 * MINUTE
+        h.ok(m.Barrier(), rid="now")
+        with h.reader() as r:
+            assert r.request_result("older") is None and r.request_result("new-old") is None
+            assert r.request_result("younger") is not None and r.request_result("now") is not None
+        assert [(row[1], row[2]) for row in time_rows(h)] == [(IDS_OF_INDEX, [b"now"]), (SEP, b"younger")]
+    finally:
+        h.destroy()
