@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.metrics import Metrics, MetricsError
+from node.metrics import REQUEST_BUCKETS, Metrics, MetricsError
 from tests.http.support import ChunkedStream, HTTPCluster, job, wait_until
 
 TIMEOUT = 30
@@ -208,3 +211,44 @@ def test_counters_json_and_registered_gauges() -> None:
     assert gc["Count"] == 2
     snap = next(s for s in body["Samples"] if s["Name"] == "caravan_snapshot_duration_seconds")
     assert snap["Count"] == 1 and snap["Sum"] == 1.5 and snap["Labels"] == {"op": "save"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["job.get", "job.register", "status"]),
+            st.sampled_from(["ok", "not_found"]),
+            st.one_of(st.floats(0, 400, allow_nan=False), st.sampled_from(REQUEST_BUCKETS)),
+        ),
+        max_size=40,
+    )
+)
+def test_rpc_stats_expose_what_prometheus_clients_counter_and_histogram_would(
+    calls: list[tuple[str, str, float]],
+) -> None:
+    """The RPC series are kept by hand (no locks on the leader's loop); a scrape must not tell."""
+    ours = Metrics()
+    registry = CollectorRegistry()
+    requests_ = Counter("caravan_rpc_requests", "RPC requests served, by method and result code",
+                        ["method", "code"], registry=registry)
+    seconds = Histogram("caravan_rpc_request_duration_seconds", "RPC request latency, by method and result code",
+                        ["method", "code"], buckets=REQUEST_BUCKETS, registry=registry)
+    for method, code, took in calls:
+        ours.observe_rpc(method, code, took)
+        requests_.labels(method, code).inc()
+        seconds.labels(method, code).observe(took)
+
+    def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name.startswith("caravan_rpc_")
+            for s in family.samples
+        }
+
+    theirs = samples(generate_latest(registry).decode())
+    mine = samples(ours.prometheus().decode())
+    assert mine.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert mine[key] == pytest.approx(value), key
