@@ -48,16 +48,17 @@ from node.errors import (
 from node.framing import (
     DEFAULT_MAX_FRAME,
     ConnectionLost,
+    FrameBuffer,
     format_address,
     pack_frame,
     pack_stream_frame,
     parse_address,
-    read_frame,
     unpack_body,
 )
 
 MAX_REQUEST_ID_LENGTH = 128
 FLUSH_BYTES = 64 * 1024  # answers queued on a connection past this go to the socket at once
+READ_BYTES = 256 * 1024  # what one read takes from a connection (many pipelined requests)
 
 Handler = Callable[["RequestContext", dict[str, Any]], Awaitable[Any]]
 StreamHandler = Callable[["RequestContext", dict[str, Any]], AsyncIterator[Any]]
@@ -414,18 +415,23 @@ class RPCServer:
         peername = writer.get_extra_info("peername")
         peer = format_address(peername[0], peername[1]) if peername else "unknown"
         conn = _Connection(writer, peer, self.max_frame, self.max_inflight_per_connection)
+        frames = FrameBuffer(self.max_frame)
         try:
             while True:
                 try:
-                    body = await read_frame(reader, self.max_frame)
+                    body = frames.next()
+                    if body is None:
+                        data = await reader.read(READ_BYTES)
+                        if not data:  # end of stream (inside a frame: the client went away mid-request)
+                            return
+                        frames.feed(data)
+                        continue
                 except RPCError as err:  # too large, or HTTP on this port: answer, then close
                     self.log.warning("rpc frame rejected", peer=peer, code=err.code, error=err.message, **err.details)
                     with contextlib.suppress(ConnectionError, RPCError):
                         await conn.send(_error(None, err))
                     return
                 except ConnectionError:
-                    return
-                if body is None:
                     return
                 await conn.wait_for_room()
                 task = asyncio.create_task(self._handle(conn, body))

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.errors import RPCError
-from node.framing import HEADER, SharedItem, check_length, pack_stream_frame, unpack_body
+from node.errors import FRAME_TOO_LARGE, RPCError
+from node.framing import (
+    HEADER,
+    FrameBuffer,
+    SharedItem,
+    check_length,
+    pack_stream_frame,
+    unpack_body,
+)
 
 records = st.lists(st.tuples(st.sampled_from(["Job", "Node"]), st.text(max_size=8), st.binary(max_size=40)), max_size=5)
 
@@ -72,3 +80,37 @@ def test_an_impossible_length_names_http_when_that_is_what_it_is(header: bytes, 
 
 def test_a_length_within_the_limit_is_returned() -> None:
     assert check_length(HEADER.pack(1234), 1 << 22) == 1234
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bodies=st.lists(st.binary(max_size=300), max_size=12),
+    cuts=st.lists(st.integers(0, 4000), max_size=20),
+)
+def test_frame_buffer_cuts_the_same_frames_however_the_bytes_arrive(bodies: list[bytes], cuts: list[int]) -> None:
+    """The RPC server reads what the socket has: frames split or joined anywhere come out whole, in order."""
+    stream = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    frames = FrameBuffer(1 << 20)
+    got = []
+    for start, end in zip(points, points[1:], strict=False):
+        frames.feed(stream[start:end])
+        while (body := frames.next()) is not None:
+            got.append(body)
+    assert got == bodies
+
+
+def test_frame_buffer_refuses_an_oversized_or_http_header_as_soon_as_it_is_in() -> None:
+    frames = FrameBuffer(100)
+    frames.feed(struct.pack(">I", 50) + b"x" * 50)
+    assert frames.next() == b"x" * 50
+    frames.feed(struct.pack(">I", 101)[:3])
+    assert frames.next() is None  # not a whole header yet
+    frames.feed(struct.pack(">I", 101)[3:])
+    with pytest.raises(RPCError) as err:
+        frames.next()
+    assert err.value.code == FRAME_TOO_LARGE
+    http = FrameBuffer(100)
+    http.feed(b"GET / HTTP/1.1\r\n")
+    with pytest.raises(RPCError, match="HTTP request reached the msgpack RPC port"):
+        http.next()
