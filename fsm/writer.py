@@ -53,17 +53,12 @@ COMPACT_TOPICS = frozenset(t for t, cls in RECORD_OF_TOPIC.items() if cls.__stru
 JOB_VERSIONS_KEPT = 6
 
 
-def full_payload(topic: str, obj: Any) -> Any:
-    """A journal record's object with every field (see ``COMPACT_TOPICS``)."""
-    if obj is None or topic not in COMPACT_TOPICS:
-        return obj
-    return codec.full_map(RECORD_OF_TOPIC[topic], obj)
-
-
 def full_records(records: list[Any]) -> list[Any]:
-    """A journal batch's records as subscribers get them: every field of each job and eval."""
+    """A journal batch's records as subscribers get them: every field of each job and eval (``COMPACT_TOPICS``)."""
     return [
-        rec if rec[3] is None or rec[0] not in COMPACT_TOPICS else [rec[0], rec[1], rec[2], full_payload(rec[0], rec[3])]
+        rec
+        if rec[3] is None or rec[0] not in COMPACT_TOPICS
+        else [rec[0], rec[1], rec[2], codec.full_map(RECORD_OF_TOPIC[rec[0]], rec[3])]
         for rec in records
     ]
 
