@@ -484,14 +484,15 @@ class FSM:
         while cursor.first():
             k = cursor.key()
             since = int.from_bytes(k[:8], "big")
-            if k[8:9] == IDS_OF_INDEX:
+            per_index = k[8:9] == IDS_OF_INDEX
+            if per_index:
                 at = int.from_bytes(k[9:], "big")
             else:  # a row of one id, written before ids were noted per index: key(now, rid) -> index
                 at = int.from_bytes(cursor.value(), "big")  # 0 in rows written before the index was kept
             if since >= cutoff or at > young_from:
                 self._oldest_request = (since, at)
                 break
-            ids = codec.unpack(cursor.value()) if k[8:9] == IDS_OF_INDEX else [k[9:]]
+            ids = codec.unpack(cursor.value()) if per_index else [k[9:]]
             for rid_key in ids:
                 txn.delete(rid_key, db=dbs["requests"])
             cursor.delete()
