@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fsm import codec
 from fsm import messages as m
 from fsm.errors import CodecError
+from fsm.ids import new_uuid
 from fsm.store import StateReader
 from fsm.structs import (
     EVAL_PENDING,
@@ -34,7 +35,6 @@ from fsm.structs import (
 )
 from node.acl import POLICIES, Need, hash_secret, new_secret
 from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, TOKEN_HINT, RPCError
-from node.ids import new_uuid
 from node.jobspec import JobSpecError, parse_job
 from node.nomadjson import from_nomad, to_nomad
 from node.rpc_server import RequestContext

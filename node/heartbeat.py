@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from fsm import codec
 from fsm import messages as m
+from fsm.ids import new_uuid
 from fsm.store import StateReader
 from fsm.structs import EVAL_PENDING, NODE_DOWN, NODE_READY, Evaluation, Job
 from node.acl import Need
 from node.endpoints import method
 from node.errors import BAD_REQUEST, RPCError
-from node.ids import new_uuid
 from node.rpc_server import RequestContext
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from fsm.ids import new_request_id
 from node.errors import (
     BAD_REQUEST,
     CONFLICT,
@@ -60,7 +61,6 @@ from node.errors import (
     RPCError,
 )
 from node.framing import format_address, parse_address
-from node.ids import new_request_id
 from node.metrics import METRICS
 from node.rpc_server import RequestContext
 

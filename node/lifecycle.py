@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from fsm import codec
 from fsm import messages as m
 from fsm.cursor import Cursor, Record
+from fsm.ids import new_uuid
 from fsm.store import StateReader
 from fsm.structs import (
     CLIENT_COMPLETE,
@@ -77,7 +78,6 @@ from node.heartbeat import (
     node_down_evals,
     node_up_evals,
 )
-from node.ids import new_uuid
 from node.plan_apply import PlanApplier
 from node.rpc_server import RequestContext
 from node.wakeup import wait_event

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsm.ids import new_request_id
 from node.errors import (
     BAD_REQUEST,
     INTERNAL,
@@ -53,7 +54,6 @@ from node.framing import (
     recv_frame,
     unpack_body,
 )
-from node.ids import new_request_id
 
 DEFAULT_TIMEOUT = 10.0
 BACKOFF_FIRST = 0.02

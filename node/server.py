@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from fsm.ids import new_uuid
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_batch, encode_entry
 from fsm.store import StateReader
@@ -44,7 +45,6 @@ from node.errors import (
     UNKNOWN_OUTCOME,
     RPCError,
 )
-from node.ids import new_uuid
 from node.reads import read_committed
 from node.rpc_client import AsyncRPCClient
 from node.rpc_server import RequestContext, RPCServer

@@ -22,6 +22,7 @@ import copy
 import random
 from collections import Counter, defaultdict
 
+from fsm.ids import new_uuid
 from fsm.messages import AllocStop
 from fsm.structs import (
     CLIENT_PENDING,
@@ -46,7 +47,6 @@ from fsm.structs import (
     TaskGroup,
     UpdateStrategy,
 )
-from node.ids import new_uuid
 from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.feasibility import PlacementContext, ask_for
 from scheduler.plan import Plan
@@ -61,7 +61,7 @@ BLOCKED_DESCRIPTION = "created to place remaining allocations"
 
 
 def new_id() -> str:
-    """An alloc's or follow-up eval's id: time-ordered, so new allocs' keys sit side by side (node/ids.py)."""
+    """An alloc's or follow-up eval's id: time-ordered, so new allocs' keys sit side by side (fsm/ids.py)."""
     return new_uuid()
 
 

@@ -9,6 +9,12 @@ These ids must be unique, not secret (ACL secrets still come from
 generator seeded from ``os.urandom`` per process; request ids (which
 servers deduplicate retries by) are a 96-bit random per-process prefix and
 a counter. Both are re-seeded in a forked child.
+
+It lives in ``fsm`` because it is the format of the ids the records carry,
+and both the scheduler and the server make them; ``fsm`` is the one package
+both may import. Apply itself never calls it: every id reaches the FSM inside
+an entry (the import contracts in pyproject.toml forbid the FSM's apply
+modules from importing it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""node.ids: object UUIDs and request ids without a system call per id."""
+"""fsm.ids: object UUIDs and request ids without a system call per id."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from node import ids
-from node.ids import UUIDSource, new_request_id, new_uuid
+from fsm import ids
+from fsm.ids import UUIDSource, new_request_id, new_uuid
 
 
 def test_ids_are_version_8_uuids_in_canonical_form() -> None:
