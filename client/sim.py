@@ -4,7 +4,7 @@ It talks to the cluster only as a client (RPC), like a fleet of Nomad
 clients would:
 
 - registers its nodes (``node.register``), then heartbeats all of them in
-  one ``node.heartbeat`` call every third of the TTL the leader answers with
+  one ``node.leader.heartbeat`` call every third of the TTL the leader answers with
   (re-registering any node the servers no longer know);
 - follows the change journal (``event.stream``, Allocation records) from the
   index of its registration, resuming on another server after a break and
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client.driver import DriverError, Outcome, plan_run, task_spec
-from node.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
-from node.rpc_client import AsyncRPCClient
+from node.wire.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
+from node.wire.rpc_client import AsyncRPCClient
 
 REPORT_BATCH = 200
 # Nomad's update defaults (seconds), for service groups without an update block.
@@ -214,7 +214,7 @@ class SimClient:
     async def _heartbeats(self) -> None:
         while True:
             try:
-                out = await self.rpc.call("node.heartbeat", {"node_ids": sorted(self.nodes)}, timeout=max(2.0, self.ttl / 2))
+                out = await self.rpc.call("node.leader.heartbeat", {"node_ids": sorted(self.nodes)}, timeout=max(2.0, self.ttl / 2))
                 self.stats.heartbeats += 1
                 self.ttl = float(out.get("HeartbeatTTL") or self.ttl)
                 unknown = [self.nodes[i] for i in out.get("Unknown") or [] if i in self.nodes]

@@ -7,7 +7,7 @@ jepsen_like campaign`` (``make jepsen``). Exit codes: 0 valid, 1 anomaly,
 2 inconclusive, 3 could not run.
 
 The harness is only a client of the cluster: server processes are started
-and signalled through ``node.cluster`` and spoken to over ``node.rpc_client``.
+and signalled through ``node.devcluster`` and spoken to over ``node.wire.rpc_client``.
 
 Modules:
 

@@ -51,8 +51,8 @@ from typing import Any
 
 from jepsen_like.recorder import FaultLog
 from jepsen_like.testbed import Testbed, TestbedError
-from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node.wire.errors import RPCError
+from node.wire.rpc_client import RPCClient
 
 
 @dataclass

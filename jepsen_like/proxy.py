@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from node.framing import parse_address
+from node.wire.framing import parse_address
 
 CONNECT_TIMEOUT = 2.0
 CHUNK = 256 * 1024

@@ -48,8 +48,8 @@ from jepsen_like.recorder import (
 )
 from jepsen_like.testbed import Testbed, TestbedError
 from jepsen_like.workloads import JOURNAL_FILE, WORKLOADS, Lane, RunContext, Workload
-from node import cluster as cl
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.rpc_client import RPCClient
 
 RUN_FILE = "run.json"
 CONVERGENCE_FILE = "convergence.json"

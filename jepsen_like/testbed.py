@@ -1,7 +1,7 @@
 """A real cluster for one run: server processes, their configs and the raft proxies.
 
 The harness is a client of the cluster: it starts and signals processes with
-``node.cluster`` and talks to servers over RPC; it imports nothing of the
+``node.devcluster`` and talks to servers over RPC; it imports nothing of the
 server's internals.
 
 How partitions work (per-link TCP proxies)
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from jepsen_like.proxy import LinkProxies
-from node import cluster as cl
-from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.errors import RPCError
+from node.wire.rpc_client import RPCClient
 
 
 class TestbedError(RuntimeError):

@@ -63,7 +63,7 @@ from typing import Any, Literal
 import msgpack
 
 from jepsen_like.recorder import Clock, HistoryRecorder
-from node.errors import (
+from node.wire.errors import (
     BAD_REQUEST,
     CONFLICT,
     FRAME_TOO_LARGE,
@@ -74,7 +74,7 @@ from node.errors import (
     UNKNOWN_METHOD,
     RPCError,
 )
-from node.rpc_client import RPCClient
+from node.wire.rpc_client import RPCClient
 
 Outcome = Literal["fail", "info"]
 

@@ -20,8 +20,8 @@ from typing import Any
 import click
 from tabulate import tabulate
 
-from node.errors import TOKEN_HINT, RPCError
-from node.rpc_client import DEFAULT_TIMEOUT, RPCClient
+from node.wire.errors import TOKEN_HINT, RPCError
+from node.wire.rpc_client import DEFAULT_TIMEOUT, RPCClient
 
 DEFAULT_ADDRESS = "127.0.0.1:4647"
 REFUSED_GRACE = 2.0  # seconds of nothing but refused connections before a command gives up
@@ -72,7 +72,7 @@ class _TTL(click.ParamType):
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from node.config import parse_duration
+        from node.spec.units import parse_duration
 
         if isinstance(value, int):
             return value
@@ -106,7 +106,7 @@ class CaravanGroup(click.Group):
     """Turns our errors into one line and an exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from node.cluster import ClusterError
+        from node.devcluster import ClusterError
 
         try:
             return super().invoke(ctx)
@@ -160,7 +160,7 @@ def _take_blocking() -> tuple[int, float] | None:
         fail("--index must be >= 0")
     wait = BLOCKING_DEFAULT_WAIT
     if wait_text is not None:
-        from node.config import parse_duration
+        from node.spec.units import parse_duration
 
         try:
             wait = float(wait_text) if wait_text.replace(".", "", 1).isdigit() else parse_duration(wait_text)
@@ -236,8 +236,8 @@ def main() -> None:
 @click.option("--config", "config_file", required=True, type=click.Path(dir_okay=False), help="Server TOML config.")
 def agent(config_file: str) -> None:
     """Run one server in the foreground."""
-    from node.config import ConfigError, ServerConfig
-    from node.logs import configure_logging
+    from node.core.config import ConfigError, ServerConfig
+    from node.core.logs import configure_logging
     from node.server import run_server
 
     try:
@@ -255,7 +255,7 @@ def agent(config_file: str) -> None:
               help="Simulated client nodes started beside the servers (0: none).")
 def dev(directory: str, nodes: str, clients: int) -> None:
     """Run a local cluster in the foreground; Ctrl-C stops every server."""
-    from node import cluster as cl
+    from node import devcluster as cl
 
     c = cl.up(directory, int(nodes))
     addresses = ",".join(c.rpc_addresses)
@@ -328,7 +328,7 @@ def _dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--acl", is_flag=True, help="Bootstrap ACLs and print the management token.")
 def cluster_up(directory: str, nodes: str, acl: bool) -> None:
     """Start servers in the background and wait for a leader."""
-    from node import cluster as cl
+    from node import devcluster as cl
 
     c = cl.up(directory, int(nodes))
     addresses = ",".join(c.rpc_addresses)
@@ -352,7 +352,7 @@ def cluster_up(directory: str, nodes: str, acl: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def cluster_status(directory: str, as_json: bool) -> None:
     """One row per server: role, term, applied index, health."""
-    from node import cluster as cl
+    from node import devcluster as cl
 
     c = cl.Cluster.load(directory)
     out = []
@@ -385,7 +385,7 @@ def cluster_status(directory: str, as_json: bool) -> None:
 @_dir_option
 def cluster_down(directory: str) -> None:
     """Stop every server (SIGTERM, then SIGKILL after 15 s)."""
-    from node import cluster as cl
+    from node import devcluster as cl
 
     cl.down(cl.Cluster.load(directory))
     click.echo("Stopped.")
@@ -396,7 +396,7 @@ def cluster_down(directory: str) -> None:
 @click.argument("node")
 def cluster_kill(directory: str, node: str) -> None:
     """SIGKILL one server (as a crash would)."""
-    from node import cluster as cl
+    from node import devcluster as cl
 
     c = cl.Cluster.load(directory)
     n = cl.kill(c, node)
@@ -408,7 +408,7 @@ def cluster_kill(directory: str, node: str) -> None:
 @click.argument("node")
 def cluster_restart(directory: str, node: str) -> None:
     """Start a killed server again (or restart a running one)."""
-    from node import cluster as cl
+    from node import devcluster as cl
 
     c = cl.Cluster.load(directory)
     n = cl.restart(c, node)
@@ -427,7 +427,7 @@ def _read_spec(path: str) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         fail(f"{path}: cannot read the jobspec: {reason}")
-    from node.hcl import HCLError, looks_like_hcl, parse_hcl
+    from node.spec.hcl import HCLError, looks_like_hcl, parse_hcl
 
     if looks_like_hcl(path, text):  # Nomad HCL2 (FILE.nomad.hcl): parsed here, sent as API JSON
         try:
@@ -508,7 +508,7 @@ def job_validate(spec: str) -> None:
     that passes here is refused there only by cluster state (for example
     ``--check-index``). Exit 0 when valid, 1 with the first problem otherwise.
     """
-    from node.jobspec import JobSpecError, parse_job
+    from node.spec.jobspec import JobSpecError, parse_job
 
     try:
         job, warnings = parse_job(_read_spec(spec))
@@ -904,7 +904,7 @@ def node_drain(node_id: str, enable: bool, disable: bool, deadline: str, force: 
     the deadline; system allocations stop last. At the deadline whatever is
     left moves at once. The node stays ineligible after the drain.
     """
-    from node.config import parse_duration
+    from node.spec.units import parse_duration
 
     if sum((enable, disable, monitor_only)) != 1:
         raise click.UsageError("say exactly one of --enable, --disable or --monitor")
@@ -1167,7 +1167,7 @@ def event() -> None:
 def event_stream(index: int, topics: tuple[str, ...], heartbeat: float, show_progress: bool, limit: int,
                  no_follow: bool, token: str | None, address: str) -> None:
     """Print journal batches as NDJSON, one batch per line; resumes on another server if one goes away."""
-    from node.event_client import follow, record_events
+    from node.wire.events import follow, record_events
 
     if index < 0:
         fail("--index must be >= 0 (the last index you received)")
@@ -1201,7 +1201,7 @@ def snapshot() -> None:
 @client_options
 def snapshot_save(file: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     """Save a consistent snapshot of the cluster to FILE (management token)."""
-    from node.snapshots import partial_path
+    from node.endpoints.snapshot import partial_path
     from snapshot import inspect as inspect_file
 
     c = make_ctx(address, token, as_json)
@@ -1244,7 +1244,7 @@ def snapshot_inspect(file: str, as_json: bool) -> None:
 @click.option("--keep-backup", is_flag=True, help="Keep the pre-restore data directories (local cluster).")
 def snapshot_restore(file: str, directory: str | None, config_file: str | None, keep_backup: bool) -> None:
     """Bring servers to FILE's state (servers are stopped while seeded; see node/snapshots.py)."""
-    from node import snapshots
+    from node.endpoints import snapshot as snapshots
     from snapshot import SnapshotError
 
     if (directory is None) == (config_file is None):
@@ -1256,7 +1256,7 @@ def snapshot_restore(file: str, directory: str | None, config_file: str | None, 
                 snapshots.clean_backups(out["backups"])
             click.echo(f"Restored {directory} to index {out['index']}; servers restarted")
         else:
-            from node.config import ConfigError, ServerConfig
+            from node.core.config import ConfigError, ServerConfig
 
             try:
                 config = ServerConfig.load(config_file)

@@ -26,14 +26,14 @@ Service = Callable[["Server"], Awaitable[ServiceStop]]
 
 # Modules imported for their endpoint registrations and LEADER_LOOPS.
 FEATURE_MODULES: tuple[str, ...] = (
-    "node.stream",
-    "node.gc",
-    "node.worker_endpoints",
-    "node.heartbeat",  # node.heartbeat RPC (batched client heartbeats)
-    "node.deployments",  # deployment.fail and deployment.pause RPCs (the watcher runs in node.lifecycle)
-    "node.lifecycle",  # eval broker, workers, plan applier, heartbeat TTLs, deployments; scheduler.stats
-    "node.http_api",  # the Nomad-compatible /v1 HTTP API and /v1/metrics (a service on every server)
-    "node.snapshots",  # operator.snapshot.save (streamed from the leader after a barrier)
+    "node.core.stream",
+    "node.leader.gc",
+    "node.endpoints.workers",
+    "node.leader.heartbeat",  # node.leader.heartbeat RPC (batched client heartbeats)
+    "node.leader.deployments",  # deployment.fail and deployment.pause RPCs (the watcher runs in node.leader.lifecycle)
+    "node.leader.lifecycle",  # eval broker, workers, plan applier, heartbeat TTLs, deployments; scheduler.stats
+    "node.http.service",  # the Nomad-compatible /v1 HTTP API and /v1/metrics (a service on every server)
+    "node.endpoints.snapshot",  # operator.snapshot.save (streamed from the leader after a barrier)
 )
 
 

@@ -31,11 +31,15 @@ from fsm.ids import new_uuid
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_batch, encode_entry
 from fsm.store import StateReader
-from node import acl, features
-from node.acl import Need
-from node.config import ServerConfig
-from node.endpoints import METHODS, STREAMS
-from node.errors import (
+from node import features
+from node.core import acl
+from node.core.acl import Need
+from node.core.config import ServerConfig
+from node.core.reads import read_committed
+from node.core.rpc_server import RequestContext, RPCServer
+from node.core.wakeup import CoalescedWake, wait_event
+from node.endpoints.base import METHODS, STREAMS
+from node.wire.errors import (
     BAD_REQUEST,
     NO_LEADER,
     NOT_EXECUTED,
@@ -45,10 +49,7 @@ from node.errors import (
     UNKNOWN_OUTCOME,
     RPCError,
 )
-from node.reads import read_committed
-from node.rpc_client import AsyncRPCClient
-from node.rpc_server import RequestContext, RPCServer
-from node.wakeup import CoalescedWake, wait_event
+from node.wire.rpc_client import AsyncRPCClient
 from raft import errors as raft_errors
 from raft.node import RaftNode
 

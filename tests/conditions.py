@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from node.errors import RPCError
+from node.wire.errors import RPCError
 
 # Errors that mean "not yet" while a cluster starts, elects or restarts.
 TRANSIENT: tuple[type[BaseException], ...] = (RPCError, OSError)

@@ -38,9 +38,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from node import cluster as cl
-from node.errors import RPCError
-from node.rpc_client import AsyncRPCClient, RPCClient
+from node import devcluster as cl
+from node.wire.errors import RPCError
+from node.wire.rpc_client import AsyncRPCClient, RPCClient
 from tests.bench import raft_bench
 
 

@@ -50,7 +50,7 @@ from fsm.structs import (
     Task,
     TaskGroup,
 )
-from node.gc import MARKS_PER_PLAN, OBJECTS_PER_ENTRY, Limits, reap_bodies
+from node.leader.gc import MARKS_PER_PLAN, OBJECTS_PER_ENTRY, Limits, reap_bodies
 
 T0 = 1_700_000_000 * SECOND
 
@@ -278,8 +278,8 @@ def percentile(xs: list[float], p: float) -> float:
 def bench_cluster(n: int, samples: int) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from node import cluster as cl
-    from node.rpc_client import RPCClient
+    from node import devcluster as cl
+    from node.wire.rpc_client import RPCClient
 
     directory = tempfile.mkdtemp(prefix="caravan-gc-bench-c-")
     c = cl.up(directory, 3, extra_config='\n[gc]\njob_threshold = "1h"\nbatch_eval_threshold = "1h"\n\n[scheduler]\nenabled = false\n', timeout=60)

@@ -28,8 +28,8 @@ from typing import Any
 
 import aiohttp
 
-from node import cluster as cl
-from node.rpc_client import AsyncRPCClient
+from node import devcluster as cl
+from node.wire.rpc_client import AsyncRPCClient
 
 
 def job_spec(job_id: str) -> dict[str, Any]:

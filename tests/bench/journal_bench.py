@@ -113,7 +113,7 @@ def build_store(path: str, records: int, per_batch: int) -> tuple[int, int]:
 
 
 def _count(raw: bytes) -> int:
-    from node.stream import record_count
+    from node.core.stream import record_count
 
     return record_count(raw)
 
@@ -142,8 +142,8 @@ def serve(path: str) -> None:
     """``--serve``: event.stream over an existing store (real RPC server and hub, no raft, no ACL)."""
     from fsm.journal import Retention
     from fsm.machine import FSM
-    from node.rpc_server import RPCServer
-    from node.stream import event_stream
+    from node.core.rpc_server import RPCServer
+    from node.core.stream import event_stream
 
     class Stub:
         def __init__(self, fsm: FSM) -> None:
@@ -169,8 +169,8 @@ def catch_up(path: str, expected: int) -> dict[str, dict[str, float]]:
     busier side (server process or this client), i.e. the rate with a core
     for each — the figure that survives a machine shared with other work.
     """
-    from node.event_client import follow
-    from node.rpc_client import RPCClient
+    from node.wire.events import follow
+    from node.wire.rpc_client import RPCClient
 
     proc = subprocess.Popen([sys.executable, "-m", "tests.bench.journal_bench", "--serve", path],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
@@ -229,7 +229,7 @@ def subscribe(addresses: list[str], count: int, start: int, result_file: str) ->
     batch: the bookkeeping of 100 streams x every batch in Python would
     otherwise be this process's main cost, on the servers' two CPUs.
     """
-    from node.event_client import unfold
+    from node.wire.events import unfold
 
     sel = selectors.DefaultSelector()
     socks = []
@@ -314,7 +314,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 async def pipelined_writes(leader: str, n: int, window: int, tag: str) -> tuple[float, int]:
-    from node.rpc_client import AsyncRPCClient
+    from node.wire.rpc_client import AsyncRPCClient
 
     client = AsyncRPCClient([leader], timeout=60)
     sem = asyncio.Semaphore(window)
@@ -372,8 +372,8 @@ def fanout(subscribers: int, writes: int, window: int, rounds: int, stalled: int
     of each kind are spread over the whole run and compared by median, and
     the servers' CPU per write is reported beside the write rate.
     """
-    from node import cluster as cl
-    from node.rpc_client import RPCClient
+    from node import devcluster as cl
+    from node.wire.rpc_client import RPCClient
     from tests.journal.support import read_journal
 
     directory = tempfile.mkdtemp(prefix="caravan-journal-bench-")

@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from node import cluster as cl
-from node.rpc_client import AsyncRPCClient, RPCClient
+from node import devcluster as cl
+from node.wire.rpc_client import AsyncRPCClient, RPCClient
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = 1000.0  # placements/s

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from node import cluster as cl
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.rpc_client import RPCClient
 from tests import conditions
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from node.errors import RPCError
+from node.wire.errors import RPCError
 from tests.cluster.conftest import ClusterHandle, job_spec, wait_until
 
 pytestmark = pytest.mark.cluster

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from node.cluster import alive, free_port
-from node.rpc_client import RPCClient
+from node.devcluster import alive, free_port
+from node.wire.rpc_client import RPCClient
 from tests.cluster.conftest import ClusterHandle
 from tests.conditions import wait_until
 

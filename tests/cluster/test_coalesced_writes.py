@@ -14,8 +14,8 @@ import signal
 
 import pytest
 
-from node.errors import NO_LEADER, NOT_LEADER, TIMEOUT, UNAVAILABLE, UNKNOWN_OUTCOME, RPCError
-from node.rpc_client import AsyncRPCClient
+from node.wire.errors import NO_LEADER, NOT_LEADER, TIMEOUT, UNAVAILABLE, UNKNOWN_OUTCOME, RPCError
+from node.wire.rpc_client import AsyncRPCClient
 from tests.cluster.conftest import ClusterHandle, job_spec
 
 pytestmark = pytest.mark.cluster

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from node import cluster as cl
-from node.errors import RPCError
+from node import devcluster as cl
+from node.wire.errors import RPCError
 from tests.cluster.conftest import ClusterHandle, job_spec, wait_until
 
 pytestmark = pytest.mark.cluster

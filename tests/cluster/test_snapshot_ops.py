@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsm.machine import FSM
-from node.errors import RPCError
+from node.wire.errors import RPCError
 from snapshot import restore
 from tests.cluster.conftest import ClusterHandle, job_spec
 

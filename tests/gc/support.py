@@ -28,7 +28,7 @@ from fsm.structs import (
     Task,
     TaskGroup,
 )
-from node.gc import Limits, reap_bodies
+from node.leader.gc import Limits, reap_bodies
 
 T0 = 1_700_000_000 * SECOND
 SMALL_MAP = 256 << 20

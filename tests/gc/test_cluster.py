@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from node import cluster as cl
-from node.errors import NOT_FOUND, PERMISSION_DENIED, RPCError
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.errors import NOT_FOUND, PERMISSION_DENIED, RPCError
+from node.wire.rpc_client import RPCClient
 from tests import conditions
 
 pytestmark = pytest.mark.cluster

@@ -44,7 +44,7 @@ from fsm.structs import (
     RescheduleTracker,
 )
 from fsm.structs import Deployment as DeploymentRec
-from node.gc import Limits, reap_bodies
+from node.leader.gc import Limits, reap_bodies
 from tests.gc.support import (
     GCHarness,
     alloc,

@@ -12,9 +12,9 @@ from typing import Any
 
 import requests
 
-from node import cluster as cl
-from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.errors import RPCError
+from node.wire.rpc_client import RPCClient
 from tests import conditions
 
 

@@ -1,4 +1,4 @@
-"""HCL2 jobspecs (node.hcl) against fixture files, and ``caravan job run FILE.nomad.hcl``."""
+"""HCL2 jobspecs (node.spec.hcl) against fixture files, and ``caravan job run FILE.nomad.hcl``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from node.hcl import HCLError, looks_like_hcl, parse_hcl
-from node.jobspec import parse_job
+from node.spec.hcl import HCLError, looks_like_hcl, parse_hcl
+from node.spec.jobspec import parse_job
 from tests.http.support import HTTPCluster
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -75,7 +75,7 @@ def test_every_modelled_field_and_warnings_for_the_rest() -> None:
     blocks = " ".join(parsed.warnings)
     for name, line in (("network", 47), ("service", 53), ("template", 86)):
         assert f'block "{name}" at line {line}' in blocks
-    # What node.jobspec makes of it: a valid Caravan job.
+    # What node.spec.jobspec makes of it: a valid Caravan job.
     model, warnings = parse_job(job)
     assert model.task_groups[0].count == 3 and model.task_groups[0].update.max_parallel == 1
     assert warnings == []

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.metrics import REQUEST_BUCKETS, Metrics, MetricsError
+from node.core.metrics import REQUEST_BUCKETS, Metrics, MetricsError
 from tests.http.support import ChunkedStream, HTTPCluster, job, wait_until
 
 TIMEOUT = 30

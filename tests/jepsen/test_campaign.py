@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from jepsen_like.runner import EXIT_ANOMALY, EXIT_OK
-from node.cluster import Cluster, alive
+from node.devcluster import Cluster, alive
 from tests.conditions import wait_until
 from tests.jepsen.support import short_run
 

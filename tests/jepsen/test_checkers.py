@@ -20,7 +20,7 @@ from jepsen_like.history import Event
 from jepsen_like.recorder import FAULTS_FILE, Fault, history_file
 from jepsen_like.runner import CONVERGENCE_FILE, RESULTS_FILE, RUN_FILE, check_dir
 from jepsen_like.workloads import classify, set_element, set_job_id
-from node.errors import RPCError
+from node.wire.errors import RPCError
 
 ROOT = Path(__file__).resolve().parents[2]
 

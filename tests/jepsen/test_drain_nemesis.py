@@ -10,7 +10,7 @@ import pytest
 
 from jepsen_like import nemesis
 from jepsen_like.testbed import Testbed
-from node.rpc_client import RPCClient
+from node.wire.rpc_client import RPCClient
 from tests.conditions import wait_until
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fsm.structs import DeploymentStatus, DesiredTransition
 from jepsen_like.nemesis import describe_left
-from node.nomadjson import to_nomad
+from node.spec.nomadjson import to_nomad
 from tests.lifecycle.support import alloc, job
 
 

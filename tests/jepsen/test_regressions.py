@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jepsen_like.testbed import Testbed
-from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node.wire.errors import RPCError
+from node.wire.rpc_client import RPCClient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

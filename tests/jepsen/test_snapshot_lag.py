@@ -19,7 +19,7 @@ from jepsen_like.nemesis import SnapshotLag
 from jepsen_like.runner import EXIT_ANOMALY, EXIT_OK
 from jepsen_like.testbed import Testbed
 from jepsen_like.workloads import LIFECYCLE_GC_CONFIG
-from node.config import load_config
+from node.core.config import load_config
 from tests.jepsen.support import ShortRun, short_run
 
 UNSAFE_SKIP_RESTORE = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"

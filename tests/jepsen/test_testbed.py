@@ -14,9 +14,9 @@ import pytest
 from jepsen_like.proxy import LinkProxies
 from jepsen_like.testbed import Testbed
 from jepsen_like.workloads import _job
-from node.config import load_config
-from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node.core.config import load_config
+from node.wire.errors import RPCError
+from node.wire.rpc_client import RPCClient
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -22,10 +22,10 @@ from fsm import messages as m
 from fsm.journal import Retention
 from fsm.structs import ACLToken
 from fsm.writer import full_records
-from node.errors import RPCError
-from node.event_client import decode_batch, record_events, unfold, unpack
-from node.nomadjson import to_nomad
-from node.stream import Hub, parse_args, parse_topics
+from node.core.stream import Hub, parse_args, parse_topics
+from node.spec.nomadjson import to_nomad
+from node.wire.errors import RPCError
+from node.wire.events import decode_batch, record_events, unfold, unpack
 from tests.journal.support import Harness, job, node
 
 DEADLINE = 60.0
@@ -263,14 +263,14 @@ class _AclStub:
         self.revoked = False
 
     async def authorize(self, ctx: Any, need: Any) -> None:
-        from node.acl import Need
+        from node.core.acl import Need
 
         if self.revoked or need is Need.MANAGEMENT:
             raise RPCError("permission_denied", "this call needs a management token")
 
 
 def test_acl_tokens_only_for_management_and_a_revoked_token_ends_the_stream() -> None:
-    from node.stream import event_stream
+    from node.core.stream import event_stream
 
     h = Harness()
     h.apply(m.ACLTokenUpsert(tokens=[ACLToken(accessor_id="t1", secret_hash="0" * 64, type="client", policies=["read"])]))

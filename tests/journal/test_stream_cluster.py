@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from node import cluster as cl
-from node.errors import RPCError
-from node.event_client import FollowState, follow
-from node.framing import pack_frame, recv_frame, unpack_body
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.errors import RPCError
+from node.wire.events import FollowState, follow
+from node.wire.framing import pack_frame, recv_frame, unpack_body
+from node.wire.rpc_client import RPCClient
 from tests.journal.support import read_journal, read_journal_raw
 
 DEADLINE = 60.0

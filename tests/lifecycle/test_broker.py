@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm.structs import Evaluation
-from node.broker import BlockedEvals, BrokerError, EvalBroker
+from node.leader.broker import BlockedEvals, BrokerError, EvalBroker
 
 
 class Clock:

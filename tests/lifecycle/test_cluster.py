@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from node import cluster as cl
-from node.errors import BAD_REQUEST, NOT_FOUND, RPCError
-from node.rpc_client import RPCClient
+from node import devcluster as cl
+from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
+from node.wire.rpc_client import RPCClient
 from tests.lifecycle.conftest import LIFECYCLE_CONFIG, Env, wait_until
 
 pytestmark = pytest.mark.cluster

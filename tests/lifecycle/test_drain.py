@@ -19,7 +19,7 @@ from fsm.structs import (
     Job,
     MigrateStrategy,
 )
-from node.drainer import DrainPass, Overdue, look
+from node.leader.drainer import DrainPass, Overdue, look
 from tests.fsm.support import Harness
 from tests.lifecycle.support import alloc as make_alloc
 from tests.lifecycle.support import job, live, node, register, run_eval

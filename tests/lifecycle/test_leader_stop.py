@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 from node import server as server_mod
-from node.plan_apply import PlanApplier
+from node.leader.plan_apply import PlanApplier
 
 
 class _StuckServer:

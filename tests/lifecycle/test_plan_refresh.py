@@ -15,9 +15,9 @@ import structlog
 
 from fsm import messages as m
 from fsm.structs import Evaluation
-from node.broker import BlockedEvals, EvalBroker
-from node.plan_apply import PlanApplier
-from node.workers import Worker, WorkerStats
+from node.leader.broker import BlockedEvals, EvalBroker
+from node.leader.plan_apply import PlanApplier
+from node.leader.workers import Worker, WorkerStats
 from tests.fsm.support import Harness
 from tests.lifecycle.support import job, node
 

@@ -25,7 +25,7 @@ from fsm.structs import (
     TaskState,
     UpdateStrategy,
 )
-from node.heartbeat import eval_chunks
+from node.leader.heartbeat import eval_chunks
 from scheduler import feasibility as fz
 from scheduler import reschedule as rs
 from scheduler.feasibility import PlacementContext, ask_for, constraint_met
@@ -488,7 +488,7 @@ def test_a_system_group_with_count_0_is_switched_off() -> None:
 def test_an_alloc_ending_asks_for_an_eval_only_where_nomad_would() -> None:
     """A failed system alloc is left failed (system groups have no reschedule policy, so Nomad's
     UpdateAlloc makes no eval); a completed batch alloc needs none; a stopped job needs none."""
-    from node.lifecycle import TRIGGER_ALLOC_FAILURE, TRIGGER_ALLOC_STOP, _evaluates
+    from node.leader.lifecycle import TRIGGER_ALLOC_FAILURE, TRIGGER_ALLOC_STOP, _evaluates
 
     assert _evaluates(job(type="service"), TRIGGER_ALLOC_FAILURE)
     assert _evaluates(job(type="batch"), TRIGGER_ALLOC_FAILURE)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from client.sim import SimClient, SimConfig, SimError
-from node.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
+from node.wire.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
 from tests.conditions import wait_until_async
 
 JOB = {"ID": "j", "Type": "service", "Version": 0,
@@ -34,7 +34,7 @@ class ScriptedServer:
     async def call(self, method: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         if method == "node.register":
             return {"Index": 3}
-        if method == "node.heartbeat":
+        if method == "node.leader.heartbeat":
             return {"HeartbeatTTL": 10.0}
         if method == "job.get":
             return {"data": self.job}

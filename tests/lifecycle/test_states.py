@@ -25,8 +25,8 @@ from fsm.structs import (
     TaskState,
     UpdateStrategy,
 )
-from node.deployments import DeploymentError, decide, fail_by_user, pause_or_resume
-from node.plan_apply import check_plan, claims_of
+from node.leader.deployments import DeploymentError, decide, fail_by_user, pause_or_resume
+from node.leader.plan_apply import check_plan, claims_of
 from scheduler.generic import schedule
 from scheduler.plan import approx_size, to_entries
 from scheduler.state import load_snapshot

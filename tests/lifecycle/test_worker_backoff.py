@@ -19,10 +19,10 @@ from structlog.testing import capture_logs
 
 from fsm import messages as m
 from fsm.structs import Evaluation
-from node.broker import BlockedEvals, EvalBroker
-from node.errors import RPCError
-from node.plan_apply import PlanApplier
-from node.workers import BACKOFF_FIRST, BACKOFF_MAX, Worker, WorkerStats
+from node.leader.broker import BlockedEvals, EvalBroker
+from node.leader.plan_apply import PlanApplier
+from node.leader.workers import BACKOFF_FIRST, BACKOFF_MAX, Worker, WorkerStats
+from node.wire.errors import RPCError
 from tests.conditions import wait_until_async
 from tests.fsm.support import Harness
 from tests.lifecycle.support import job, node

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from node import cluster as cl
+from node import devcluster as cl
 
 
 def _addresses(c: cl.Cluster) -> list[str]:

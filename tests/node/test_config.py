@@ -9,17 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import node.config as config_module
+import node.core.config as config_module
 from fsm.journal import Retention
-from node.config import (
+from node.core.config import (
     ConfigError,
     GCConfig,
     ServerConfig,
     ServerEntry,
     load_config,
-    parse_duration,
-    parse_size,
 )
+from node.spec.units import parse_duration, parse_size
 
 PASSWORD = "0123456789abcdef0123"
 

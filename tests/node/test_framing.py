@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.errors import FRAME_TOO_LARGE, RPCError
-from node.framing import (
+from node.wire.errors import FRAME_TOO_LARGE, RPCError
+from node.wire.framing import (
     HEADER,
     FrameBuffer,
     SharedItem,

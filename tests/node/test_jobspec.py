@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node import jobspec
-from node.hcl import parse_hcl
-from node.jobspec import JobSpecError, parse_job
+from node.spec import jobspec
+from node.spec.hcl import parse_hcl
+from node.spec.jobspec import JobSpecError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 

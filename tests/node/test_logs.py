@@ -14,8 +14,8 @@ import pytest
 import structlog
 
 from fsm.record import Record
-from node.config import ServerConfig
-from node.logs import (
+from node.core.config import ServerConfig
+from node.core.logs import (
     REDACTED,
     LogSettings,
     SecretRedactor,

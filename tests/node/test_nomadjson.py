@@ -8,8 +8,8 @@ from hypothesis import given, settings
 
 from fsm import codec
 from fsm.structs import Deployment, DeploymentState, Evaluation, Job
-from node.jobspec import parse_job
-from node.nomadjson import DATA_MAPS, pascal, to_nomad
+from node.spec.jobspec import parse_job
+from node.spec.nomadjson import DATA_MAPS, pascal, to_nomad
 from tests.fsm.test_fsm_properties import eval_specs, job_specs
 
 

@@ -11,14 +11,14 @@ import pytest
 
 from fsm import messages as m
 from fsm.machine import FSM
-from node.acl import Need
-from node.config import ServerConfig
-from node.endpoints import PREFIX_MATCH_LIMIT, by_prefix
-from node.errors import BAD_REQUEST, UNAVAILABLE, RPCError
-from node.reads import read_committed
-from node.rpc_server import RequestContext
+from node.core.acl import Need
+from node.core.config import ServerConfig
+from node.core.reads import read_committed
+from node.core.rpc_server import RequestContext
+from node.core.stream import Hub
+from node.endpoints.base import PREFIX_MATCH_LIMIT, by_prefix
 from node.server import Server
-from node.stream import Hub
+from node.wire.errors import BAD_REQUEST, UNAVAILABLE, RPCError
 from tests.fsm.support import Harness
 from tests.lifecycle.support import node
 

@@ -17,9 +17,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from node.errors import RPCError
-from node.framing import ConnectionLost, format_address, read_frame
-from node.rpc_client import AsyncRPCClient
+from node.wire.errors import RPCError
+from node.wire.framing import ConnectionLost, format_address, read_frame
+from node.wire.rpc_client import AsyncRPCClient
 
 WAIT = 5.0
 

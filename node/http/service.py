@@ -23,7 +23,7 @@ Translation rules (Nomad's):
   ``namespace`` and ``region`` are accepted and ignored (one of each).
 * Tokens come in ``X-Nomad-Token`` (or ``Authorization: Bearer``).
 
-The routes themselves are in ``node.http_routes``. The server starts this
+The routes themselves are in ``node.http.routes``. The server starts this
 module as a feature service (``SERVICES``) on ``http_addr`` (default
 ``<rpc host>:4646``; the default is skipped with a warning if the port is
 taken, an explicit address that cannot be bound stops the server).
@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from fsm.ids import new_request_id
-from node.errors import (
+from node.core.metrics import METRICS
+from node.core.rpc_server import RequestContext
+from node.wire.errors import (
     BAD_REQUEST,
     CONFLICT,
     FRAME_TOO_LARGE,
@@ -60,9 +62,7 @@ from node.errors import (
     UNKNOWN_OUTCOME,
     RPCError,
 )
-from node.framing import format_address, parse_address
-from node.metrics import METRICS
-from node.rpc_server import RequestContext
+from node.wire.framing import format_address, parse_address
 
 if TYPE_CHECKING:
     from node.server import Server
@@ -144,7 +144,7 @@ def query_int(request: web.Request, name: str, default: int | None = None) -> in
 
 def query_duration(request: web.Request, name: str) -> float | None:
     """A Go duration ("5s", "2m"); a bare number is taken as seconds."""
-    from node.config import parse_duration
+    from node.spec.units import parse_duration
 
     value = request.query.get(name, "")
     if value == "":
@@ -284,7 +284,7 @@ class HTTPAPI:
 
     # -- lifecycle -------------------------------------------------------------------------
     def build_app(self) -> web.Application:
-        from node import http_routes
+        from node.http import routes as http_routes
 
         app = web.Application(middlewares=[self._middleware], client_max_size=self.max_body)
         app[API_KEY] = self

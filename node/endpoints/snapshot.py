@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsm.store import StateStore
-from node.acl import Need
-from node.endpoints import stream_method
-from node.errors import NOT_LEADER, RPCError
-from node.rpc_server import RequestContext
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.endpoints.base import stream_method
+from node.wire.errors import NOT_LEADER, RPCError
 from snapshot import SnapshotError, inspect, restore
 from snapshot.format import RaftData
 from snapshot.writer import write_file, write_stream
@@ -166,7 +166,7 @@ def restore_local_cluster(snapshot_path: str, directory: str, timeout: float = 6
     Old data is moved aside first and moved back if seeding or start-up fails,
     so a failed restore leaves the previous state in place.
     """
-    from node import cluster as cl
+    from node import devcluster as cl
 
     info = inspect(snapshot_path)  # refuse a bad file before touching anything
     c = cl.Cluster.load(directory)

@@ -88,7 +88,8 @@ from pathlib import Path
 from typing import Any
 
 from fsm.journal import Retention
-from node.framing import DEFAULT_MAX_FRAME, format_address, parse_address
+from node.spec.units import parse_duration, parse_size
+from node.wire.framing import DEFAULT_MAX_FRAME, format_address, parse_address
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_HTTP_PORT = 4646  # Nomad's HTTP port, so Nomad clients find the API without settings
@@ -101,81 +102,6 @@ class ConfigError(ValueError):
 
     def __str__(self) -> str:
         return f"config error: {self.args[0]}"
-
-
-# ---- value parsers -------------------------------------------------------------
-
-_DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "\u00b5s": 1e-6,  # micro sign, as Go accepts
-    "\u03bcs": 1e-6,  # Greek mu
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)([a-zµμ]+)")
-
-
-def parse_duration(text: str) -> float:
-    """Parse a Go duration ("250ms", "5m", "1h30m", "1.5h", "-2s") into seconds.
-
-    Go's grammar, because operators copy these values from Nomad configs:
-    an optional sign, then one or more number+unit pairs; "0" alone needs no
-    unit. Raises ValueError with the reason.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f'expected a duration string like "5m", got {text!r}')
-    rest = text
-    sign = 1.0
-    if rest[:1] in ("+", "-"):
-        sign = -1.0 if rest[0] == "-" else 1.0
-        rest = rest[1:]
-    if rest == "0":
-        return 0.0
-    if not rest:
-        raise ValueError(f'invalid duration {text!r}: expected a number and a unit, like "5m"')
-    total = 0.0
-    pos = 0
-    while pos < len(rest):
-        match = _DURATION_PART.match(rest, pos)
-        if match is None:
-            raise ValueError(f'invalid duration {text!r}: expected number+unit pairs like "1h30m"')
-        number, unit = match.groups()
-        if unit not in _DURATION_UNITS:
-            units = ", ".join(u for u in _DURATION_UNITS if u.isascii())
-            raise ValueError(f"invalid duration {text!r}: unknown unit {unit!r} (use {units})")
-        total += float(number) * _DURATION_UNITS[unit]
-        pos = match.end()
-    return sign * total
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes from an integer or a string like "48KiB", "4MiB", "1GB". Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(f'expected a size like "4MiB" or a number of bytes, got {value!r}')
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match:
-            return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
-    raise ValueError(f'expected a size like "4MiB" or a number of bytes, got {value!r}')
 
 
 # ---- records -------------------------------------------------------------------

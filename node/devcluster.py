@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.errors import RPCError
-from node.rpc_client import RPCClient
+from node.wire.errors import RPCError
+from node.wire.rpc_client import RPCClient
 
 CLUSTER_FILE = "cluster.json"
 

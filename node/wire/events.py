@@ -9,7 +9,7 @@ resumed is raised: ``reset_required`` (the index fell out of the retention
 window), bad arguments, permission errors, or ``unavailable`` once no server
 has answered for ``give_up_after`` seconds.
 
-Clients import this module, never the server side (``node.stream``).
+Clients import this module, never the server side (``node.core.stream``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 import msgpack
 
 from fsm.writer import full_records
-from node.errors import UNAVAILABLE, RPCError
-from node.nomadjson import to_nomad
-from node.rpc_client import BACKOFF_MAX, RPCClient
+from node.spec.nomadjson import to_nomad
+from node.wire.errors import UNAVAILABLE, RPCError
+from node.wire.rpc_client import BACKOFF_MAX, RPCClient
 
 GROUP = 256  # batches per frame when several are ready (the server's "group")
 

@@ -21,7 +21,7 @@ from fsm.errors import ApplyRejected, CodecError
 from fsm.record import copy_record, fields, is_record
 from fsm.structs import HOUR, SECOND, Job, MigrateStrategy, ReschedulePolicy, UpdateStrategy
 from fsm.validate import check_job
-from node.nomadjson import DATA_MAPS, from_nomad, pascal, snake
+from node.spec.nomadjson import DATA_MAPS, from_nomad, pascal, snake
 
 
 class JobSpecError(ValueError):

@@ -37,7 +37,7 @@ from fsm.record import Record
 from fsm.record import fields as record_fields
 
 if TYPE_CHECKING:
-    from node.config import ServerConfig
+    from node.core.config import ServerConfig
 
 REDACTED = "<redacted>"
 # Keys are compared lowercased with separators removed, so "secretID",

@@ -1,4 +1,4 @@
-"""Node heartbeats: TTLs on the leader, ``node.heartbeat`` for clients, node evals.
+"""Node heartbeats: TTLs on the leader, ``node.leader.heartbeat`` for clients, node evals.
 
 Clients heartbeat each of their nodes within ``heartbeat_ttl`` (the answer
 tells them the TTL). The leader remembers the last heartbeat per node in
@@ -24,13 +24,13 @@ from fsm import messages as m
 from fsm.ids import new_uuid
 from fsm.store import StateReader
 from fsm.structs import EVAL_PENDING, NODE_DOWN, NODE_READY, Evaluation, Job
-from node.acl import Need
-from node.endpoints import method
-from node.errors import BAD_REQUEST, RPCError
-from node.rpc_server import RequestContext
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.endpoints.base import method
+from node.wire.errors import BAD_REQUEST, RPCError
 
 if TYPE_CHECKING:
-    from node.lifecycle import Lifecycle
+    from node.leader.lifecycle import Lifecycle
     from node.server import Server
 
 TRIGGER_NODE_UPDATE = "node-update"
@@ -153,7 +153,7 @@ class HeartbeatMonitor:
             self.marking.discard(node_id)
 
 
-@method("node.heartbeat")
+@method("node.leader.heartbeat")
 async def node_heartbeat(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Heartbeat many nodes at once: {node_ids: [...]} -> {HeartbeatTTL, Unknown, Index}.
 

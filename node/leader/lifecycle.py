@@ -2,10 +2,10 @@
 
 ``lifecycle_loop`` (a leader loop) builds a ``Lifecycle`` when this server
 wins leadership and drops it when leadership is lost: the eval broker and
-the blocked-evals tracker (``node.broker``), the plan applier
-(``node.plan_apply``), the scheduler workers (``node.workers``), the
-heartbeat monitor (``node.heartbeat``) and the deployment watcher
-(``node.deployments``).
+the blocked-evals tracker (``node.leader.broker``), the plan applier
+(``node.leader.plan_apply``), the scheduler workers (``node.leader.workers``), the
+heartbeat monitor (``node.leader.heartbeat``) and the deployment watcher
+(``node.leader.deployments``).
 
 The broker learns of evaluations by following the change journal with a
 ``fsm.cursor.Cursor`` — the same way caches do — rather than from the
@@ -23,7 +23,7 @@ replayed before this one took over) reaches it the same way:
   an alloc or node change that frees or adds capacity unblocks blocked
   evals; a failed alloc (or a finished service alloc) gets an eval for its
   job; a node that went down gets evals for the jobs on it (the drainer,
-  ``node.drainer``, makes a drain's as it marks allocs to move),
+  ``node.leader.drainer``, makes a drain's as it marks allocs to move),
   a node that became usable gets evals for system jobs — each only if the
   job has no eval queued already (one that has not started will see the
   change anyway).
@@ -65,23 +65,23 @@ from fsm.structs import (
     Job,
 )
 from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
-from node.acl import Need
-from node.broker import BlockedEvals, EvalBroker
-from node.deployments import DeploymentWatcher
-from node.drainer import Drainer
-from node.endpoints import method
-from node.errors import RPCError
-from node.heartbeat import (
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.core.wakeup import wait_event
+from node.endpoints.base import method
+from node.leader.broker import BlockedEvals, EvalBroker
+from node.leader.deployments import DeploymentWatcher
+from node.leader.drainer import Drainer
+from node.leader.heartbeat import (
     HeartbeatMonitor,
     eval_chunks,
     job_eval,
     node_down_evals,
     node_up_evals,
 )
-from node.plan_apply import PlanApplier
-from node.rpc_server import RequestContext
-from node.wakeup import wait_event
-from node.workers import Worker, WorkerStats
+from node.leader.plan_apply import PlanApplier
+from node.leader.workers import Worker, WorkerStats
+from node.wire.errors import RPCError
 
 if TYPE_CHECKING:
     from node.server import Server

@@ -19,7 +19,7 @@ from typing import Any
 
 from fsm import codec
 from fsm.errors import CodecError
-from node.errors import FRAME_TOO_LARGE, MALFORMED, RPCError
+from node.wire.errors import FRAME_TOO_LARGE, MALFORMED, RPCError
 
 DEFAULT_MAX_FRAME = 4 * 1024 * 1024
 HEADER = struct.Struct(">I")

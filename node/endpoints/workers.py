@@ -19,11 +19,11 @@ from fsm.errors import ApplyRejected, CodecError
 from fsm.store import StateReader
 from fsm.structs import Evaluation
 from fsm.validate import check_alloc, check_eval
-from node.acl import Need
-from node.endpoints import method
-from node.errors import BAD_REQUEST, RPCError
-from node.nomadjson import from_nomad
-from node.rpc_server import RequestContext
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.endpoints.base import method
+from node.spec.nomadjson import from_nomad
+from node.wire.errors import BAD_REQUEST, RPCError
 
 if TYPE_CHECKING:
     from node.server import Server

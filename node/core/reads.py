@@ -9,7 +9,7 @@ import lmdb
 
 from fsm.machine import FSM
 from fsm.store import StateReader
-from node.errors import UNAVAILABLE, RPCError
+from node.wire.errors import UNAVAILABLE, RPCError
 
 
 def read_committed(fsm: FSM, fn: Callable[[StateReader], Any]) -> Any:

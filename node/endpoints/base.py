@@ -33,11 +33,11 @@ from fsm.structs import (
     Job,
     Node,
 )
-from node.acl import POLICIES, Need, hash_secret, new_secret
-from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, TOKEN_HINT, RPCError
-from node.jobspec import JobSpecError, parse_job
-from node.nomadjson import from_nomad, to_nomad
-from node.rpc_server import RequestContext
+from node.core.acl import POLICIES, Need, hash_secret, new_secret
+from node.core.rpc_server import RequestContext
+from node.spec.jobspec import JobSpecError, parse_job
+from node.spec.nomadjson import from_nomad, to_nomad
+from node.wire.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, TOKEN_HINT, RPCError
 
 if TYPE_CHECKING:
     from node.server import Server

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsm.structs import EVAL_BLOCKED, Evaluation
-from node.wakeup import wait_event
+from node.core.wakeup import wait_event
 
 MAX_EXPECTED = 10_000
 Clock = Callable[[], float]  # monotonic seconds

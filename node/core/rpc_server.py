@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from node.errors import (
+from node.wire.errors import (
     BAD_REQUEST,
     FRAME_TOO_LARGE,
     INTERNAL,
@@ -45,7 +45,7 @@ from node.errors import (
     UNKNOWN_METHOD,
     RPCError,
 )
-from node.framing import (
+from node.wire.framing import (
     DEFAULT_MAX_FRAME,
     ConnectionLost,
     FrameBuffer,

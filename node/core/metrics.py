@@ -179,7 +179,9 @@ def _raft_gauges(server: Server) -> Iterator[Metric]:
 
 
 def _journal_gauges(server: Server) -> Iterator[Metric]:
-    from node import stream  # imported late: node.stream imports the server's endpoint table
+    from node.core import (
+        stream,  # imported late: node.core.stream imports the server's endpoint table
+    )
 
     hub = stream._HUBS.get(server)  # noqa: SLF001 - read-only peek; never create a hub to scrape it
     applied = server.fsm.applied_index
@@ -205,11 +207,11 @@ def _journal_gauges(server: Server) -> Iterator[Metric]:
 
 
 def _broker_gauges(server: Server) -> Iterator[Metric]:
-    """The leader's eval broker (node.lifecycle); zeros on a follower or before it starts."""
+    """The leader's eval broker (node.leader.lifecycle); zeros on a follower or before it starts."""
     counts: dict[str, int] = {}
     blocked = 0
     with contextlib.suppress(Exception):  # the lifecycle module is optional
-        from node import lifecycle
+        from node.leader import lifecycle
 
         lc = lifecycle.current(server)
         if lc is not None:

@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 from fsm.caches import NodeUsageCache
 from fsm.store import StateReader
 from fsm.structs import EVAL_TERMINAL, Evaluation
-from node.broker import BrokerError, EvalBroker
-from node.errors import NO_LEADER, NOT_LEADER, RPCError
-from node.plan_apply import PlanApplier, PlanResult
+from node.leader.broker import BrokerError, EvalBroker
+from node.leader.plan_apply import PlanApplier, PlanResult
+from node.wire.errors import NO_LEADER, NOT_LEADER, RPCError
 from scheduler.errors import SchedulerError
 from scheduler.generic import schedule
 from scheduler.plan import Plan
 from scheduler.state import load_snapshot
 
 if TYPE_CHECKING:
-    from node.broker import BlockedEvals
+    from node.leader.broker import BlockedEvals
     from node.server import Server
 
 MAX_ATTEMPTS = 5

@@ -48,12 +48,12 @@ from fsm.messages import encode_entry
 from fsm.store import StateReader
 from fsm.structs import SECOND
 from fsm.writer import GC_DEPLOYMENT, GC_EVAL, GC_JOB, GC_KINDS, GC_NODE, GC_TOKEN
-from node import metrics
-from node.acl import Need
-from node.config import GCConfig
-from node.endpoints import method
-from node.errors import BAD_REQUEST, INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
-from node.rpc_server import RequestContext
+from node.core import metrics
+from node.core.acl import Need
+from node.core.config import GCConfig
+from node.core.rpc_server import RequestContext
+from node.endpoints.base import method
+from node.wire.errors import BAD_REQUEST, INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
 from raft.node import encoded_entry_size
 
 if TYPE_CHECKING:

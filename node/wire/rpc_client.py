@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsm.ids import new_request_id
-from node.errors import (
+from node.wire.errors import (
     BAD_REQUEST,
     INTERNAL,
     NO_LEADER,
@@ -43,7 +43,7 @@ from node.errors import (
     UNKNOWN_OUTCOME,
     RPCError,
 )
-from node.framing import (
+from node.wire.framing import (
     DEFAULT_MAX_FRAME,
     HEADER,
     ConnectionLost,

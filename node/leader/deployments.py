@@ -50,16 +50,16 @@ from fsm.structs import (
     Evaluation,
     Job,
 )
-from node.acl import Need
-from node.endpoints import by_prefix, id_arg, method
-from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
-from node.heartbeat import job_eval
-from node.rpc_server import RequestContext
-from node.wakeup import wait_event
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.core.wakeup import wait_event
+from node.endpoints.base import by_prefix, id_arg, method
+from node.leader.heartbeat import job_eval
+from node.wire.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
 from scheduler import reschedule
 
 if TYPE_CHECKING:
-    from node.lifecycle import Lifecycle
+    from node.leader.lifecycle import Lifecycle
     from node.server import Server
 
 TRIGGER_DEPLOYMENT = "deployment-watcher"

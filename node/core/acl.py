@@ -16,7 +16,7 @@ from typing import Any
 
 from fsm.store import StateReader
 from fsm.structs import TOKEN_MANAGEMENT, ACLToken
-from node.errors import PERMISSION_DENIED, TOKEN_HINT, RPCError
+from node.wire.errors import PERMISSION_DENIED, TOKEN_HINT, RPCError
 
 POLICY_READ, POLICY_WRITE = "read", "write"
 POLICIES = (POLICY_READ, POLICY_WRITE)

@@ -48,15 +48,15 @@ from fsm.structs import (
     MigrateStrategy,
     Node,
 )
-from node.acl import Need
-from node.endpoints import by_prefix, id_arg, method
-from node.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
-from node.heartbeat import TRIGGER_NODE_DRAIN, job_eval
-from node.rpc_server import RequestContext
-from node.wakeup import wait_event
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.core.wakeup import wait_event
+from node.endpoints.base import by_prefix, id_arg, method
+from node.leader.heartbeat import TRIGGER_NODE_DRAIN, job_eval
+from node.wire.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
 
 if TYPE_CHECKING:
-    from node.lifecycle import Lifecycle
+    from node.leader.lifecycle import Lifecycle
     from node.server import Server
 
 WATCH_INTERVAL = 1.0  # seconds between passes while a node drains (state changes wake it sooner)

@@ -1,4 +1,4 @@
-"""Nomad HCL2 jobspecs, turned into the API job JSON that ``node.jobspec`` parses.
+"""Nomad HCL2 jobspecs, turned into the API job JSON that ``node.spec.jobspec`` parses.
 
 ``caravan job run FILE.nomad.hcl`` and ``POST /v1/jobs/parse`` accept the
 HCL users already write for Nomad. The text is parsed with python-hcl2 (an
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.config import parse_duration
+from node.spec.units import parse_duration
 
 NS_PER_SECOND = 1_000_000_000
 BLOCK_MARK = "__is_block__"
@@ -602,8 +602,8 @@ class _Converter:
 
 
 def _reschedule_defaults(job_type: str) -> dict[str, Any]:
-    from node.jobspec import default_reschedule
-    from node.nomadjson import to_nomad
+    from node.spec.jobspec import default_reschedule
+    from node.spec.nomadjson import to_nomad
 
     return to_nomad(default_reschedule(job_type))
 

@@ -108,13 +108,13 @@ from fsm.writer import (
     TOPIC_TOKEN,
     full_records,
 )
-from node.acl import Need
-from node.endpoints import stream_method
-from node.errors import BAD_REQUEST, PERMISSION_DENIED, UNAVAILABLE, RPCError
-from node.framing import SharedItem
-from node.reads import read_committed
-from node.rpc_server import RequestContext
-from node.wakeup import CoalescedWake
+from node.core.acl import Need
+from node.core.reads import read_committed
+from node.core.rpc_server import RequestContext
+from node.core.wakeup import CoalescedWake
+from node.endpoints.base import stream_method
+from node.wire.errors import BAD_REQUEST, PERMISSION_DENIED, UNAVAILABLE, RPCError
+from node.wire.framing import SharedItem
 
 if TYPE_CHECKING:
     from node.server import Server

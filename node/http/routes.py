@@ -1,7 +1,7 @@
 """The ``/v1`` routes: each one translates a Nomad HTTP request into the RPC that serves it.
 
 Nothing here decides anything about state: arguments are mapped onto an RPC
-method's arguments (``node.endpoints`` and the feature modules), and the
+method's arguments (``node.endpoints.base`` and the feature modules), and the
 RPC's answer is shaped the way Nomad's HTTP API shapes it (list stubs,
 ``null`` for a job's missing latest deployment, RFC 3339 times on ACL
 tokens, ``Periodic: null`` for a non-periodic job). Routes whose RPC is not
@@ -21,8 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
-from node.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
-from node.http_api import (
+from node.core.metrics import METRICS, PROMETHEUS_CONTENT_TYPE
+from node.http.service import (
     API_KEY,
     HTTPAPI,
     HTTPError,
@@ -34,8 +34,8 @@ from node.http_api import (
     query_int,
     read_args,
 )
-from node.metrics import METRICS, PROMETHEUS_CONTENT_TYPE
-from node.nomadjson import to_nomad
+from node.spec.nomadjson import to_nomad
+from node.wire.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
 
 # RPC methods that other engineers add; tried in order (the first registered wins).
 SNAPSHOT_SAVE_METHODS = ("operator.snapshot.save", "snapshot.save")
@@ -245,8 +245,8 @@ async def job_versions(request: web.Request) -> web.Response:
 
 async def jobs_parse(request: web.Request) -> web.Response:
     """HCL -> API job JSON (Nomad's ``POST /v1/jobs/parse``); parsing runs on this server, no state read."""
-    from node.hcl import HCLError, parse_hcl
-    from node.jobspec import JobSpecError, parse_job
+    from node.spec.hcl import HCLError, parse_hcl
+    from node.spec.jobspec import JobSpecError, parse_job
 
     body = await json_body(request)
     if not isinstance(body, dict) or not isinstance(body.get("JobHCL"), str):
@@ -450,7 +450,7 @@ async def acl_tokens(request: web.Request) -> web.Response:
 
 def _ttl_seconds(body: dict[str, Any]) -> int:
     """Seconds until expiry from Nomad's ExpirationTTL (ns or a duration string) or ExpirationTime."""
-    from node.config import parse_duration
+    from node.spec.units import parse_duration
 
     ttl = body.get("ExpirationTTL")
     if ttl not in (None, 0, ""):
