@@ -4,7 +4,7 @@ It talks to the cluster only as a client (RPC), like a fleet of Nomad
 clients would:
 
 - registers its nodes (``node.register``), then heartbeats all of them in
-  one ``node.leader.heartbeat`` call every third of the TTL the leader answers with
+  one ``node.heartbeat`` call every third of the TTL the leader answers with
   (re-registering any node the servers no longer know);
 - follows the change journal (``event.stream``, Allocation records) from the
   index of its registration, resuming on another server after a break and
@@ -214,7 +214,7 @@ class SimClient:
     async def _heartbeats(self) -> None:
         while True:
             try:
-                out = await self.rpc.call("node.leader.heartbeat", {"node_ids": sorted(self.nodes)}, timeout=max(2.0, self.ttl / 2))
+                out = await self.rpc.call("node.heartbeat", {"node_ids": sorted(self.nodes)}, timeout=max(2.0, self.ttl / 2))
                 self.stats.heartbeats += 1
                 self.ttl = float(out.get("HeartbeatTTL") or self.ttl)
                 unknown = [self.nodes[i] for i in out.get("Unknown") or [] if i in self.nodes]

@@ -29,7 +29,7 @@ FEATURE_MODULES: tuple[str, ...] = (
     "node.core.stream",
     "node.leader.gc",
     "node.endpoints.workers",
-    "node.leader.heartbeat",  # node.leader.heartbeat RPC (batched client heartbeats)
+    "node.leader.heartbeat",  # node.heartbeat RPC (batched client heartbeats)
     "node.leader.deployments",  # deployment.fail and deployment.pause RPCs (the watcher runs in node.leader.lifecycle)
     "node.leader.lifecycle",  # eval broker, workers, plan applier, heartbeat TTLs, deployments; scheduler.stats
     "node.http.service",  # the Nomad-compatible /v1 HTTP API and /v1/metrics (a service on every server)

@@ -1,4 +1,4 @@
-"""Node heartbeats: TTLs on the leader, ``node.leader.heartbeat`` for clients, node evals.
+"""Node heartbeats: TTLs on the leader, ``node.heartbeat`` for clients, node evals.
 
 Clients heartbeat each of their nodes within ``heartbeat_ttl`` (the answer
 tells them the TTL). The leader remembers the last heartbeat per node in
@@ -153,7 +153,7 @@ class HeartbeatMonitor:
             self.marking.discard(node_id)
 
 
-@method("node.leader.heartbeat")
+@method("node.heartbeat")
 async def node_heartbeat(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Heartbeat many nodes at once: {node_ids: [...]} -> {HeartbeatTTL, Unknown, Index}.
 

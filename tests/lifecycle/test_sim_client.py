@@ -34,7 +34,7 @@ class ScriptedServer:
     async def call(self, method: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         if method == "node.register":
             return {"Index": 3}
-        if method == "node.leader.heartbeat":
+        if method == "node.heartbeat":
             return {"HeartbeatTTL": 10.0}
         if method == "job.get":
             return {"data": self.job}

@@ -306,7 +306,7 @@ def test_snapshot_hooks_see_a_committed_store_and_restore_on_restart(
     assert seen[0][0] is False, "serializer ran with uncommitted applied entries"
     assert seen[0][1] >= 20
     wait_for(lambda: node.status()["first_log_index"] > 1, 10, "the journal to be compacted")
-    cfg = node.core.config
+    cfg = node.config
     node.destroy()
     again = RaftNode(cfg, PendingTarget())
     try:
