@@ -20,7 +20,6 @@ are copies; the cache is safe to share between threads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fsm import codec
@@ -37,20 +36,15 @@ def _claims(alloc: dict[str, Any]) -> bool:
     return alloc.get("desired_status") not in _SERVER_TERMINAL and alloc.get("client_status") not in CLIENT_TERMINAL
 
 
-@dataclass
-class _Claim:
-    node_id: str
-    cpu: int
-    memory_mb: int
-    disk_mb: int
-
-
-@dataclass
 class _NodeTotal:
-    cpu: int = 0
-    memory_mb: int = 0
-    disk_mb: int = 0
-    allocs: int = 0
+    """A node's running sum: a ``Resources`` changed in place (its own add and
+    subtract, no new record per allocation) and how many allocations it holds."""
+
+    __slots__ = ("used", "allocs")
+
+    def __init__(self) -> None:
+        self.used = Resources.zero()
+        self.allocs = 0
 
 
 class NodeUsageCache:
@@ -64,7 +58,7 @@ class NodeUsageCache:
     TOPICS = frozenset({TOPIC_ALLOC})
 
     def __init__(self) -> None:
-        self._claims: dict[str, _Claim] = {}
+        self._claims: dict[str, tuple[str, Resources]] = {}  # alloc id -> (node id, its claim)
         self._nodes: dict[str, _NodeTotal] = {}
         self.cursor = Cursor(self, self.TOPICS)
 
@@ -78,9 +72,7 @@ class NodeUsageCache:
         """Resources claimed on ``node_id`` by its non-terminal allocations (zero if none)."""
         with self.cursor.lock:
             total = self._nodes.get(node_id)
-            if total is None:
-                return Resources(cpu=0, memory_mb=0, disk_mb=0)
-            return Resources(cpu=total.cpu, memory_mb=total.memory_mb, disk_mb=total.disk_mb)
+            return Resources.zero() if total is None else total.used.copy()
 
     def alloc_count(self, node_id: str) -> int:
         """Number of non-terminal allocations on ``node_id``."""
@@ -91,17 +83,14 @@ class NodeUsageCache:
     def usages(self) -> dict[str, Resources]:
         """Every node with at least one non-terminal allocation, with its usage."""
         with self.cursor.lock:
-            return {
-                node_id: Resources(cpu=t.cpu, memory_mb=t.memory_mb, disk_mb=t.disk_mb)
-                for node_id, t in sorted(self._nodes.items())
-            }
+            return {node_id: t.used.copy() for node_id, t in sorted(self._nodes.items())}
 
     def dump(self) -> dict[str, Any]:
         """The whole cache as plain data (tests compare it with a rebuild)."""
         with self.cursor.lock:
             return {
-                "nodes": {n: (t.cpu, t.memory_mb, t.disk_mb, t.allocs) for n, t in sorted(self._nodes.items())},
-                "claims": {a: (c.node_id, c.cpu, c.memory_mb, c.disk_mb) for a, c in sorted(self._claims.items())},
+                "nodes": {n: (*_dims(t.used), t.allocs) for n, t in sorted(self._nodes.items())},
+                "claims": {a: (n, *_dims(r)) for a, (n, r) in sorted(self._claims.items())},
             }
 
     # -- moving forward ------------------------------------------------------------
@@ -130,26 +119,31 @@ class NodeUsageCache:
         """Set this allocation's claim from its newest version (None: deleted)."""
         old = self._claims.pop(alloc_id, None)
         if old is not None:
-            self._add(old, -1)
+            self._release(old[0], old[1])
         if alloc is None or not _claims(alloc):
             return
         res = alloc.get("resources") or {}
-        claim = _Claim(
-            alloc["node_id"],
-            int(res.get("cpu", 0)),
-            int(res.get("memory_mb", 0)),
-            int(res.get("disk_mb", 0)),
+        node_id = alloc["node_id"]
+        claim = Resources(
+            cpu=int(res.get("cpu", 0)),
+            memory_mb=int(res.get("memory_mb", 0)),
+            disk_mb=int(res.get("disk_mb", 0)),
         )
-        self._claims[alloc_id] = claim
-        self._add(claim, +1)
-
-    def _add(self, claim: _Claim, sign: int) -> None:
-        total = self._nodes.get(claim.node_id)
+        self._claims[alloc_id] = (node_id, claim)
+        total = self._nodes.get(node_id)
         if total is None:
-            total = self._nodes[claim.node_id] = _NodeTotal()
-        total.cpu += sign * claim.cpu
-        total.memory_mb += sign * claim.memory_mb
-        total.disk_mb += sign * claim.disk_mb
-        total.allocs += sign
+            total = self._nodes[node_id] = _NodeTotal()
+        total.used.add(claim)
+        total.allocs += 1
+
+    def _release(self, node_id: str, claim: Resources) -> None:
+        """Take a claim off its node's total, forgetting the node once it holds nothing."""
+        total = self._nodes[node_id]
+        total.used.subtract(claim)
+        total.allocs -= 1
         if total.allocs == 0:
-            del self._nodes[claim.node_id]
+            del self._nodes[node_id]
+
+
+def _dims(r: Resources) -> tuple[int, int, int]:
+    return (r.cpu, r.memory_mb, r.disk_mb)

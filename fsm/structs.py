@@ -6,6 +6,7 @@ the FSM). Durations are integer nanoseconds, as in Nomad's API.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fsm.record import CompactRecord, Record, field
@@ -52,9 +53,88 @@ TOKEN_MANAGEMENT, TOKEN_CLIENT = "management", "client"
 
 
 class Resources(Record):
+    """CPU (MHz), memory and disk (MB): what an alloc claims, a node has, or a node has in use.
+
+    The one place their arithmetic lives (the scheduler's placements, the
+    usage cache, the plan applier's check): a new dimension is then one edit
+    here rather than one in every copy. ``add`` and ``subtract`` work in place
+    and return nothing, because the callers keep running totals on the
+    placement path and a new record per step would be an allocation per node.
+    """
+
     cpu: int = 100
     memory_mb: int = 300
     disk_mb: int = 0
+
+    @classmethod
+    def zero(cls) -> Resources:
+        """Nothing at all (the field defaults are a task's default ask, not zero)."""
+        return cls(cpu=0, memory_mb=0, disk_mb=0)
+
+    @classmethod
+    def total(cls, parts: Iterable[Resources]) -> Resources:
+        """A new record holding the sum of ``parts`` (zero if there are none)."""
+        out = cls.zero()
+        for r in parts:
+            out.add(r)
+        return out
+
+    def copy(self) -> Resources:
+        """An independent copy, so a running total can change without touching the original."""
+        return self.__copy__()
+
+    def add(self, other: Resources) -> None:
+        """Add ``other`` to this record, in place."""
+        self.cpu += other.cpu
+        self.memory_mb += other.memory_mb
+        self.disk_mb += other.disk_mb
+
+    def subtract(self, other: Resources) -> None:
+        """Take ``other`` from this record, in place (nothing clamps it at zero)."""
+        self.cpu -= other.cpu
+        self.memory_mb -= other.memory_mb
+        self.disk_mb -= other.disk_mb
+
+    def exhausted(self, capacity: Resources, used: Resources | None = None) -> str | None:
+        """The first dimension ("cpu", "memory", "disk") in which this ask does not fit, or None.
+
+        It fits when ``used`` plus this ask stays within ``capacity`` in each
+        dimension. Disk counts only when the ask asks for some: nodes that
+        do not report disk (capacity 0) still take disk-less allocs, as before.
+        ``used`` None is nothing in use (without building a zero record per call).
+        """
+        if used is None:
+            used = _NOTHING
+        if used.cpu + self.cpu > capacity.cpu:
+            return "cpu"
+        if used.memory_mb + self.memory_mb > capacity.memory_mb:
+            return "memory"
+        if used.disk_mb + self.disk_mb > capacity.disk_mb and self.disk_mb > 0:
+            return "disk"
+        return None
+
+    def fits(self, capacity: Resources, used: Resources | None = None) -> bool:
+        """Whether this ask fits in ``capacity`` on top of ``used`` (see ``exhausted``)."""
+        return self.exhausted(capacity, used) is None
+
+    def utilization(self, capacity: Resources, used: Resources | None = None) -> float:
+        """Mean of the cpu and memory fractions of ``capacity`` in use once this ask is placed (0..1).
+
+        Disk is left out, as in Nomad's bin-packing score; a dimension the
+        node has none of does not count (no division by zero).
+        """
+        if used is None:
+            used = _NOTHING
+        parts = []
+        if capacity.cpu > 0:
+            parts.append((used.cpu + self.cpu) / capacity.cpu)
+        if capacity.memory_mb > 0:
+            parts.append((used.memory_mb + self.memory_mb) / capacity.memory_mb)
+        return min(1.0, sum(parts) / len(parts)) if parts else 0.0
+
+
+# What ``used=None`` stands for. Only ever read: ``zero()`` hands out records to change.
+_NOTHING = Resources.zero()
 
 
 class Constraint(CompactRecord):

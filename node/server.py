@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,14 +31,19 @@ from fsm.ids import new_uuid
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_batch, encode_entry
 from fsm.store import StateReader
-from node import features
+from node import gauges
 from node.core import acl
 from node.core.acl import Need
+from node.core.api import Forward
 from node.core.config import ServerConfig
+from node.core.heartbeats import Heartbeats
 from node.core.reads import read_committed
 from node.core.rpc_server import RequestContext, RPCServer
 from node.core.wakeup import CoalescedWake, wait_event
-from node.endpoints.base import METHODS, STREAMS
+from node.endpoints.registry import METHODS, STREAMS
+from node.http import service as http_service
+from node.leader import gc as leader_gc
+from node.leader import lifecycle
 from node.wire.errors import (
     BAD_REQUEST,
     NO_LEADER,
@@ -96,6 +101,16 @@ UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"
 UNSAFE_WALL_CLOCK_FILE_ENV = "CARAVAN_UNSAFE_WALL_CLOCK_FILE"
 
 
+# Coroutines that run only while this server leads: started when it wins,
+# cancelled when it loses leadership (a crash is logged and the loop restarted).
+LeaderLoop = Callable[["Server"], Awaitable[Any]]
+LEADER_LOOPS: tuple[LeaderLoop, ...] = (*leader_gc.LEADER_LOOPS, *lifecycle.LEADER_LOOPS)
+# Services run on every server once its RPC listener is up; each start returns its stop.
+ServiceStop = Callable[[], Awaitable[None]]
+Service = Callable[["Server"], Awaitable[ServiceStop]]
+SERVICES: tuple[Service, ...] = tuple(http_service.SERVICES)
+
+
 @dataclass
 class Member:
     node_id: str
@@ -115,7 +130,8 @@ class Server:
         data.mkdir(parents=True, exist_ok=True)
         self.fsm = FSM(str(data / "state"), retention=config.journal)
         self.rpc = RPCServer(config.rpc_bind, max_frame=config.rpc_max_frame, log=self.log)
-        self.leader_loops = features.load()
+        self.leader_loops = list(LEADER_LOOPS)
+        gauges.register(self)
         for name, fn in METHODS.items():
             self.rpc.register(name, self._handler(name, fn))
         for name, stream in STREAMS.items():
@@ -126,12 +142,12 @@ class Server:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="caravan-read")
         self._applied_event: asyncio.Event | None = None
         self._commit_wanted = False  # someone took the commit event since the last commit woke it
-        self._heartbeats: dict[str, float] = {}
+        self.heartbeats = Heartbeats()
         self._leader_tasks: list[asyncio.Task[Any]] = []
         # Cancelled leader loops until they end: asyncio holds tasks only
         # weakly, and a loop that never finished would be collected unseen.
         self._retiring: set[asyncio.Task[Any]] = set()
-        self._service_stops: list[features.ServiceStop] = []
+        self._service_stops: list[ServiceStop] = []
         self._stopping = threading.Event()
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
         self._tick_events: CoalescedWake | None = None  # commits and settled writes -> the loop
@@ -147,7 +163,7 @@ class Server:
 
     # -- wiring -------------------------------------------------------------------
     def _handler(self, name: str, fn: Callable[..., Any]) -> Callable[[RequestContext, dict[str, Any]], Any]:
-        """Wrap an endpoint so that a ``_Forward`` re-sends the request to the leader.
+        """Wrap an endpoint so that a ``Forward`` re-sends the request to the leader.
 
         The follower passes the client's request id and token through, so the
         leader's answer (and its idempotency) is exactly what the client would
@@ -158,7 +174,7 @@ class Server:
         async def handler(ctx: RequestContext, args: dict[str, Any]) -> Any:
             try:
                 return await fn(self, ctx, args)
-            except _Forward as fwd:
+            except Forward as fwd:
                 return await self._forward(name, fn, ctx, args, fwd.leader)
 
         return handler
@@ -182,7 +198,7 @@ class Server:
             if self.raft.is_leader:
                 try:
                     return await fn(self, ctx, args)
-                except _Forward as again:
+                except Forward as again:
                     # Leadership moved on while it ran (a barrier found this
                     # server deposed): it did nothing, so send it on as well.
                     leader = again.leader
@@ -267,7 +283,7 @@ class Server:
         self.fsm.on_commit(self._on_commit)
         self.raft = self._start_raft()
         address = await self.rpc.start()
-        for start in features.services():
+        for start in SERVICES:
             self._service_stops.append(await start(self))
         self.log.info("server started", rpc=address, raft=self.config.raft_addr)
         stop = asyncio.Event()
@@ -345,7 +361,7 @@ class Server:
             self._retire(task)
         self._leader_tasks = []
         if is_leader and not self._stopping.is_set():
-            self._heartbeats.clear()
+            self.heartbeats.clear()
             self._leader_tasks = [asyncio.ensure_future(self._run_leader_loop(loop)) for loop in self.leader_loops]
 
     def _retire(self, task: asyncio.Task[Any]) -> None:
@@ -364,7 +380,7 @@ class Server:
 
         asyncio.get_running_loop().call_later(LEADER_LOOP_STOP_WARN, check)
 
-    async def _run_leader_loop(self, loop: features.LeaderLoop) -> None:
+    async def _run_leader_loop(self, loop: LeaderLoop) -> None:
         """Run one leader loop; a crash is logged and the loop restarted, never silently lost."""
         name = getattr(loop, "__qualname__", repr(loop))
         while self.raft.is_leader and not self._stopping.is_set():
@@ -392,9 +408,6 @@ class Server:
             future, value = self._settled.popleft()
             if not future.done():
                 future.set_result(value)
-
-    def heartbeat(self, node_id: str) -> None:
-        self._heartbeats[node_id] = time.monotonic()
 
     # -- status ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -621,7 +634,7 @@ class Server:
     def ensure_leader(self) -> None:
         """Send the request on to the leader unless this server is it."""
         if not self.raft.is_leader:
-            raise _Forward(self.leader_rpc())
+            raise Forward(self.leader_rpc())
 
     # -- reads ----------------------------------------------------------------------------
     async def linearize(self, ctx: RequestContext) -> None:
@@ -630,7 +643,7 @@ class Server:
         try:
             await self.raft.barrier_async(WRITE_TIMEOUT)
         except raft_errors.NotLeaderError:
-            raise _Forward(self.leader_rpc()) from None
+            raise Forward(self.leader_rpc()) from None
         except raft_errors.RaftError as exc:
             raise RPCError(TIMEOUT, f"could not confirm leadership for a consistent read ({exc}); retry or use stale") from None
 
@@ -725,14 +738,6 @@ def _raft_data_only(file_name: str) -> tuple:
     if meta is None or meta.raft is None:
         raise ValueError(f"{file_name}: not a raft dump")
     return meta.raft.to_pysyncobj()
-
-
-class _Forward(Exception):
-    """Raised inside a handler to send the whole request to the leader instead."""
-
-    def __init__(self, leader: str | None) -> None:
-        super().__init__(leader)
-        self.leader = leader
 
 
 def _install_unsafe_wall_clock(config: ServerConfig) -> None:

@@ -12,6 +12,8 @@ caller passes ``now``), so every rule can be tested on hand-built states:
   scores quantized into buckets (Protean), ties broken at random.
 - ``generic`` (service and batch jobs) and ``system`` (one alloc per eligible
   node) build a ``plan.Plan``; ``plan`` turns it into PlanApply entries.
+- ``evals``: ``new_eval``, the one factory for a new evaluation (the servers
+  use it too), and ``finish_eval``, how both schedulers end the one they ran.
 
 ``scheduler`` imports ``fsm`` only; the leader side (broker, workers, plan
 applier) lives in ``node/``.

@@ -49,12 +49,7 @@ class Ask:
 
 def group_resources(group: TaskGroup) -> Resources:
     """The sum of the group's task resources: what one allocation claims."""
-    total = Resources(cpu=0, memory_mb=0, disk_mb=0)
-    for task in group.tasks:
-        total.cpu += task.resources.cpu
-        total.memory_mb += task.resources.memory_mb
-        total.disk_mb += task.resources.disk_mb
-    return total
+    return Resources.total(task.resources for task in group.tasks)
 
 
 def ask_for(job: Job, group: TaskGroup) -> Ask:
@@ -81,7 +76,7 @@ class PlacementContext:
     def used(self, node_id: str) -> Resources:
         found = self.usage.get(node_id)
         if found is None:
-            found = self.usage[node_id] = Resources(cpu=0, memory_mb=0, disk_mb=0)
+            found = self.usage[node_id] = Resources.zero()
         return found
 
 
@@ -158,7 +153,7 @@ class ResourcesFit(ValidationRule):
     dynamic = True
 
     def check(self, node: Node, ask: Ask, ctx: PlacementContext) -> str | None:
-        dim = exhausted_dimension(node.resources, ctx.used(node.id), ask.resources)
+        dim = ask.resources.exhausted(node.resources, ctx.used(node.id))
         return None if dim is None else f"resources exhausted: {dim}"
 
 
@@ -176,17 +171,6 @@ STATIC_RULES = tuple(r for r in VALIDATION_RULES if not r.dynamic)
 DYNAMIC_RULES = tuple(r for r in VALIDATION_RULES if r.dynamic)
 
 
-def exhausted_dimension(capacity: Resources, used: Resources, ask: Resources) -> str | None:
-    """The first resource dimension ``ask`` does not fit in (cpu, memory, disk), or None."""
-    if used.cpu + ask.cpu > capacity.cpu:
-        return "cpu"
-    if used.memory_mb + ask.memory_mb > capacity.memory_mb:
-        return "memory"
-    if used.disk_mb + ask.disk_mb > capacity.disk_mb and ask.disk_mb > 0:
-        return "disk"
-    return None
-
-
 def check_static(node: Node, ask: Ask, ctx: PlacementContext, rules: tuple[ValidationRule, ...] = STATIC_RULES) -> str | None:
     for rule in rules:
         reason = rule.check(node, ask, ctx)
@@ -201,8 +185,7 @@ def check_dynamic(node: Node, ask: Ask, ctx: PlacementContext, rules: tuple[Vali
 
 def larger_than_any_node(ask: Ask, nodes: list[Node]) -> str | None:
     """Why ``ask`` fits no node even when empty (None if some node is big enough)."""
-    empty = Resources(cpu=0, memory_mb=0, disk_mb=0)
-    dims = [exhausted_dimension(n.resources, empty, ask.resources) for n in nodes]
+    dims = [ask.resources.exhausted(n.resources) for n in nodes]
     if not nodes or any(d is None for d in dims):
         return None
     return Counter(d for d in dims if d).most_common(1)[0][0]

@@ -18,7 +18,6 @@ and not yet healthy count against it); placements carry the deployment id.
 
 from __future__ import annotations
 
-import copy
 import random
 from collections import Counter, defaultdict
 
@@ -35,34 +34,23 @@ from fsm.structs import (
     DEPLOYMENT_SUCCESSFUL,
     DESIRED_RUN,
     DESIRED_STOP,
-    EVAL_BLOCKED,
-    EVAL_COMPLETE,
-    EVAL_PENDING,
     Allocation,
     Deployment,
     DeploymentState,
     DeploymentStatus,
-    Evaluation,
     Job,
     TaskGroup,
     UpdateStrategy,
 )
 from scheduler.admission import ADMIT_ALL, Admission
+from scheduler.evals import TRIGGER_FOLLOWUP, finish_eval, new_eval
 from scheduler.feasibility import PlacementContext, ask_for
 from scheduler.plan import Plan
 from scheduler.ranking import Request, Selector
 from scheduler.reconcile import UNLIMITED, GroupPlan, Placement, Rollout, reconcile_group
 from scheduler.reschedule import batch_followups, next_tracker, policy_for
 from scheduler.state import Snapshot
-
-TRIGGER_QUEUED = "queued-allocs"
-TRIGGER_FOLLOWUP = "alloc-failure"
-BLOCKED_DESCRIPTION = "created to place remaining allocations"
-
-
-def new_id() -> str:
-    """An alloc's or follow-up eval's id: time-ordered, so new allocs' keys sit side by side (fsm/ids.py)."""
-    return new_uuid()
+from scheduler.system import schedule_system
 
 
 def update_strategy(job: Job, group: TaskGroup) -> UpdateStrategy | None:
@@ -140,8 +128,6 @@ def schedule(
     leader raises it while plans conflict).
     """
     if snap.job is not None and snap.job.type == "system":
-        from scheduler.system import schedule_system
-
         return schedule_system(snap, rng=rng)
     return schedule_generic(snap, admission=admission, rng=rng, top_k=top_k)
 
@@ -173,7 +159,7 @@ def schedule_generic(
         )
 
     # Stops first: what they free is available to this plan's placements.
-    ctx = PlacementContext(usage={k: copy.copy(v) for k, v in snap.usage.items()}, job_allocs=Counter())
+    ctx = PlacementContext(usage={k: v.copy() for k, v in snap.usage.items()}, job_allocs=Counter())
     for alloc in snap.allocs:
         if not alloc.terminal():
             ctx.job_allocs[alloc.node_id] += 1
@@ -217,7 +203,7 @@ def schedule_generic(
             selector.claim(node, ask_p)
             plan.place.append(
                 Allocation(
-                    id=new_id(),
+                    id=new_uuid(),
                     eval_id=ev.id,
                     job_id=job.id,
                     node_id=node.id,
@@ -225,7 +211,7 @@ def schedule_generic(
                     name=p.name,
                     namespace=job.namespace,
                     job_version=runs.version,
-                    resources=copy.copy(ask_p.resources),
+                    resources=ask_p.resources.copy(),
                     desired_status=DESIRED_RUN,
                     client_status=CLIENT_PENDING,
                     previous_allocation=p.previous.id if p.previous is not None else "",
@@ -251,7 +237,7 @@ def schedule_generic(
     next_eval = _followups(plan, snap, plans)
     # As Nomad's eval.DeploymentID: the rollout this eval's placements belong to.
     within = plan.deployment.id if plan.deployment is not None else (dep.id if dep is not None and dep.active() else "")
-    _finish_eval(plan, snap, failures, queued, next_eval, within)
+    finish_eval(plan, snap, failures, queued, next_eval, within)
     return plan
 
 
@@ -301,7 +287,7 @@ def _deployment_for(
             require_progress_by=now + strategy.progress_deadline if strategy.progress_deadline else 0,
         )
     return Deployment(
-        id=new_id(),
+        id=new_uuid(),
         job_id=job.id,
         namespace=job.namespace,
         job_version=job.version,
@@ -349,15 +335,9 @@ def _followups(plan: Plan, snap: Snapshot, plans: dict[str, GroupPlan]) -> str:
     allocs = {a.id: a for a, _ in pending}
     first = ""
     for at, ids in batch_followups([(a.id, at) for a, at in pending]):
-        follow = Evaluation(
-            id=new_id(),
-            job_id=job.id,
-            namespace=job.namespace,
-            priority=job.priority,
-            type=job.type,
-            triggered_by=TRIGGER_FOLLOWUP,
-            job_modify_index=job.job_modify_index,
-            status=EVAL_PENDING,
+        follow = new_eval(
+            job,
+            TRIGGER_FOLLOWUP,
             status_description="created for delayed rescheduling",
             wait_until=at,
             previous_eval=snap.eval.id,
@@ -372,46 +352,3 @@ def _followups(plan: Plan, snap: Snapshot, plans: dict[str, GroupPlan]) -> str:
             )
     plan.evals.sort(key=lambda e: e.wait_until)
     return first
-
-
-def _finish_eval(
-    plan: Plan, snap: Snapshot, failures: dict[str, str], queued: dict[str, int], next_eval: str = "", deployment_id: str = ""
-) -> None:
-    """The processed eval's new status, plus a blocked eval when placements are missing."""
-    ev, job = snap.eval, snap.job
-    done = copy.deepcopy(ev)
-    if deployment_id:
-        done.deployment_id = deployment_id
-    if next_eval:
-        done.next_eval = next_eval
-    done.queued_allocations = dict(queued)
-    done.failed_tg_allocs = dict(failures)
-    if job is not None:
-        done.job_modify_index = job.job_modify_index or done.job_modify_index
-    if failures and ev.status == EVAL_BLOCKED:
-        done.status = EVAL_BLOCKED
-        done.status_description = "blocked: waiting for capacity to place " + ", ".join(
-            f"{n} {g}" for g, n in sorted(queued.items()) if n
-        )
-        plan.blocked_eval_id = done.id
-    else:
-        done.status = EVAL_COMPLETE
-        done.status_description = ""
-        if failures and job is not None:
-            blocked = Evaluation(
-                id=new_id(),
-                job_id=job.id,
-                namespace=job.namespace,
-                priority=job.priority,
-                type=job.type,
-                triggered_by=TRIGGER_QUEUED,
-                job_modify_index=job.job_modify_index,
-                status=EVAL_BLOCKED,
-                status_description=BLOCKED_DESCRIPTION,
-                previous_eval=ev.id,
-                failed_tg_allocs=dict(failures),
-            )
-            done.blocked_eval = blocked.id
-            plan.evals.append(blocked)
-            plan.blocked_eval_id = blocked.id
-    plan.evals.insert(0, done)

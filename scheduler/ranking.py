@@ -71,7 +71,7 @@ class BestFit(PreferenceRule):
         self.buckets = max(1, buckets)
 
     def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return bucket(utilization_after(node.resources, ctx.used(node.id), ask.resources), self.buckets)
+        return bucket(ask.resources.utilization(node.resources, ctx.used(node.id)), self.buckets)
 
 
 class JobAntiAffinity(PreferenceRule):
@@ -84,16 +84,6 @@ class JobAntiAffinity(PreferenceRule):
 
 
 PREFERENCE_RULES: tuple[PreferenceRule, ...] = (AvoidPreviousNode(), BestFit(), JobAntiAffinity())
-
-
-def utilization_after(capacity: Resources, used: Resources, ask: Resources) -> float:
-    """Mean of the cpu and memory fractions in use once ``ask`` is placed (0..1)."""
-    parts = []
-    if capacity.cpu > 0:
-        parts.append((used.cpu + ask.cpu) / capacity.cpu)
-    if capacity.memory_mb > 0:
-        parts.append((used.memory_mb + ask.memory_mb) / capacity.memory_mb)
-    return min(1.0, sum(parts) / len(parts)) if parts else 0.0
 
 
 def bucket(value: float, buckets: int) -> int:
@@ -177,19 +167,13 @@ class Selector:
 
     def claim(self, node: Node, ask: Ask) -> None:
         """Record a placement of ``ask`` on ``node`` and refresh that node's keys."""
-        used = self.ctx.used(node.id)
-        used.cpu += ask.resources.cpu
-        used.memory_mb += ask.resources.memory_mb
-        used.disk_mb += ask.resources.disk_mb
+        self.ctx.used(node.id).add(ask.resources)
         self.ctx.job_allocs[node.id] += 1
         self._touched(node.id)
 
     def release(self, node_id: str, resources: Resources, same_job: bool) -> None:
         """Give back what a stopped alloc held (stops are applied before placements)."""
-        used = self.ctx.used(node_id)
-        used.cpu -= resources.cpu
-        used.memory_mb -= resources.memory_mb
-        used.disk_mb -= resources.disk_mb
+        self.ctx.used(node_id).subtract(resources)
         if same_job and self.ctx.job_allocs.get(node_id, 0) > 0:
             self.ctx.job_allocs[node_id] -= 1
         if node_id in self.version:

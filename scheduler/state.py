@@ -38,12 +38,7 @@ class Snapshot:
 
 def scan_usage(reader: StateReader, node_id: str) -> Resources:
     """Resources held by the live allocs on one node, from the allocs_by_node index."""
-    total = Resources(cpu=0, memory_mb=0, disk_mb=0)
-    for alloc in reader.allocs_by_node(node_id, terminal=False):
-        total.cpu += alloc.resources.cpu
-        total.memory_mb += alloc.resources.memory_mb
-        total.disk_mb += alloc.resources.disk_mb
-    return total
+    return Resources.total(alloc.resources for alloc in reader.allocs_by_node(node_id, terminal=False))
 
 
 def node_usage_map(reader: StateReader, node_ids: list[str], cache: NodeUsageCache | None = None) -> dict[str, Resources]:

@@ -17,6 +17,7 @@ import copy
 import random
 from collections import Counter, defaultdict
 
+from fsm.ids import new_uuid
 from fsm.messages import AllocStop
 from fsm.structs import (
     CLIENT_LOST,
@@ -27,6 +28,7 @@ from fsm.structs import (
     Allocation,
     TaskGroup,
 )
+from scheduler.evals import finish_eval
 from scheduler.feasibility import (
     Constraints,
     HasDrivers,
@@ -37,7 +39,6 @@ from scheduler.feasibility import (
     check_dynamic,
     check_static,
 )
-from scheduler.generic import _finish_eval, new_id
 from scheduler.plan import Plan
 from scheduler.reconcile import (
     STOP_GROUP,
@@ -61,7 +62,7 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
     stopped = job is None or job.stop
     # As Nomad: a group with count 0 is switched off (its allocs stop as not needed).
     groups: dict[str, TaskGroup] = {} if stopped or job is None else {g.name: g for g in job.task_groups if g.count > 0}
-    ctx = PlacementContext(usage={k: copy.copy(v) for k, v in snap.usage.items()}, job_allocs=Counter())
+    ctx = PlacementContext(usage={k: v.copy() for k, v in snap.usage.items()}, job_allocs=Counter())
     keep: dict[tuple[str, str], Allocation] = {}
     stops: list[tuple[Allocation, str, str]] = []
     live: dict[tuple[str, str], list[Allocation]] = defaultdict(list)
@@ -96,10 +97,7 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
         stops += [(a, STOP_GROUP, "") for a in allocs if a is not best]
     for alloc, why, status in stops:
         plan.stop.append(AllocStop(id=alloc.id, desired_status=DESIRED_STOP, desired_description=why, client_status=status))
-        used = ctx.used(alloc.node_id)
-        used.cpu -= alloc.resources.cpu
-        used.memory_mb -= alloc.resources.memory_mb
-        used.disk_mb -= alloc.resources.disk_mb
+        ctx.used(alloc.node_id).subtract(alloc.resources)
 
     failures: dict[str, str] = {}
     queued: dict[str, int] = {}
@@ -125,10 +123,7 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
                     plan.inplace.add(updated.id)
                     continue
                 plan.stop.append(AllocStop(id=kept.id, desired_status=DESIRED_STOP, desired_description=STOP_UPDATE))
-                used = ctx.used(node_id)
-                used.cpu -= kept.resources.cpu
-                used.memory_mb -= kept.resources.memory_mb
-                used.disk_mb -= kept.resources.disk_mb
+                ctx.used(node_id).subtract(kept.resources)
                 previous = kept.id
             elif check_static(node, ask, ctx) is not None:
                 continue
@@ -137,13 +132,10 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
                 failure.unplaced += 1
                 failure.exhausted[reason.split(": ", 1)[-1]] += 1
                 continue
-            used = ctx.used(node_id)
-            used.cpu += ask.resources.cpu
-            used.memory_mb += ask.resources.memory_mb
-            used.disk_mb += ask.resources.disk_mb
+            ctx.used(node_id).add(ask.resources)
             plan.place.append(
                 Allocation(
-                    id=new_id(),
+                    id=new_uuid(),
                     eval_id=ev.id,
                     job_id=job.id,
                     node_id=node_id,
@@ -151,7 +143,7 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
                     name=alloc_name(job.id, group_name, 0),
                     namespace=job.namespace,
                     job_version=job.version,
-                    resources=copy.copy(ask.resources),
+                    resources=ask.resources.copy(),
                     desired_status=DESIRED_RUN,
                     client_status=CLIENT_PENDING,
                     previous_allocation=previous,
@@ -161,5 +153,5 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
             failures[group_name] = failure.describe()
             queued[group_name] = failure.unplaced
             plan.failed[group_name] = failure.unplaced
-    _finish_eval(plan, snap, failures, queued)
+    finish_eval(plan, snap, failures, queued)
     return plan

@@ -1,6 +1,6 @@
-"""Server metrics: Prometheus text at ``/v1/metrics?format=prometheus``, Nomad's JSON without.
+"""ServerAPI metrics: Prometheus text at ``/v1/metrics?format=prometheus``, Nomad's JSON without.
 
-One ``Metrics`` object per process (a server process runs one ``Server``),
+One ``Metrics`` object per process (a server process runs one ``ServerAPI``),
 kept in its own ``CollectorRegistry`` so tests and libraries that use the
 global prometheus registry never see our series and vice versa.
 
@@ -53,7 +53,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
-    from node.server import Server
+    from node.core.api import ServerAPI
 
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # The *_created series double the output and no Caravan dashboard needs them.
@@ -113,7 +113,7 @@ class _ServerState(Collector):
     def collect(self) -> Iterator[Metric]:
         server = self.metrics.server
         if server is not None:
-            for gauges in (_raft_gauges, _journal_gauges, _broker_gauges):
+            for gauges in (_raft_gauges,):
                 try:
                     found = list(gauges(server))
                 except Exception:  # noqa: BLE001 - a module mid-change must not break the scrape
@@ -133,7 +133,7 @@ class _ServerState(Collector):
             yield family
 
 
-def _raft_gauges(server: Server) -> Iterator[Metric]:
+def _raft_gauges(server: ServerAPI) -> Iterator[Metric]:
     raft = getattr(server, "raft", None)
     if raft is None:
         return
@@ -175,58 +175,6 @@ def _raft_gauges(server: Server) -> Iterator[Metric]:
         "caravan_fsm_applied_index",
         "Highest raft index committed to the state store",
         value=float(server.fsm.applied_index),
-    )
-
-
-def _journal_gauges(server: Server) -> Iterator[Metric]:
-    from node.core import (
-        stream,  # imported late: node.core.stream imports the server's endpoint table
-    )
-
-    hub = stream._HUBS.get(server)  # noqa: SLF001 - read-only peek; never create a hub to scrape it
-    applied = server.fsm.applied_index
-    subscribers = hub.subscribers if hub is not None else 0
-    live = list(hub.live) if hub is not None else []
-    lag = max((applied - sub.position for sub in live), default=0)
-    queued = max((len(sub.queue) for sub in live), default=0)
-    yield GaugeMetricFamily(
-        "caravan_journal_subscribers",
-        "Open event.stream subscriptions on this server (RPC and HTTP)",
-        value=float(subscribers),
-    )
-    yield GaugeMetricFamily(
-        "caravan_journal_subscriber_lag",
-        "Largest distance in raft indexes between the applied index and a live subscriber",
-        value=float(max(lag, 0)),
-    )
-    yield GaugeMetricFamily(
-        "caravan_journal_subscriber_queue",
-        "Most journal batches queued for one live subscriber",
-        value=float(queued),
-    )
-
-
-def _broker_gauges(server: Server) -> Iterator[Metric]:
-    """The leader's eval broker (node.leader.lifecycle); zeros on a follower or before it starts."""
-    counts: dict[str, int] = {}
-    blocked = 0
-    with contextlib.suppress(Exception):  # the lifecycle module is optional
-        from node.leader import lifecycle
-
-        lc = lifecycle.current(server)
-        if lc is not None:
-            counts = lc.broker.counts()
-            blocked = len(lc.blocked)
-    depth = GaugeMetricFamily(
-        "caravan_eval_broker_depth",
-        "Evaluations in the leader's eval broker, by state",
-        labels=["state"],
-    )
-    for state in ("Ready", "Unacked", "Waiting", "Delayed", "NackWait"):
-        depth.add_metric([state.lower()], float(counts.get(state, 0)))
-    yield depth
-    yield GaugeMetricFamily(
-        "caravan_eval_blocked", "Blocked evaluations tracked by the leader", value=float(blocked)
     )
 
 
@@ -321,17 +269,17 @@ class Metrics:
             registry=r,
         )
         self.sources: dict[str, tuple[str, str, GaugeFn]] = {}
-        self._server: weakref.ReferenceType[Server] | None = None
+        self._server: weakref.ReferenceType[ServerAPI] | None = None
         self._lock = threading.Lock()
         self._instrumented: weakref.WeakSet[Any] = weakref.WeakSet()
         r.register(_ServerState(self))
 
     # -- binding ------------------------------------------------------------------
     @property
-    def server(self) -> Server | None:
+    def server(self) -> ServerAPI | None:
         return self._server() if self._server is not None else None
 
-    def bind(self, server: Server) -> None:
+    def bind(self, server: ServerAPI) -> None:
         """Read scrape-time state from ``server`` and count its RPCs and FSM applies."""
         self._server = weakref.ref(server)
         server.rpc.observer = self.observe_rpc

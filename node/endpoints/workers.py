@@ -21,12 +21,12 @@ from fsm.structs import Evaluation
 from fsm.validate import check_alloc, check_eval
 from node.core.acl import Need
 from node.core.rpc_server import RequestContext
-from node.endpoints.base import method
+from node.endpoints.registry import method
 from node.spec.nomadjson import from_nomad
 from node.wire.errors import BAD_REQUEST, RPCError
 
 if TYPE_CHECKING:
-    from node.server import Server
+    from node.core.api import ServerAPI
 
 
 def _bad(message: str) -> RPCError:
@@ -50,7 +50,7 @@ def _evals(raw: Any, where: str, *, required: bool) -> list[Evaluation]:
 
 
 @method("eval.update")
-async def eval_update(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+async def eval_update(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Upsert evaluations (a worker acking, blocking or creating evals): {evals: [...]}."""
     evals = _evals(args.get("evals"), "evals", required=True)
     result = await server.write(ctx, Need.WRITE, m.EvalUpsert(evals=evals))
@@ -58,7 +58,7 @@ async def eval_update(server: Server, ctx: RequestContext, args: dict[str, Any])
 
 
 @method("plan.submit")
-async def plan_submit(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
+async def plan_submit(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Commit a scheduler plan: {plan: {EvalID, JobID, AllocsToPlace, AllocsToStop, Deployment, Evals}}.
 
     Every placed alloc must name an evaluation that exists or that the plan

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fsm import messages as m
 from fsm.handlers import healthy_canaries, same_spec
@@ -50,17 +50,13 @@ from fsm.structs import (
     Evaluation,
     Job,
 )
-from node.core.acl import Need
-from node.core.rpc_server import RequestContext
 from node.core.wakeup import wait_event
-from node.endpoints.base import by_prefix, id_arg, method
-from node.leader.heartbeat import job_eval
-from node.wire.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
+from node.leader.broker import EvalBroker
+from node.leader.evalwriter import EvalWriter
+from node.leader.shims import RaftApplier, StateReads
+from node.wire.errors import CONFLICT, RPCError
 from scheduler import reschedule
-
-if TYPE_CHECKING:
-    from node.leader.lifecycle import Lifecycle
-    from node.server import Server
+from scheduler.evals import new_eval
 
 TRIGGER_DEPLOYMENT = "deployment-watcher"
 WATCH_INTERVAL = 1.0
@@ -181,9 +177,7 @@ def _failing_early(reader: StateReader, dep: Deployment, job: Job, skew: int) ->
 
 def _next_batch(job: Job, dep: Deployment) -> Evaluation:
     """An eval for the scheduler to place the rollout's next batch."""
-    ev = job_eval(job, TRIGGER_DEPLOYMENT)
-    ev.deployment_id = dep.id
-    return ev
+    return new_eval(job, TRIGGER_DEPLOYMENT, deployment_id=dep.id)
 
 
 def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: str,
@@ -210,7 +204,7 @@ def _fail(reader: StateReader, dep: Deployment, job: Job, out: Decision, why: st
     else:
         out.description = f"{why} - rolling back to job version {stable.version}"
         out.rollback = stable
-        out.eval = job_eval(stable, TRIGGER_DEPLOYMENT)
+        out.eval = new_eval(stable, TRIGGER_DEPLOYMENT)
     return out
 
 
@@ -268,91 +262,55 @@ def promote_by_user(reader: StateReader, dep: Deployment, groups: list[str]) -> 
     return out
 
 
-async def _operate(
-    server: Server, ctx: RequestContext, args: dict[str, Any], choose: Callable[[StateReader, Deployment], Decision]
-) -> dict[str, Any]:
-    """An operator's change to one deployment, decided on the leader's state as its watcher decides.
-
-    Answers Nomad's DeploymentUpdateResponse.
-    """
-    dep_id = id_arg(args, "deployment_id")
-    server.ensure_leader()
-    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
-
-    def decision(r: StateReader) -> Decision:
-        dep = by_prefix(r.deployment, r.deployments, dep_id)
-        if dep is None:
-            raise RPCError(NOT_FOUND, f"deployment {dep_id} not found")
-        try:
-            return choose(r, dep)
-        except DeploymentError as exc:
-            raise RPCError(BAD_REQUEST, str(exc)) from None
-
-    d = await server.local(decision)
-    result = await server.write(ctx, Need.WRITE, d.entry())
-    index = result["index"]
-    eval_ids = result["value"].get("eval_ids") or [""]
-    out: dict[str, Any] = {"DeploymentID": d.deployment_id, "EvalID": eval_ids[0], "DeploymentModifyIndex": index, "Index": index}
-    if eval_ids[0]:
-        out["EvalCreateIndex"] = index
-    if d.rollback is not None:
-        out["RevertedJobVersion"] = d.rollback.version  # the stable version gone back to, as Nomad
-    return out
 
 
-@method("deployment.fail")
-async def deployment_fail(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Mark a running deployment failed (rolling back where a group has auto_revert), as Nomad."""
-    return await _operate(server, ctx, args, fail_by_user)
 
 
-@method("deployment.pause")
-async def deployment_pause(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Pause (``pause``: true, the default) or resume a rollout, as Nomad's Deployment.Pause."""
-    pause = args.get("pause", True)
-    if not isinstance(pause, bool):
-        raise RPCError(BAD_REQUEST, "argument 'pause' must be a bool")
-    return await _operate(server, ctx, args, lambda r, dep: pause_or_resume(r, dep, pause))
 
 
-@method("deployment.promote")
-async def deployment_promote(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Promote a rollout's canaries (``groups``, or every group waiting), as Nomad's Deployment.Promote."""
-    groups = args.get("groups") or []
-    if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
-        raise RPCError(BAD_REQUEST, "argument 'groups' must be a list of task group names")
-    return await _operate(server, ctx, args, lambda r, dep: promote_by_user(r, dep, groups))
 
 
 class DeploymentWatcher:
-    def __init__(self, lc: Lifecycle) -> None:
-        self.lc = lc
-        self.server = lc.server
+    def __init__(
+        self,
+        state: StateReads,
+        raft: RaftApplier,
+        active: Set[str],
+        broker: EvalBroker,
+        writer: EvalWriter,
+        *,
+        log: Any,
+    ) -> None:
+        self.state = state
+        self.raft = raft
+        self.active = active  # the lifecycle's set of running deployments, kept current from the journal
+        self.broker = broker
+        self.writer = writer
         self.poke = asyncio.Event()
         self.seen: dict[str, int] = {}  # deployment id -> healthy allocs when last looked at
-        self.log = self.server.log.bind(component="deployments")
+        self.log = log.bind(component="deployments")
 
     async def run(self) -> None:
         while True:
             await wait_event(self.poke, WATCH_INTERVAL)
             self.poke.clear()
-            ids = sorted(self.lc.active_deployments)
+            ids = sorted(self.active)
             if not ids:
                 continue
             seen = dict(self.seen)
-            for decision in await self.server.local(lambda r, ids=ids, seen=seen: look(r, ids, seen)):
+            for decision in await self.state.local(lambda r, ids=ids, seen=seen: look(r, ids, seen)):
                 await self._act(decision)
 
     async def _act(self, d: Decision) -> None:
         try:
             if d.status or d.promote is not None:
-                await self.server.propose(d.entry())
+                await self.raft.propose(d.entry())
                 self.seen.pop(d.deployment_id, None)
                 said = "canaries promoted" if d.promote is not None else "deployment status changed"
                 self.log.info(said, deployment=d.deployment_id, status=d.status, why=d.description)
                 return
-            if d.eval is not None and not self.lc.broker.has_queued(d.eval.namespace, d.eval.job_id):
-                await self.lc.writer.create([d.eval])
+            if d.eval is not None and not self.broker.has_queued(d.eval.namespace, d.eval.job_id):
+                await self.writer.create([d.eval])
             self.seen[d.deployment_id] = d.healthy
         except RPCError as exc:
             if exc.code == CONFLICT:  # finished by `deployment fail`, or a newer version came: decide again

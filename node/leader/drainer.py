@@ -32,9 +32,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fsm import messages as m
 from fsm.store import StateReader
@@ -48,16 +48,11 @@ from fsm.structs import (
     MigrateStrategy,
     Node,
 )
-from node.core.acl import Need
-from node.core.rpc_server import RequestContext
 from node.core.wakeup import wait_event
-from node.endpoints.base import by_prefix, id_arg, method
-from node.leader.heartbeat import TRIGGER_NODE_DRAIN, job_eval
-from node.wire.errors import BAD_REQUEST, CONFLICT, NOT_FOUND, RPCError
-
-if TYPE_CHECKING:
-    from node.leader.lifecycle import Lifecycle
-    from node.server import Server
+from node.leader.heartbeat import TRIGGER_NODE_DRAIN
+from node.leader.shims import NodeView, RaftApplier, StateReads
+from node.wire.errors import CONFLICT, RPCError
+from scheduler.evals import new_eval
 
 WATCH_INTERVAL = 1.0  # seconds between passes while a node drains (state changes wake it sooner)
 MAX_MARKS_PER_ENTRY = 500  # allocs marked in one raft entry
@@ -82,7 +77,7 @@ class DrainPass:
 
     def evals(self) -> list[Evaluation]:
         """One eval per job with marked allocs: the scheduler moves them."""
-        return [job_eval(self.jobs[j], TRIGGER_NODE_DRAIN, self.nodes[j]) for j in sorted(self.marks)]
+        return [new_eval(self.jobs[j], TRIGGER_NODE_DRAIN, node_id=self.nodes[j]) for j in sorted(self.marks)]
 
 
 def _on_client(reader: StateReader, node: Node) -> list[Allocation]:
@@ -212,59 +207,24 @@ def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation]) -> 
 
 
 # -- the RPC ---------------------------------------------------------------------------------
-def _drain_spec(args: dict[str, Any]) -> DrainStrategy | None:
-    spec = args.get("drain_spec")
-    if spec is None:
-        return None
-    if not isinstance(spec, dict):
-        raise RPCError(BAD_REQUEST, "argument 'drain_spec' must be a map with Deadline and IgnoreSystemJobs, or null")
-    unknown = set(spec) - {"Deadline", "IgnoreSystemJobs"}
-    if unknown:
-        raise RPCError(BAD_REQUEST, f"drain_spec: unknown fields {sorted(unknown)}; known: Deadline, IgnoreSystemJobs")
-    deadline = spec.get("Deadline", 0)
-    if not isinstance(deadline, int) or isinstance(deadline, bool):
-        raise RPCError(BAD_REQUEST, "drain_spec.Deadline must be an integer of nanoseconds (< 0 forces, 0 has none)")
-    ignore = spec.get("IgnoreSystemJobs", False)
-    if not isinstance(ignore, bool):
-        raise RPCError(BAD_REQUEST, "drain_spec.IgnoreSystemJobs must be a bool")
-    return DrainStrategy(deadline=deadline, ignore_system_jobs=ignore)
 
 
-@method("node.drain")
-async def node_drain(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Start or change a node's drain (``drain_spec``), or end it (null), as Nomad's Node.UpdateDrain.
-
-    ``mark_eligible`` opens the node again when the drain ends.
-    """
-    node_id = id_arg(args, "node_id")
-    strategy = _drain_spec(args)
-    mark_eligible = args.get("mark_eligible", False)
-    if not isinstance(mark_eligible, bool):
-        raise RPCError(BAD_REQUEST, "argument 'mark_eligible' must be a bool")
-    if strategy is not None and mark_eligible:
-        raise RPCError(BAD_REQUEST, "mark_eligible only applies when a drain ends (drain_spec null)")
-    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
-    node = await server.local(lambda r: by_prefix(r.node, r.nodes, node_id))
-    if node is None:
-        raise RPCError(NOT_FOUND, f"node {node_id} not found")
-    entry = m.NodeUpdateDrain(node_id=node.id, strategy=strategy, mark_eligible=mark_eligible)
-    result = await server.write(ctx, Need.WRITE, entry)
-    return {"NodeID": node.id, "NodeModifyIndex": result["index"], "EvalIDs": [], "Index": result["index"]}
 
 
 # -- the leader task ---------------------------------------------------------------------------
 class Drainer:
     """Runs ``look`` whenever a draining node or its allocs change, and at least every second."""
 
-    def __init__(self, lc: Lifecycle) -> None:
-        self.lc = lc
-        self.server = lc.server
+    def __init__(self, state: StateReads, raft: RaftApplier, nodes: Mapping[str, NodeView], *, log: Any) -> None:
+        self.state = state
+        self.raft = raft
+        self.nodes = nodes  # the lifecycle's live view, kept current from the journal
         self.poke = asyncio.Event()
         self.overdue = Overdue()
-        self.log = self.server.log.bind(component="drainer")
+        self.log = log.bind(component="drainer")
 
     def draining(self) -> bool:
-        return any(view.drain for view in self.lc.nodes.values())
+        return any(view.drain for view in self.nodes.values())
 
     async def run(self) -> None:
         while True:
@@ -280,14 +240,14 @@ class Drainer:
     async def once(self) -> DrainPass:
         """One pass: mark what moves now, end the drains that are done."""
 
-        now = self.server.state_now()
-        found = await self.server.local(lambda r: look(r, now, self.overdue))
+        now = self.state.state_now()
+        found = await self.state.local(lambda r: look(r, now, self.overdue))
         self.overdue.end_pass()
         if found.marks:
             await self._mark(found)
         for node_id, started_at in found.done:
             try:
-                await self.server.propose(m.NodeUpdateDrain(node_id=node_id, done_started_at=started_at))
+                await self.raft.propose(m.NodeUpdateDrain(node_id=node_id, done_started_at=started_at))
                 self.log.info("node drain complete", node=node_id)
             except RPCError as exc:
                 if exc.code != CONFLICT:
@@ -305,10 +265,10 @@ class Drainer:
                 batch[alloc_id] = DesiredTransition(migrate=True)
             batch_evals.append(evals[job_id])  # the broker cancels it if the job has one queued
             if len(batch) >= MAX_MARKS_PER_ENTRY:
-                await self.server.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
+                await self.raft.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
                 batch, batch_evals = {}, []
         if batch:
-            await self.server.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
+            await self.raft.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
         self.log.info("allocs marked for migration", allocs=sum(len(v) for v in found.marks.values()),
                       jobs=len(found.marks))
 

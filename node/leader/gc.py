@@ -5,7 +5,7 @@ deployments, nodes, expired ACL tokens) sleeps its configured interval, plans
 a sweep with ``fsm.gc`` on the committed state (reading only the GC-mark
 index up to ``now - threshold`` and what the marks name), splits the plan
 into reap entries, and puts them on the log one at a time through
-``Server.propose``. The loops are cancelled when leadership is lost; a sweep
+``ServerAPI.propose``. The loops are cancelled when leadership is lost; a sweep
 cut short is simply planned again by the next leader, because every reaped
 id carries the ``modify_index`` the leader saw and apply skips whatever is
 gone or changed since (so nothing is deleted twice, and an object touched
@@ -49,15 +49,12 @@ from fsm.store import StateReader
 from fsm.structs import SECOND
 from fsm.writer import GC_DEPLOYMENT, GC_EVAL, GC_JOB, GC_KINDS, GC_NODE, GC_TOKEN
 from node.core import metrics
-from node.core.acl import Need
 from node.core.config import GCConfig
-from node.core.rpc_server import RequestContext
-from node.endpoints.base import method
-from node.wire.errors import BAD_REQUEST, INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
+from node.wire.errors import INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
 from raft.node import encoded_entry_size
 
 if TYPE_CHECKING:
-    from node.server import Server
+    from node.core.api import ServerAPI
 
 # Bytes of each entry left for what differs between measuring and proposing
 # (the envelope's time and request id).
@@ -298,7 +295,7 @@ def _now(r: StateReader) -> int:
 class Collector:
     """One server's GC: plans on committed state and proposes reaps (leader only)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
         self.lock = asyncio.Lock()
         self.log = server.log.bind(component="gc")
@@ -383,7 +380,7 @@ class Collector:
 _COLLECTORS: weakref.WeakKeyDictionary[Any, Collector] = weakref.WeakKeyDictionary()
 
 
-def collector(server: Server) -> Collector:
+def collector(server: ServerAPI) -> Collector:
     found = _COLLECTORS.get(server)
     if found is None:
         found = _COLLECTORS[server] = Collector(server)
@@ -391,8 +388,8 @@ def collector(server: Server) -> Collector:
 
 
 # -- leader loops -------------------------------------------------------------------
-def _sweep_loop(kind: str) -> Callable[[Server], Any]:
-    async def loop(server: Server) -> None:
+def _sweep_loop(kind: str) -> Callable[[ServerAPI], Any]:
+    async def loop(server: ServerAPI) -> None:
         gc = collector(server)
         interval = getattr(server.config.gc, f"{kind}_interval")
         while True:
@@ -415,7 +412,7 @@ LEADER_LOOPS = [_sweep_loop(kind) for kind in GC_KINDS]
 
 
 # -- the admin RPC ------------------------------------------------------------------
-async def _force(gc: Collector) -> Outcome:
+async def force(gc: Collector) -> Outcome:
     try:
         outcome = await gc.run(FORCE_ORDER, Thresholds.zero(), forced=True)
     except GCError as exc:
@@ -430,14 +427,14 @@ async def _force(gc: Collector) -> Outcome:
     return outcome
 
 
-async def _detached(gc: Collector) -> None:
+async def force_detached(gc: Collector) -> None:
     try:
-        await _force(gc)
+        await force(gc)
     except RPCError as exc:
         gc.log.warning("detached forced gc stopped", error=str(exc))
 
 
-def _dry_run(r: StateReader, token_limit: int) -> dict[str, Any]:
+def dry_run(r: StateReader, token_limit: int) -> dict[str, Any]:
     plans = plan_all(r, _now(r), Thresholds.zero(), token_limit=token_limit)
     ids: dict[str, list[str]] = {t: [] for t in NAMES}
     for plan in plans:
@@ -452,20 +449,3 @@ def _dry_run(r: StateReader, token_limit: int) -> dict[str, Any]:
     }
 
 
-@method("system.gc")
-async def system_gc(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Force a garbage collection now (Nomad's ``PUT /v1/system/gc``); management token."""
-    for flag in ("detach", "dry_run"):
-        if flag in args and not isinstance(args[flag], bool):
-            raise RPCError(BAD_REQUEST, f"argument {flag!r} must be true or false")
-    await server.authorize(ctx, Need.MANAGEMENT)
-    await server.linearize(ctx)  # the leader runs it; followers forward
-    gc = collector(server)
-    if args.get("dry_run"):
-        limit = gc.limits.token_batch
-        return await server.local(lambda r: _dry_run(r, limit))
-    if args.get("detach"):
-        gc.spawn(_detached(gc))
-        return {"Detached": True, "Index": server.fsm.applied_index}
-    outcome = await _force(gc)
-    return outcome.to_nomad()

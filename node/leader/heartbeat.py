@@ -2,7 +2,7 @@
 
 Clients heartbeat each of their nodes within ``heartbeat_ttl`` (the answer
 tells them the TTL). The leader remembers the last heartbeat per node in
-memory (``Server.heartbeat``); a node silent for ``ttl + grace`` is marked
+memory (``ServerAPI.heartbeat``); a node silent for ``ttl + grace`` is marked
 down in one entry together with a ``node-update`` evaluation for every job
 that has live allocs on it, so the scheduler marks those allocs lost and
 replaces them — no window in which the node is down but nobody is asked to
@@ -17,39 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from fsm import codec
 from fsm import messages as m
-from fsm.ids import new_uuid
 from fsm.store import StateReader
-from fsm.structs import EVAL_PENDING, NODE_DOWN, NODE_READY, Evaluation, Job
-from node.core.acl import Need
-from node.core.rpc_server import RequestContext
-from node.endpoints.base import method
-from node.wire.errors import BAD_REQUEST, RPCError
-
-if TYPE_CHECKING:
-    from node.leader.lifecycle import Lifecycle
-    from node.server import Server
+from fsm.structs import NODE_DOWN, Evaluation, Job
+from node.core.heartbeats import Heartbeats
+from node.leader.shims import NodeView, RaftApplier, StateReads
+from node.wire.errors import RPCError
+from scheduler.evals import new_eval
 
 TRIGGER_NODE_UPDATE = "node-update"
 TRIGGER_NODE_DRAIN = "node-drain"
-MAX_HEARTBEAT_IDS = 10_000
-
-
-def job_eval(job: Job, triggered_by: str, node_id: str = "") -> Evaluation:
-    return Evaluation(
-        id=new_uuid(),
-        job_id=job.id,
-        namespace=job.namespace,
-        priority=job.priority,
-        type=job.type,
-        triggered_by=triggered_by,
-        job_modify_index=job.job_modify_index,
-        node_id=node_id,
-        status=EVAL_PENDING,
-    )
 
 
 def jobs_on_node(reader: StateReader, node_id: str) -> list[Job]:
@@ -64,16 +45,16 @@ def system_jobs(reader: StateReader) -> list[Job]:
 
 def node_down_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
     """One eval per job with live allocs on the node (their allocs are now lost)."""
-    return [job_eval(j, TRIGGER_NODE_UPDATE, node_id) for j in jobs_on_node(reader, node_id)]
+    return [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in jobs_on_node(reader, node_id)]
 
 
 def node_up_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
     """One eval per system job: a node that became usable should run them."""
-    return [job_eval(j, TRIGGER_NODE_UPDATE, node_id) for j in system_jobs(reader)]
+    return [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in system_jobs(reader)]
 
 
 def node_drain_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
-    return [job_eval(j, TRIGGER_NODE_DRAIN, node_id) for j in jobs_on_node(reader, node_id)]
+    return [new_eval(j, TRIGGER_NODE_DRAIN, node_id=node_id) for j in jobs_on_node(reader, node_id)]
 
 
 def eval_chunks(evals: list[Evaluation], budget: int, most: int | None = None) -> list[list[Evaluation]]:
@@ -100,27 +81,40 @@ def eval_chunks(evals: list[Evaluation], budget: int, most: int | None = None) -
 class HeartbeatMonitor:
     """Marks nodes down when their TTL (plus grace) runs out; leader only."""
 
-    def __init__(self, lc: Lifecycle) -> None:
-        self.lc = lc
-        self.server = lc.server
-        cfg = self.server.config.scheduler
-        self.ttl = cfg.heartbeat_ttl
-        self.grace = cfg.heartbeat_grace
+    def __init__(
+        self,
+        state: StateReads,
+        raft: RaftApplier,
+        heartbeats: Heartbeats,
+        nodes: Mapping[str, NodeView],
+        *,
+        ttl: float,
+        grace: float,
+        max_entry_bytes: int,
+        log: Any,
+    ) -> None:
+        self.state = state
+        self.raft = raft
+        self.heartbeats = heartbeats
+        self.nodes = nodes  # the lifecycle's live view, kept current from the journal
+        self.ttl = ttl
+        self.grace = grace
+        self.max_entry_bytes = max_entry_bytes
         self.marking: set[str] = set()
-        self.log = self.server.log.bind(component="heartbeat")
+        self.log = log.bind(component="heartbeat")
 
     def last(self, node_id: str) -> float | None:
-        return self.server._heartbeats.get(node_id)
+        return self.heartbeats.last(node_id)
 
     def expired(self, now: float) -> list[str]:
         """Nodes past ttl + grace; nodes never heard of in this term get a fresh TTL."""
         out = []
-        for node_id, view in sorted(self.lc.nodes.items()):
+        for node_id, view in sorted(self.nodes.items()):
             if view.status == NODE_DOWN or node_id in self.marking:
                 continue
             last = self.last(node_id)
             if last is None:
-                self.server.heartbeat(node_id)
+                self.heartbeats.beat(node_id)
                 continue
             if now - last > self.ttl + self.grace:
                 out.append(node_id)
@@ -136,53 +130,20 @@ class HeartbeatMonitor:
 
     async def _mark_down(self, node_id: str) -> None:
         try:
-            evals = await self.server.local(lambda r: node_down_evals(r, node_id))
+            evals = await self.state.local(lambda r: node_down_evals(r, node_id))
             # A node running many jobs needs more evals than one raft entry holds:
             # the entry carries those that fit, and the leader's tail gives every
             # other job on the node its eval when it sees the node go down.
-            chunks = eval_chunks(evals, self.server.raft.max_entry_bytes // 2)
+            chunks = eval_chunks(evals, self.max_entry_bytes // 2)
             evals = chunks[0] if chunks else []
-            await self.server.propose(
+            await self.raft.propose(
                 m.NodeUpdateStatus(node_id=node_id, status=NODE_DOWN, status_description="node heartbeat missed", evals=evals)
             )
             self.log.info("node missed its heartbeat; marked down", node=node_id, evals=len(evals))
         except RPCError as exc:
             self.log.warning("could not mark node down; retrying", node=node_id, error=str(exc))
-            self.server._heartbeats.pop(node_id, None)  # a fresh TTL before the next try
+            self.heartbeats.forget(node_id)  # a fresh TTL before the next try
         finally:
             self.marking.discard(node_id)
 
 
-@method("node.heartbeat")
-async def node_heartbeat(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Heartbeat many nodes at once: {node_ids: [...]} -> {HeartbeatTTL, Unknown, Index}.
-
-    Served by the leader (followers forward), since only the leader keeps
-    TTLs. A node that was marked down and heartbeats again is marked ready.
-    """
-    from node.server import _Forward
-
-    ids = args.get("node_ids")
-    if not isinstance(ids, list) or not ids or len(ids) > MAX_HEARTBEAT_IDS or not all(isinstance(i, str) and i for i in ids):
-        raise RPCError(BAD_REQUEST, f"argument 'node_ids' must be a non-empty list of at most {MAX_HEARTBEAT_IDS} node IDs")
-    await server.authorize(ctx, Need.WRITE)
-    if not server.raft.is_leader:
-        raise _Forward(server.leader_rpc())
-    with server.fsm.read() as reader:
-        nodes = {node_id: reader.node(node_id) for node_id in ids}
-        index = reader.table_index("nodes")
-    unknown, revive = [], []
-    for node_id, node in nodes.items():
-        if node is None:
-            unknown.append(node_id)
-        elif node.status == NODE_DOWN:
-            revive.append(node_id)
-        else:
-            server.heartbeat(node_id)
-    for node_id in revive:
-        result = await server.propose(
-            m.NodeUpdateStatus(node_id=node_id, status=NODE_READY, status_description="node heartbeat received")
-        )
-        index = max(index, result["index"])
-        server.heartbeat(node_id)
-    return {"HeartbeatTTL": server.config.scheduler.heartbeat_ttl, "Unknown": unknown, "Index": index}

@@ -43,9 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsm import codec
-from fsm import messages as m
 from fsm.cursor import Cursor, Record
-from fsm.ids import new_uuid
 from fsm.store import StateReader
 from fsm.structs import (
     CLIENT_COMPLETE,
@@ -56,49 +54,37 @@ from fsm.structs import (
     EVAL_COMPLETE,
     EVAL_FAILED,
     EVAL_PENDING,
-    EVAL_TERMINAL,
     NODE_DOWN,
-    NODE_ELIGIBLE,
-    NODE_READY,
-    SECOND,
     Evaluation,
     Job,
 )
 from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
-from node.core.acl import Need
-from node.core.rpc_server import RequestContext
 from node.core.wakeup import wait_event
-from node.endpoints.base import method
 from node.leader.broker import BlockedEvals, EvalBroker
 from node.leader.deployments import DeploymentWatcher
 from node.leader.drainer import Drainer
-from node.leader.heartbeat import (
-    HeartbeatMonitor,
-    eval_chunks,
-    job_eval,
-    node_down_evals,
-    node_up_evals,
-)
+from node.leader.evalwriter import EvalWriter
+from node.leader.heartbeat import HeartbeatMonitor, node_down_evals, node_up_evals
 from node.leader.plan_apply import PlanApplier
+from node.leader.shims import NodeView
 from node.leader.workers import Worker, WorkerStats
 from node.wire.errors import RPCError
+from scheduler.evals import new_eval
 
 if TYPE_CHECKING:
-    from node.server import Server
+    from node.core.api import ServerAPI
 
 TOPICS = (TOPIC_EVAL, TOPIC_ALLOC, TOPIC_NODE, TOPIC_DEPLOYMENT)
 TRIGGER_ALLOC_FAILURE = "alloc-failure"
 TRIGGER_ALLOC_STOP = "alloc-stop"
-TRIGGER_FAILED_FOLLOWUP = "failed-eval-follow-up"
 TRIGGER_LEADER = "leader-recovery"
-WRITE_BATCH = 200  # evals per EvalUpsert entry
 HOUSEKEEPING_INTERVAL = 0.2
 TAIL_IDLE_WAKE = 1.0
 
 _CURRENT: weakref.WeakKeyDictionary[Any, Lifecycle] = weakref.WeakKeyDictionary()
 
 
-def current(server: Server) -> Lifecycle | None:
+def current(server: ServerAPI) -> Lifecycle | None:
     """This server's lifecycle while it leads, else None."""
     return _CURRENT.get(server)
 
@@ -124,17 +110,6 @@ def _evaluates(job: Job, trigger: str) -> bool:
     if trigger == TRIGGER_ALLOC_STOP and job.type == "batch":
         return False
     return not (trigger == TRIGGER_ALLOC_FAILURE and job.type == "system")
-
-
-@dataclass
-class NodeView:
-    status: str
-    eligibility: str
-    drain: bool
-
-    @property
-    def usable(self) -> bool:
-        return self.status == NODE_READY and self.eligibility == NODE_ELIGIBLE and not self.drain
 
 
 @dataclass
@@ -177,64 +152,14 @@ class Initial:
         for job_id, trigger in sorted(needy.items()):
             job = reader.job(job_id)
             if job is not None and _evaluates(job, trigger):
-                init.orphans.append(job_eval(job, trigger))
+                init.orphans.append(new_eval(job, trigger))
         return init
-
-
-class EvalWriter:
-    """Batches the leader's own eval writes into EvalUpsert entries."""
-
-    def __init__(self, server: Server, followup_delay: float) -> None:
-        self.server = server
-        self.followup_delay = followup_delay
-        self.log = server.log.bind(component="eval_writer")
-
-    async def create(self, evals: list[Evaluation]) -> None:
-        for chunk in eval_chunks(evals, self.server.raft.max_entry_bytes // 2, WRITE_BATCH):
-            await self.server.propose(m.EvalUpsert(evals=chunk))
-
-    async def finish(self, evals: list[Evaluation], status: str, description: str) -> None:
-        """Give ``evals`` a terminal status, skipping those already finished in state."""
-
-        def current(reader: StateReader) -> list[Evaluation]:
-            out = []
-            for ev in evals:
-                now = reader.eval(ev.id)
-                if now is not None and now.status not in EVAL_TERMINAL:
-                    now.status = status
-                    now.status_description = description
-                    out.append(now)
-            return out
-
-        todo = await self.server.local(current)
-        extra: list[Evaluation] = []
-        if status == EVAL_FAILED:
-            # Nomad: a failed eval gets a delayed follow-up so the job is tried again later.
-            wait_until = self.server.state_now() + int(self.followup_delay * SECOND)
-            for ev in todo:
-                follow = Evaluation(
-                    id=new_uuid(),
-                    job_id=ev.job_id,
-                    namespace=ev.namespace,
-                    priority=ev.priority,
-                    type=ev.type,
-                    triggered_by=TRIGGER_FAILED_FOLLOWUP,
-                    job_modify_index=ev.job_modify_index,
-                    status=EVAL_PENDING,
-                    wait_until=wait_until,
-                    previous_eval=ev.id,
-                )
-                ev.next_eval = follow.id
-                extra.append(follow)
-        if todo:
-            await self.create(todo + extra)
-            self.log.info("evaluations finished by the leader", status=status, count=len(todo))
 
 
 class Lifecycle:
     """One leadership term: follows the journal and runs the lifecycle's tasks."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         cfg = server.config.scheduler
         self.server = server
         self.log = server.log.bind(component="lifecycle")
@@ -246,14 +171,22 @@ class Lifecycle:
             state_clock=server.state_now,
         )
         self.blocked = BlockedEvals()
-        self.applier = PlanApplier(server)
+        entry_bytes = server.raft.max_entry_bytes
+        self.applier = PlanApplier(server, server, max_entry_bytes=entry_bytes, log=server.log)
         self.stats = WorkerStats()
-        self.writer = EvalWriter(server, cfg.failed_eval_followup)
-        self.heartbeats = HeartbeatMonitor(self)
-        self.deployments = DeploymentWatcher(self)
-        self.drainer = Drainer(self)
+        self.writer = EvalWriter(
+            server, server, max_entry_bytes=entry_bytes, followup_delay=cfg.failed_eval_followup, log=server.log
+        )
         self.nodes: dict[str, NodeView] = {}
         self.active_deployments: set[str] = set()
+        self.heartbeats = HeartbeatMonitor(
+            server, server, server.heartbeats, self.nodes,
+            ttl=cfg.heartbeat_ttl, grace=cfg.heartbeat_grace, max_entry_bytes=entry_bytes, log=server.log,
+        )
+        self.deployments = DeploymentWatcher(
+            server, server, self.active_deployments, self.broker, self.writer, log=server.log
+        )
+        self.drainer = Drainer(server, server, self.nodes, log=server.log)
         self.cursor = Cursor(self, TOPICS)
         self.started = time.monotonic()
         self._rebuilt: Initial | None = None
@@ -276,7 +209,7 @@ class Lifecycle:
         try:
             await self.follow()
             workers = [
-                Worker(self.server, self.broker, self.blocked, self.applier, self.stats, f"w{i}")
+                Worker(self.server, self.broker, self.blocked, self.applier, self.stats, f"w{i}", self.log)
                 for i in range(self.server.config.scheduler.workers)
             ]
             async with asyncio.TaskGroup() as tg:
@@ -433,7 +366,7 @@ class Lifecycle:
             for job_id, trigger in sorted(job_needs.items()):
                 job = reader.job(job_id)
                 if job is not None and _evaluates(job, trigger):
-                    out.append(job_eval(job, trigger))
+                    out.append(new_eval(job, trigger))
             for node_id, what in sorted(node_needs.items()):
                 if what == "down":
                     out += node_down_evals(reader, node_id)
@@ -500,7 +433,7 @@ class Lifecycle:
         }
 
 
-async def lifecycle_loop(server: Server) -> None:
+async def lifecycle_loop(server: ServerAPI) -> None:
     """Leader loop: the whole lifecycle for as long as this server leads (unless turned off)."""
     if not server.config.scheduler.enabled:
         server.log.info("scheduler disabled by config ([scheduler] enabled = false)")
@@ -511,20 +444,3 @@ async def lifecycle_loop(server: Server) -> None:
 LEADER_LOOPS = [lifecycle_loop]
 
 
-@method("scheduler.stats")
-async def scheduler_stats(server: Server, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """The leader's broker, worker and plan-applier counters (``reset`` clears the worker stats)."""
-    from node.server import _Forward
-
-    await server.authorize(ctx, Need.READ)
-    if not server.raft.is_leader:
-        raise _Forward(server.leader_rpc())
-    lc = current(server)
-    if lc is None:
-        raise RPCError("unavailable", "the lifecycle is not running yet on the leader; retry in a moment")
-    out = lc.status()
-    if args.get("reset"):
-        lc.stats.reset()
-        lc.applier.stats.plans = lc.applier.stats.partial = lc.applier.stats.rejected_placements = 0
-    out["Leader"] = server.rpc.address
-    return out

@@ -28,19 +28,20 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsm.caches import NodeUsageCache
 from fsm.messages import PlanApply, encode_entry
 from fsm.store import StateReader
-from fsm.structs import DESIRED_RUN, NODE_ELIGIBLE, NODE_READY, Resources
+from fsm.structs import DESIRED_RUN, NODE_ELIGIBLE, NODE_READY, Allocation, Node, Resources
+from node.leader.shims import RaftApplier, StateReads
 from raft.node import encoded_entry_size
-from scheduler.feasibility import exhausted_dimension
 from scheduler.plan import Plan, logged_size, to_entries
 
 if TYPE_CHECKING:
-    from node.server import Server
+    pass
 
 
 def entry_size(body: Any) -> int:
@@ -98,10 +99,7 @@ def claims_of(body: PlanApply, inplace: set[str]) -> Claim | None:
         return None
     usage: dict[str, Resources] = {}
     for alloc in new:
-        u = usage.setdefault(alloc.node_id, Resources(cpu=0, memory_mb=0, disk_mb=0))
-        u.cpu += alloc.resources.cpu
-        u.memory_mb += alloc.resources.memory_mb
-        u.disk_mb += alloc.resources.disk_mb
+        usage.setdefault(alloc.node_id, Resources.zero()).add(alloc.resources)
     return Claim(new[0].id, usage)
 
 
@@ -112,11 +110,45 @@ def pending_usage(reader: StateReader, claims: list[Claim]) -> dict[str, Resourc
         if reader.alloc(claim.probe) is not None:
             continue
         for node_id, r in claim.usage.items():
-            u = out.setdefault(node_id, Resources(cpu=0, memory_mb=0, disk_mb=0))
-            u.cpu += r.cpu
-            u.memory_mb += r.memory_mb
-            u.disk_mb += r.disk_mb
+            out.setdefault(node_id, Resources.zero()).add(r)
     return out
+
+
+def freed_usage(reader: StateReader, plan: Plan, nodes: Container[str]) -> dict[str, Resources]:
+    """Per-node resources that ``plan``'s stops give back on ``nodes`` (where it also places)."""
+    freed: dict[str, Resources] = {}
+    for stop_id in {s.id for s in plan.stop if s.desired_status != DESIRED_RUN}:
+        alloc = reader.alloc(stop_id)
+        if alloc is None or alloc.terminal() or alloc.node_id not in nodes:
+            continue
+        freed.setdefault(alloc.node_id, Resources.zero()).add(alloc.resources)
+    return freed
+
+
+def node_refusal(node: Node | None, placing: bool) -> str | None:
+    """Why a plan may not place on ``node`` whatever its resources, or None."""
+    if node is None:
+        return "node no longer exists"
+    if placing and node.status != NODE_READY:
+        return f"node is {node.status}"
+    if placing and (node.drain or node.scheduling_eligibility != NODE_ELIGIBLE):
+        return "node is draining or ineligible"
+    return None
+
+
+def usage_after(reader: StateReader, plan: Plan, allocs: list[Allocation], used: Resources) -> Resources | None:
+    """``used`` once ``allocs`` are placed on their node; None if an in-place update went stale."""
+    for alloc in allocs:
+        if alloc.id not in plan.inplace:
+            used.add(alloc.resources)
+            continue
+        current = reader.alloc(alloc.id)
+        if current is None or current.terminal() or current.modify_index != alloc.modify_index:
+            return None
+        # The live copy's claim is already in ``used``; add only the difference.
+        used.add(alloc.resources)
+        used.subtract(current.resources)
+    return used
 
 
 def check_plan(
@@ -130,62 +162,27 @@ def check_plan(
     cache.catch_up(reader)
     pending = pending_usage(reader, in_flight or [])
     rejected: dict[str, str] = {}
-    by_node: dict[str, list] = {}
+    by_node: dict[str, list[Allocation]] = {}
     for alloc in plan.place:
         by_node.setdefault(alloc.node_id, []).append(alloc)
-    freed: dict[str, Resources] = {}
-    stop_ids = {s.id for s in plan.stop if s.desired_status != DESIRED_RUN}
-    for stop_id in stop_ids:
-        alloc = reader.alloc(stop_id)
-        if alloc is None or alloc.terminal() or alloc.node_id not in by_node:
-            continue
-        f = freed.setdefault(alloc.node_id, Resources(cpu=0, memory_mb=0, disk_mb=0))
-        f.cpu += alloc.resources.cpu
-        f.memory_mb += alloc.resources.memory_mb
-        f.disk_mb += alloc.resources.disk_mb
+    freed = freed_usage(reader, plan, by_node)
     for node_id, allocs in sorted(by_node.items()):
         node = reader.node(node_id)
-        new = [a for a in allocs if a.id not in plan.inplace]
-        if node is None:
-            rejected[node_id] = "node no longer exists"
+        refusal = node_refusal(node, any(a.id not in plan.inplace for a in allocs))
+        if refusal is not None:
+            rejected[node_id] = refusal
             continue
-        if new and node.status != NODE_READY:
-            rejected[node_id] = f"node is {node.status}"
-            continue
-        if new and (node.drain or node.scheduling_eligibility != NODE_ELIGIBLE):
-            rejected[node_id] = "node is draining or ineligible"
-            continue
+        assert node is not None
         used = cache.usage(node_id)
-        p = pending.get(node_id)
-        if p is not None:
-            used.cpu += p.cpu
-            used.memory_mb += p.memory_mb
-            used.disk_mb += p.disk_mb
-        f = freed.get(node_id)
-        if f is not None:
-            used.cpu -= f.cpu
-            used.memory_mb -= f.memory_mb
-            used.disk_mb -= f.disk_mb
-        stale = False
-        for alloc in allocs:
-            if alloc.id in plan.inplace:
-                current = reader.alloc(alloc.id)
-                if current is None or current.terminal() or current.modify_index != alloc.modify_index:
-                    stale = True
-                    break
-                # The live copy's claim is already in ``used``; add only the difference.
-                used.cpu += alloc.resources.cpu - current.resources.cpu
-                used.memory_mb += alloc.resources.memory_mb - current.resources.memory_mb
-                used.disk_mb += alloc.resources.disk_mb - current.resources.disk_mb
-            else:
-                used.cpu += alloc.resources.cpu
-                used.memory_mb += alloc.resources.memory_mb
-                used.disk_mb += alloc.resources.disk_mb
-        if stale:
+        if node_id in pending:
+            used.add(pending[node_id])
+        if node_id in freed:
+            used.subtract(freed[node_id])
+        after = usage_after(reader, plan, allocs, used)
+        if after is None:
             rejected[node_id] = "an in-place update found its allocation changed"
             continue
-        zero = Resources(cpu=0, memory_mb=0, disk_mb=0)
-        dim = exhausted_dimension(node.resources, zero, used)
+        dim = after.exhausted(node.resources)
         if dim is not None:
             rejected[node_id] = f"resources exhausted: {dim}"
     annotations_ok = True
@@ -217,12 +214,14 @@ class PlanApplier:
     harmless — the last entry only writes evals.
     """
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, state: StateReads, raft: RaftApplier, *, max_entry_bytes: int, log: Any) -> None:
+        self.state = state
+        self.raft = raft
+        self.max_entry_bytes = max_entry_bytes
         self.cache = NodeUsageCache()
         self.queue: asyncio.Queue[tuple[Plan, asyncio.Future[PlanResult]]] = asyncio.Queue()
         self.stats = ApplierStats()
-        self.log = server.log.bind(component="plan_apply")
+        self.log = log.bind(component="plan_apply")
         self.in_flight: dict[int, list[Claim]] = {}
         self._ended: dict[int, asyncio.Event] = {}  # in-flight plan key -> set once it committed or failed
         self._seq = 0
@@ -265,7 +264,7 @@ class PlanApplier:
     async def _start(self, plan: Plan, future: asyncio.Future[PlanResult]) -> bool:
         """Check ``plan`` and start committing what fits; False if nothing was proposed."""
         claims = [c for cs in self.in_flight.values() for c in cs]
-        accepted, rejected = await self.server.local(lambda r: check_plan(r, plan, self.cache, claims))
+        accepted, rejected = await self.state.local(lambda r: check_plan(r, plan, self.cache, claims))
         result = PlanResult(whole=not rejected)
         if rejected:
             result.after = [self._ended[k] for k in self.in_flight]
@@ -285,13 +284,13 @@ class PlanApplier:
         if accepted.empty():
             future.set_result(result)
             return False
-        bodies = to_entries(accepted, self.server.raft.max_entry_bytes, entry_size, item_size=logged_size)
+        bodies = to_entries(accepted, self.max_entry_bytes, entry_size, item_size=logged_size)
         self._seq += 1
         key = self._seq
         self.in_flight[key] = [c for c in (claims_of(b, accepted.inplace) for b in bodies) if c is not None]
         self._ended[key] = asyncio.Event()
         # Propose the head entries now, in order, before the next plan is checked.
-        head = [asyncio.ensure_future(self.server.propose(b)) for b in bodies[:-1]]
+        head = [asyncio.ensure_future(self.raft.propose(b)) for b in bodies[:-1]]
         task = asyncio.ensure_future(self._commit(key, accepted, bodies, head, result, future))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -312,7 +311,7 @@ class PlanApplier:
                 if isinstance(outcome, BaseException):
                     raise outcome
                 result.index = max(result.index, outcome["index"])
-            out = await self.server.propose(bodies[-1])
+            out = await self.raft.propose(bodies[-1])
             result.index = max(result.index, out["index"])
             result.entries = len(bodies)
             result.placed = len(accepted.new_placements)

@@ -25,6 +25,7 @@ from fsm.store import StateReader
 from fsm.structs import EVAL_TERMINAL, Evaluation
 from node.leader.broker import BrokerError, EvalBroker
 from node.leader.plan_apply import PlanApplier, PlanResult
+from node.leader.shims import StateReads
 from node.wire.errors import NO_LEADER, NOT_LEADER, RPCError
 from scheduler.errors import SchedulerError
 from scheduler.generic import schedule
@@ -33,7 +34,6 @@ from scheduler.state import load_snapshot
 
 if TYPE_CHECKING:
     from node.leader.broker import BlockedEvals
-    from node.server import Server
 
 MAX_ATTEMPTS = 5
 SETTLE_WAIT = 10.0  # longest wait, after a rejection, for the plans that were committing
@@ -98,21 +98,22 @@ class WorkerStats:
 class Worker:
     def __init__(
         self,
-        server: Server,
+        state: StateReads,
         broker: EvalBroker,
         blocked: BlockedEvals,
         applier: PlanApplier,
         stats: WorkerStats,
         name: str,
+        log: Any,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.server = server
+        self.state = state
         self.broker = broker
         self.blocked = blocked
         self.applier = applier
         self.stats = stats
         self.cache = NodeUsageCache()
-        self.log = server.log.bind(component="worker", worker=name)
+        self.log = log.bind(component="worker", worker=name)
         self._pause = pause
         self._failures = 0  # evals failed in a row
 
@@ -165,7 +166,7 @@ class Worker:
         enqueued = self.broker.enqueued_at(ev.id)
         for _attempt in range(MAX_ATTEMPTS):
             started = time.monotonic()
-            plan = await self.server.local(lambda r: self.plan(r, ev))
+            plan = await self.state.local(lambda r: self.plan(r, ev))
             if plan is None:
                 self.stats.skipped += 1
                 return

@@ -143,7 +143,7 @@ def serve(path: str) -> None:
     from fsm.journal import Retention
     from fsm.machine import FSM
     from node.core.rpc_server import RPCServer
-    from node.core.stream import event_stream
+    from node.endpoints.events import event_stream
 
     class Stub:
         def __init__(self, fsm: FSM) -> None:

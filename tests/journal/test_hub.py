@@ -22,7 +22,9 @@ from fsm import messages as m
 from fsm.journal import Retention
 from fsm.structs import ACLToken
 from fsm.writer import full_records
-from node.core.stream import Hub, parse_args, parse_topics
+from node.core.hub import Hub
+from node.core.stream import parse_topics
+from node.endpoints.events import parse_args
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import RPCError
 from node.wire.events import decode_batch, record_events, unfold, unpack
@@ -270,7 +272,7 @@ class _AclStub:
 
 
 def test_acl_tokens_only_for_management_and_a_revoked_token_ends_the_stream() -> None:
-    from node.core.stream import event_stream
+    from node.endpoints.events import event_stream
 
     h = Harness()
     h.apply(m.ACLTokenUpsert(tokens=[ACLToken(accessor_id="t1", secret_hash="0" * 64, type="client", policies=["read"])]))

@@ -23,7 +23,7 @@ class _StuckServer:
 
 def test_stopping_cancels_the_plan_in_check_and_the_queued_ones() -> None:
     async def scenario() -> None:
-        applier = PlanApplier(_StuckServer())  # type: ignore[arg-type]
+        applier = PlanApplier(_StuckServer(), _StuckServer(), max_entry_bytes=48 * 1024, log=_StuckServer.log)  # type: ignore[arg-type]
         runner = asyncio.create_task(applier.run())
         checking = asyncio.create_task(applier.submit(object()))  # type: ignore[arg-type]
         queued = asyncio.create_task(applier.submit(object()))  # type: ignore[arg-type]

@@ -55,11 +55,11 @@ def test_a_plan_rejected_for_in_flight_claims_is_planned_again_after_they_commit
 
         async def scenario() -> None:
             server = _HarnessServer(h)
-            applier = PlanApplier(server)  # type: ignore[arg-type]
+            applier = PlanApplier(server, server, max_entry_bytes=server.raft.max_entry_bytes, log=server.log)  # type: ignore[arg-type]
             runner = asyncio.create_task(applier.run())
 
             def worker(name: str) -> Worker:
-                return Worker(server, EvalBroker(), BlockedEvals(), applier, WorkerStats(), name)  # type: ignore[arg-type]
+                return Worker(server, EvalBroker(), BlockedEvals(), applier, WorkerStats(), name, server.log)  # type: ignore[arg-type]
 
             first = asyncio.create_task(worker("w1").process(evals["a"]))
             while not applier.in_flight:  # a's plan is checked and committing (held at the gate)

@@ -76,9 +76,9 @@ def _run(error: RPCError, releases: int) -> tuple[list[float], EvalBroker, int, 
             broker = EvalBroker()
             for ev in evals:
                 broker.enqueue(ev)
-            applier = PlanApplier(server)  # type: ignore[arg-type]
+            applier = PlanApplier(server, server, max_entry_bytes=server.raft.max_entry_bytes, log=server.log)  # type: ignore[arg-type]
             runner = asyncio.create_task(applier.run())
-            worker = Worker(server, broker, BlockedEvals(), applier, WorkerStats(), "w1", pause=pause)  # type: ignore[arg-type]
+            worker = Worker(server, broker, BlockedEvals(), applier, WorkerStats(), "w1", server.log, pause=pause)  # type: ignore[arg-type]
             task = asyncio.create_task(worker.run())
             for n in range(releases + 1):
                 await wait_until_async(lambda n=n: len(pauses) > n, 10, "the worker pauses after a failed eval")

@@ -6,7 +6,8 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from node.server import FORWARDED, Server, _Forward
+from node.core.api import Forward
+from node.server import FORWARDED, Server
 
 
 class _ForwardingServer:
@@ -28,7 +29,7 @@ class _ForwardingServer:
 
 def test_a_request_run_here_that_finds_this_server_deposed_goes_on_to_the_leader() -> None:
     """Seen in a fault run: a read waiting to be forwarded found this server leader and ran
-    here, its barrier found it deposed again, and the second ``_Forward`` escaped as an
+    here, its barrier found it deposed again, and the second ``Forward`` escaped as an
     internal error ("rpc handler crashed") instead of going to the new leader."""
     server = _ForwardingServer()
     runs: list[str] = []
@@ -36,7 +37,7 @@ def test_a_request_run_here_that_finds_this_server_deposed_goes_on_to_the_leader
     async def read(srv: Any, ctx: Any, args: dict[str, Any]) -> Any:
         runs.append(srv.rpc.address)
         srv.raft.is_leader = False  # the barrier found leadership gone
-        raise _Forward("B")
+        raise Forward("B")
 
     ctx = SimpleNamespace(request_id="r1", token="t")
     result = asyncio.run(Server._forward(server, "job.get", read, ctx, {"job_id": "j"}, None))  # type: ignore[arg-type]

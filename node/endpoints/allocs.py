@@ -1,0 +1,57 @@
+"""RPC methods for allocations: reads, and the client's status updates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsm import codec
+from fsm import messages as m
+from fsm.errors import CodecError
+from fsm.store import StateReader
+from node.core.acl import Need
+from node.core.rpc_server import RequestContext
+from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
+from node.spec.nomadjson import from_nomad, to_nomad
+
+if TYPE_CHECKING:
+    from node.core.api import ServerAPI
+
+
+# -- allocs ----------------------------------------------------------------------------
+@method("alloc.get")
+async def alloc_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    alloc_id = id_arg(args, "alloc_id")
+    return await server.read(
+        ctx, args, ("allocs",), lambda r: found(by_prefix(r.alloc, r.allocs, alloc_id), f"allocation {alloc_id}"), point=True
+    )
+
+
+@method("alloc.list")
+async def alloc_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    job_id = arg(args, "job_id", required=False)
+    node_id = arg(args, "node_id", required=False)
+
+    def allocs(r: StateReader) -> Any:
+        if job_id:
+            rows = r.allocs_by_job(job_id)
+        elif node_id:
+            rows = r.allocs_by_node(node_id)
+        else:
+            rows = r.allocs(arg(args, "prefix", required=False, default=""))
+        return [to_nomad(a) for a in rows]
+
+    return await server.read(ctx, args, ("allocs",), allocs)
+
+
+@method("alloc.update")
+async def alloc_update(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Client status updates (what Nomad's Node.UpdateAlloc carries)."""
+    raw = args.get("allocs")
+    if not isinstance(raw, list) or not raw:
+        raise bad("argument 'allocs' must be a non-empty list of {ID, ClientStatus, ...}")
+    try:
+        states = [codec.from_wire(m.AllocClientState, from_nomad(a), f"allocs[{i}]") for i, a in enumerate(raw)]
+    except CodecError as exc:
+        raise bad(str(exc)) from None
+    result = await server.write(ctx, Need.WRITE, m.AllocClientUpdate(allocs=states))
+    return {"Index": result["index"], "Updated": result["value"]["updated"], "Ignored": result["value"]["ignored"]}

@@ -1,0 +1,163 @@
+"""RPC methods for client nodes: register, status, eligibility and reads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsm import codec
+from fsm import messages as m
+from fsm.errors import CodecError
+from fsm.structs import (
+    NODE_DOWN,
+    NODE_ELIGIBLE,
+    NODE_INELIGIBLE,
+    NODE_READY,
+    NODE_STATUSES,
+    DrainStrategy,
+    Node,
+)
+from node.core.acl import Need
+from node.core.api import Forward
+from node.core.rpc_server import RequestContext
+from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
+from node.spec.nomadjson import from_nomad, to_nomad
+from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
+
+if TYPE_CHECKING:
+    from node.core.api import ServerAPI
+
+
+# -- nodes ---------------------------------------------------------------------------
+@method("node.register")
+async def node_register(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    try:
+        node = codec.from_wire(Node, from_nomad(args.get("node")), "Node")
+    except CodecError as exc:
+        raise bad(f"invalid node: {exc}") from None
+    node.status = node.status if node.status in NODE_STATUSES else NODE_READY
+    result = await server.write(ctx, Need.WRITE, m.NodeRegister(node=node))
+    return {"Index": result["index"], "NodeID": node.id}
+
+
+@method("node.status")
+async def node_status(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """A heartbeat (status ready) or an operator marking a node down.
+
+    Served by the leader (a follower forwards it): heartbeat TTLs live only
+    on the leader, and the leader's state already has a just-registered node.
+    """
+    node_id = id_arg(args, "node_id")
+    new = arg(args, "status", required=False, default=NODE_READY)
+    if new not in (NODE_READY, NODE_DOWN):
+        raise bad("argument 'status' must be ready or down")
+    server.ensure_leader()
+    await server.authorize(ctx, Need.WRITE)
+    node = await server.local(lambda r: r.node(node_id))
+    if node is None:
+        raise RPCError(NOT_FOUND, f"node {node_id} not found; register it first")
+    if node.status == new:
+        server.heartbeats.beat(node_id)
+        return {"Index": node.modify_index, "NodeID": node_id}
+    result = await server.write(ctx, Need.WRITE, m.NodeUpdateStatus(node_id=node_id, status=new))
+    server.heartbeats.beat(node_id)
+    return {"Index": result["index"], "NodeID": node_id}
+
+
+@method("node.eligibility")
+async def node_eligibility(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    node_id = id_arg(args, "node_id")
+    value = arg(args, "eligibility")
+    if value not in (NODE_ELIGIBLE, NODE_INELIGIBLE):
+        raise bad("argument 'eligibility' must be eligible or ineligible")
+    result = await server.write(ctx, Need.WRITE, m.NodeUpdateEligibility(node_id=node_id, eligibility=value))
+    return {"Index": result["index"], "NodeID": node_id}
+
+
+@method("node.get")
+async def node_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    node_id = id_arg(args, "node_id")
+    return await server.read(
+        ctx, args, ("nodes",), lambda r: found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}"), point=True
+    )
+
+
+@method("node.list")
+async def node_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    return await server.read(ctx, args, ("nodes",), lambda r: [to_nomad(n) for n in r.nodes()])
+
+
+MAX_HEARTBEAT_IDS = 10_000
+
+
+@method("node.heartbeat")
+async def node_heartbeat(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Heartbeat many nodes at once: {node_ids: [...]} -> {HeartbeatTTL, Unknown, Index}.
+
+    Served by the leader (followers forward), since only the leader keeps
+    TTLs. A node that was marked down and heartbeats again is marked ready.
+    """
+
+    ids = args.get("node_ids")
+    if not isinstance(ids, list) or not ids or len(ids) > MAX_HEARTBEAT_IDS or not all(isinstance(i, str) and i for i in ids):
+        raise RPCError(BAD_REQUEST, f"argument 'node_ids' must be a non-empty list of at most {MAX_HEARTBEAT_IDS} node IDs")
+    await server.authorize(ctx, Need.WRITE)
+    if not server.raft.is_leader:
+        raise Forward(server.leader_rpc())
+    with server.fsm.read() as reader:
+        nodes = {node_id: reader.node(node_id) for node_id in ids}
+        index = reader.table_index("nodes")
+    unknown, revive = [], []
+    for node_id, node in nodes.items():
+        if node is None:
+            unknown.append(node_id)
+        elif node.status == NODE_DOWN:
+            revive.append(node_id)
+        else:
+            server.heartbeats.beat(node_id)
+    for node_id in revive:
+        result = await server.propose(
+            m.NodeUpdateStatus(node_id=node_id, status=NODE_READY, status_description="node heartbeat received")
+        )
+        index = max(index, result["index"])
+        server.heartbeats.beat(node_id)
+    return {"HeartbeatTTL": server.config.scheduler.heartbeat_ttl, "Unknown": unknown, "Index": index}
+
+
+def _drain_spec(args: dict[str, Any]) -> DrainStrategy | None:
+    spec = args.get("drain_spec")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise RPCError(BAD_REQUEST, "argument 'drain_spec' must be a map with Deadline and IgnoreSystemJobs, or null")
+    unknown = set(spec) - {"Deadline", "IgnoreSystemJobs"}
+    if unknown:
+        raise RPCError(BAD_REQUEST, f"drain_spec: unknown fields {sorted(unknown)}; known: Deadline, IgnoreSystemJobs")
+    deadline = spec.get("Deadline", 0)
+    if not isinstance(deadline, int) or isinstance(deadline, bool):
+        raise RPCError(BAD_REQUEST, "drain_spec.Deadline must be an integer of nanoseconds (< 0 forces, 0 has none)")
+    ignore = spec.get("IgnoreSystemJobs", False)
+    if not isinstance(ignore, bool):
+        raise RPCError(BAD_REQUEST, "drain_spec.IgnoreSystemJobs must be a bool")
+    return DrainStrategy(deadline=deadline, ignore_system_jobs=ignore)
+
+
+@method("node.drain")
+async def node_drain(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Start or change a node's drain (``drain_spec``), or end it (null), as Nomad's Node.UpdateDrain.
+
+    ``mark_eligible`` opens the node again when the drain ends.
+    """
+    node_id = id_arg(args, "node_id")
+    strategy = _drain_spec(args)
+    mark_eligible = args.get("mark_eligible", False)
+    if not isinstance(mark_eligible, bool):
+        raise RPCError(BAD_REQUEST, "argument 'mark_eligible' must be a bool")
+    if strategy is not None and mark_eligible:
+        raise RPCError(BAD_REQUEST, "mark_eligible only applies when a drain ends (drain_spec null)")
+    await server.authorize(ctx, Need.WRITE)  # before the lookup: no token, no word on what exists
+    node = await server.local(lambda r: by_prefix(r.node, r.nodes, node_id))
+    if node is None:
+        raise RPCError(NOT_FOUND, f"node {node_id} not found")
+    entry = m.NodeUpdateDrain(node_id=node.id, strategy=strategy, mark_eligible=mark_eligible)
+    result = await server.write(ctx, Need.WRITE, entry)
+    return {"NodeID": node.id, "NodeModifyIndex": result["index"], "EvalIDs": [], "Index": result["index"]}

@@ -1,0 +1,48 @@
+"""The narrow views of the server that leader services are handed.
+
+As Nomad's drainer and deployment watcher get a ``RaftApplier`` shim rather
+than the whole server, each leader service here names only what it uses:
+reading committed state, and putting entries on the log. The server
+satisfies both protocols; tests can hand a service a small fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fsm.structs import NODE_ELIGIBLE, NODE_READY
+
+if TYPE_CHECKING:
+    from fsm.store import StateReader
+
+
+class StateReads(Protocol):
+    """Reads of the leader's committed state."""
+
+    async def local(self, fn: Callable[[StateReader], Any]) -> Any:
+        """``fn`` on the committed state, off the event loop."""
+
+    def state_now(self) -> int:
+        """Now in the state's time (ns), never before the log's newest time."""
+
+
+class RaftApplier(Protocol):
+    """Leader-internal writes: one entry on the log, answered with its index and apply result."""
+
+    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
+        """Commit ``body``; raises ``RPCError`` (``not_leader`` once leadership is lost)."""
+
+
+@dataclass
+class NodeView:
+    """What the leader's services keep of a node between journal records."""
+
+    status: str
+    eligibility: str
+    drain: bool
+
+    @property
+    def usable(self) -> bool:
+        return self.status == NODE_READY and self.eligibility == NODE_ELIGIBLE and not self.drain
