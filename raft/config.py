@@ -57,70 +57,58 @@ class RaftProfile:
     commands_queue_size: int
     #: Unbatched mode only: the leader ships the entries its command loop
     #: appended every this many entries (and at the loop's end) instead of
-    #: after every single command as pysyncobj does (raft/node.py).
+    #: after every single command as pysyncobj does (raft/commands.py).
     coalesce_entries: int = 64
 
 
+#: The default profile, and the base the others are built from: each of
+#: them states only what it changes. Every submit wakes the tick thread (pipe
+#: notifier) and sends append_entries immediately instead of waiting for a
+#: batch period, so a serial writer sees sub-millisecond commits on loopback;
+#: pipelined writers still get batched append_entries because the leader
+#: ships everything past each follower's nextIndex in one message.
+_LOW_LATENCY = RaftProfile(
+    name="low-latency",
+    append_entries_use_batch=False,
+    append_entries_period=0.05,
+    auto_tick_period=0.02,
+    raft_min_timeout=0.5,
+    raft_max_timeout=1.2,
+    leader_fallback_timeout=2.5,
+    connection_timeout=3.0,
+    connection_retry_time=0.25,
+    commands_wait_leader=False,
+    log_compaction_min_entries=50_000,
+    log_compaction_min_time=300.0,
+    send_buffer_size=2**20,
+    recv_buffer_size=2**20,
+    commands_queue_size=200_000,
+)
+
 PROFILES: dict[str, RaftProfile] = {
-    # Default. Every submit wakes the tick thread (pipe notifier) and sends
-    # append_entries immediately instead of waiting for a batch period, so a
-    # serial writer sees sub-millisecond commits on loopback; pipelined
-    # writers still get batched append_entries because the leader ships
-    # everything past each follower's nextIndex in one message.
-    "low-latency": RaftProfile(
-        name="low-latency",
-        append_entries_use_batch=False,
-        append_entries_period=0.05,
-        auto_tick_period=0.02,
-        raft_min_timeout=0.5,
-        raft_max_timeout=1.2,
-        leader_fallback_timeout=2.5,
-        connection_timeout=3.0,
-        connection_retry_time=0.25,
-        commands_wait_leader=False,
-        log_compaction_min_entries=50_000,
-        log_compaction_min_time=300.0,
-        send_buffer_size=2**20,
-        recv_buffer_size=2**20,
-        commands_queue_size=200_000,
-    ),
+    "low-latency": _LOW_LATENCY,
     # Bulk loads (restores, benchmarks). Same unbatched pipeline, but the
     # leader coalesces up to 256 entries per append_entries (about the 64 KiB
     # message cap for small entries), with bigger socket buffers and queue.
     # pysyncobj's own batch mode (appendEntriesUseBatch=True) was measured
     # and lost on both latency and throughput: it only ships on a timer.
-    "throughput": RaftProfile(
+    "throughput": replace(
+        _LOW_LATENCY,
         name="throughput",
-        append_entries_use_batch=False,
-        append_entries_period=0.05,
-        auto_tick_period=0.02,
-        raft_min_timeout=0.5,
-        raft_max_timeout=1.2,
-        leader_fallback_timeout=2.5,
-        connection_timeout=3.0,
-        connection_retry_time=0.25,
-        commands_wait_leader=False,
         log_compaction_min_entries=100_000,
-        log_compaction_min_time=300.0,
         send_buffer_size=2**22,
         recv_buffer_size=2**22,
         commands_queue_size=400_000,
         coalesce_entries=256,
     ),
     # pysyncobj's batch mode with a short period, kept for comparison runs.
-    "batched": RaftProfile(
+    "batched": replace(
+        _LOW_LATENCY,
         name="batched",
         append_entries_use_batch=True,
         append_entries_period=0.005,
         auto_tick_period=0.002,
-        raft_min_timeout=0.5,
-        raft_max_timeout=1.2,
-        leader_fallback_timeout=2.5,
-        connection_timeout=3.0,
-        connection_retry_time=0.25,
-        commands_wait_leader=False,
         log_compaction_min_entries=100_000,
-        log_compaction_min_time=300.0,
         send_buffer_size=2**21,
         recv_buffer_size=2**21,
         commands_queue_size=400_000,
@@ -135,7 +123,12 @@ Deserializer = Callable[[str], Any]
 SerializeChecker = Callable[[], int]
 
 
-def _split_host_port(address: str, what: str) -> tuple[str, int]:
+def split_host_port(address: str, what: str) -> tuple[str, int]:
+    """``host:port`` split and checked; ``what`` names the address in the error.
+
+    Public because the node checks its bind address with the same rule
+    before pysyncobj tries to bind (raft/startup.py).
+    """
     host, sep, port = address.rpartition(":")
     if not sep or not host:
         raise ConfigError(f"{what} {address!r} is not host:port")
@@ -213,7 +206,7 @@ class RaftConfig:
     def effective_bind_address(self) -> str:
         if self.bind_address:
             return self.bind_address
-        host, port = _split_host_port(self.self_address, "self address")
+        host, port = split_host_port(self.self_address, "self address")
         return f"{host}:{port}"
 
     @property
@@ -251,10 +244,10 @@ class RaftConfig:
                 "raft password is required: set one shared secret for all servers "
                 "(the raft port must never accept unauthenticated peers)"
             )
-        _split_host_port(self.self_address, "self address")
+        split_host_port(self.self_address, "self address")
         for p in self.other_peers:
-            _split_host_port(p, "peer address")
-        host, _ = _split_host_port(self.effective_bind_address, "bind address")
+            split_host_port(p, "peer address")
+        host, _ = split_host_port(self.effective_bind_address, "bind address")
         if host in ("", "*"):
             raise ConfigError(
                 "bind address must name a host; use 0.0.0.0 explicitly to listen everywhere"

@@ -23,7 +23,7 @@ from pysyncobj.node import TCPNode
 
 from raft import RaftConfig
 from raft.catchup import SnapshotFloors, conflict_hint, filter_reply
-from raft.node import _Replica
+from raft.replica import Replica as _Replica
 from tests.raft.cluster import free_ports
 from tests.raft.conftest import MemTarget
 

@@ -26,7 +26,7 @@ import raft.journal as rj
 from raft import RaftConfig, RaftNode
 from raft.errors import JournalSwitchError
 from raft.journal import AtomicFileJournal
-from raft.node import _Replica
+from raft.replica import Replica as _Replica
 from tests.raft.cluster import free_ports, wait_for
 from tests.raft.conftest import MemTarget
 

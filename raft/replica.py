@@ -1,0 +1,129 @@
+"""The replica: one pysyncobj ``SyncObj`` composed of one mixin per mechanism.
+
+The mixins (see raft/replica_base.py) each own one mechanism; this class
+wires the points where several meet -- the tick (fsync, commit, callbacks,
+queued tasks, barrier, transfer, announcement, in that order), the send hook
+(log repair, then fsync's hold) and the barrier batch -- and runs pysyncobj's
+constructor once every mixin's state is in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from raft.apply import ApplyPath, ApplyTarget
+from raft.auth import LinkAuthenticator
+from raft.barrier import BarrierBatches
+from raft.commands import CommandQueue
+from raft.config import RaftConfig
+from raft.durability import Durability
+from raft.entries import encode_barrier, encode_command
+from raft.errors import NotLeaderError, RaftError
+from raft.leadership import Leadership
+from raft.repair import LogRepair
+from raft.replica_base import ReplicaOwner
+from raft.transport import CaravanTransport
+from raft.waiters import Waiter
+
+
+class Replica(ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
+    """The SyncObj subclass. Everything here runs on pysyncobj's tick thread
+    unless marked otherwise. All attributes are assigned *before*
+    ``SyncObj.__init__`` because pysyncobj starts the tick thread (and may
+    receive messages) inside its constructor."""
+
+    def __init__(
+        self, owner: ReplicaOwner, config: RaftConfig, conf: Any, target: ApplyTarget
+    ) -> None:
+        self.setup_base(owner, config)
+        self.setup_apply(target)
+        self.setup_commands(config, conf)
+        self.setup_durability(config)
+        self.setup_repair(config)
+        self.setup_leadership(config)
+        self._auth = LinkAuthenticator(config.password)
+        self._barriers = BarrierBatches()
+        self._func_id = -1
+        if conf.deserializer is not None:
+            # Wrapped here, not in RaftNode: pysyncobj may load the dump in its
+            # first tick, before RaftNode has a reference to this object.
+            conf.deserializer = self.aligning_deserializer(conf.deserializer)
+        super().__init__(
+            config.self_address,
+            config.other_peers,
+            conf,
+            transportClass=CaravanTransport,
+        )
+        self._func_id = self._methodToID[self._getFuncName("caravan_apply")]
+
+    @property
+    def func_id(self) -> int:
+        """pysyncobj's id of the replicated method, the first field of every command."""
+        return self._func_id
+
+    @property
+    def encryptor(self) -> LinkAuthenticator:  # read by the transport for every connection
+        return self._auth
+
+    def _getEncryptor(self) -> LinkAuthenticator:  # noqa: N802 (pysyncobj name)
+        return self._auth
+
+    # -- the tick --------------------------------------------------------------
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802,N803 (pysyncobj names)
+        if self.bind_tick_thread():
+            self.addOnTickCallback(self._finish_tick)
+        # Before pysyncobj counts the leader's own log towards a commit and
+        # before held acks/votes leave: make the journal durable (fsync mode).
+        self.sync_journal()
+        super()._onTick(timeToWait)
+        # pysyncobj returns early (no tick callbacks) while the port is not
+        # bound; make sure applied entries are committed on that path too.
+        self._finish_tick()
+
+    def _finish_tick(self) -> None:
+        # The leader's entries appended this tick were already sent to
+        # followers; syncing now, before poll, overlaps our fsync with theirs
+        # (the tick-start sync then finds nothing to do).
+        self.sync_journal()
+        if not self.commit_pending():
+            return
+        self.fire_deferred()
+        self.run_tasks()
+        self._flush_barrier_batch()
+        self.drive_transfer()
+        self.announce_leadership()
+
+    def _caravan_on_send(
+        self, node: Any, message: dict[str, Any], send: Callable[..., bool]
+    ) -> bool:
+        """CaravanTransport's send hook: repair the message, then hold it for fsync or send it."""
+        message = self.rewrite_outgoing(node, message)
+        if self.defer_until_synced(node, message):
+            return True
+        return send(node, message)
+
+    # -- barrier ---------------------------------------------------------------
+
+    def join_barrier(self) -> Waiter:
+        """Any thread: join the barrier batch that the next tick will submit (raft/barrier.py)."""
+        return self._barriers.join(self.wake)
+
+    def _flush_barrier_batch(self) -> None:
+        batch = self._barriers.take()
+        if batch is None:
+            return
+        if not self._isLeader() or self.transfer_in_progress:
+            batch.finish(error=NotLeaderError(self.known_leader()))
+            return
+
+        def done(result: Any, index: int | None, error: RaftError | None) -> None:
+            batch.finish(index=index, error=error)
+
+        self.submit_command(encode_command(self._func_id, encode_barrier()), self.completion(done))
+
+    def cancel_waiters(self, error: RaftError) -> None:
+        """Any thread, after the tick thread stopped: fail the open barrier batch and transfer."""
+        self._barriers.cancel(error)
+        self.cancel_transfer(error)

@@ -1,0 +1,72 @@
+"""A node's raft status, read from the replica without locks.
+
+The tick thread keeps running while this reads, so a dict may change size or
+the journal list be rewritten under it; the read is retried a few times
+rather than taking a lock the tick thread would have to honour.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pysyncobj.syncobj import _RAFT_STATE
+
+from raft.config import RaftConfig
+from raft.replica import Replica
+from raft.replica_base import ROLE_NAMES
+
+
+def replica_status(obj: Replica, config: RaftConfig) -> dict[str, Any]:
+    """A snapshot of the replica's raft state (fields may be from slightly different moments)."""
+    for _ in range(5):
+        try:
+            return _status_once(obj, config)
+        except (
+            RuntimeError,
+            IndexError,
+        ):  # the tick thread changed a dict / rewrote the journal list
+            time.sleep(0.001)
+            continue
+    return _status_once(obj, config)
+
+
+def _peers(obj: Replica, is_leader: bool) -> list[dict[str, Any]]:
+    match = dict(obj._SyncObj__raftMatchIndex)
+    nxt = dict(obj._SyncObj__raftNextIndex)
+    peers = []
+    for node in sorted(obj.otherNodes, key=lambda n: n.id):
+        peers.append(
+            {
+                "address": node.id,
+                "connected": obj.isNodeConnected(node),
+                "match_index": match.get(node) if is_leader else None,
+                "next_index": nxt.get(node) if is_leader else None,
+            }
+        )
+    return peers
+
+
+def _status_once(obj: Replica, config: RaftConfig) -> dict[str, Any]:
+    state = obj._SyncObj__raftState
+    journal = obj._SyncObj__raftLog
+    peers = _peers(obj, state == _RAFT_STATE.LEADER)
+    return {
+        "self": config.self_address,
+        "role": ROLE_NAMES.get(state, str(state)),
+        "term": obj.raftCurrentTerm,
+        "leader": obj.known_leader(),
+        "commit_index": obj.raftCommitIndex,
+        "applied_index": obj.raftLastApplied,
+        "last_log_index": journal[-1][1],
+        "first_log_index": journal[0][1],
+        "peers": peers,
+        "leader_ready": obj.leader_ready,
+        "transfer_in_progress": obj.transfer_in_progress,
+        "profile": config.profile,
+        "fsync": config.fsync,
+        "fsync_stats": obj.fsync_stats,
+        "fsm_commits": obj.commits,
+        **obj.repair_stats(),
+        "halted": obj.halted,
+    }
