@@ -25,7 +25,8 @@ import msgpack
 from fsm.writer import full_records
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import UNAVAILABLE, RPCError
-from node.wire.rpc_client import BACKOFF_MAX, RPCClient
+from node.wire.retry import BACKOFF_MAX
+from node.wire.sync_client import RPCClient
 
 GROUP = 256  # batches per frame when several are ready (the server's "group")
 
@@ -83,11 +84,7 @@ def follow(
     order = list(addresses)
     if not order:
         raise RPCError(UNAVAILABLE, "no server address given; pass at least one host:port")
-    args: dict[str, Any] = {"heartbeat": heartbeat, "encoding": "msgpack", "group": GROUP}
-    if topics:
-        args["topics"] = list(topics)
-    if buffer is not None:
-        args["buffer"] = buffer
+    args = _subscribe_args(topics, heartbeat, buffer)
     position = 0
     backoff = 0.05
     last_ok = time.monotonic()
@@ -98,35 +95,62 @@ def follow(
             for frame in client.stream("event.stream", {**args, "index": st.index}, idle_timeout=3 * heartbeat + 10):
                 last_ok = time.monotonic()
                 backoff = 0.05
-                for item in unfold(frame):
-                    if "index" in item:
-                        st.index = item["index"]
-                        if decode and "raw" in item:
-                            item = {"index": item["index"], "events": decode_batch(item["raw"])}
-                    elif "progress" in item:
-                        st.index = max(st.index, item["progress"])
-                    yield item
+                yield from _hand_out(frame, st, decode)
         except RPCError as err:
             if err.code != UNAVAILABLE:
                 raise
-            st.errors.append(f"{address}: {err.message}")
-            resume = err.details.get("resume_index")
-            if isinstance(resume, int) and resume > st.index:
-                st.index = resume
+            _note_break(st, address, err)
         finally:
             client.close()
         if time.monotonic() - last_ok > give_up_after:
-            raise RPCError(
-                UNAVAILABLE,
-                f"no server streamed events for {give_up_after:g}s (last: {st.errors[-1] if st.errors else 'none'}); "
-                f"resume later with index={st.index}",
-                resume_index=st.index,
-            )
+            raise _gave_up(st, give_up_after)
         st.reconnects += 1
         position += 1
         if position % len(order) == 0:
             time.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def _subscribe_args(
+    topics: Sequence[str] | None, heartbeat: float, buffer: int | None
+) -> dict[str, Any]:
+    """The ``event.stream`` arguments every (re)subscription shares; only ``index`` moves."""
+    args: dict[str, Any] = {"heartbeat": heartbeat, "encoding": "msgpack", "group": GROUP}
+    if topics:
+        args["topics"] = list(topics)
+    if buffer is not None:
+        args["buffer"] = buffer
+    return args
+
+
+def _hand_out(frame: dict[str, Any], st: FollowState, decode: bool) -> Iterator[dict[str, Any]]:
+    """The items of one frame, moving ``st.index`` past each before the caller sees it."""
+    for item in unfold(frame):
+        if "index" in item:
+            st.index = item["index"]
+            if decode and "raw" in item:
+                item = {"index": item["index"], "events": decode_batch(item["raw"])}
+        elif "progress" in item:
+            st.index = max(st.index, item["progress"])
+        yield item
+
+
+def _note_break(st: FollowState, address: str, err: RPCError) -> None:
+    """Record a broken stream; a server that cut us off may say where to resume."""
+    st.errors.append(f"{address}: {err.message}")
+    resume = err.details.get("resume_index")
+    if isinstance(resume, int) and resume > st.index:
+        st.index = resume
+
+
+def _gave_up(st: FollowState, give_up_after: float) -> RPCError:
+    """The error once no server has streamed for ``give_up_after`` seconds."""
+    return RPCError(
+        UNAVAILABLE,
+        f"no server streamed events for {give_up_after:g}s (last: {st.errors[-1] if st.errors else 'none'}); "
+        f"resume later with index={st.index}",
+        resume_index=st.index,
+    )
 
 
 def record_events(index: int, records: Iterable[Any]) -> list[dict[str, Any]]:
