@@ -4,6 +4,11 @@
 each as ``caravan agent`` in the background, waits for a leader, and keeps
 ``DIR/cluster.json`` current (ids, addresses, pids, data dirs, log files) so
 that later commands — and jepsen_like — can find and kill them.
+
+Every process it starts goes through ``launch``, one way for all of them.
+It talks to servers only over RPC (``node.wire``) and never imports server
+code, so the fault-injection harness can use it as a client would.
+Seeding servers from a snapshot is in ``node.devcluster_restore``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from node.wire.errors import RPCError
 from node.wire.rpc_client import RPCClient
 
 CLUSTER_FILE = "cluster.json"
+REPO_ROOT = Path(__file__).resolve().parents[1]  # where ``python -m node.cli`` finds this tree
 
 
 class ClusterError(RuntimeError):
@@ -81,6 +87,7 @@ class Cluster:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free on ``host`` now (it may be taken again before use)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -199,18 +206,29 @@ def plan(directory: str, count: int, hosts: list[str] | None = None, extra_confi
     return Cluster(dir=str(root), nodes=nodes)
 
 
+def launch(args: list[str], output: str | Path) -> subprocess.Popen[bytes]:
+    """Run ``python -m node.cli ARGS`` from the repository root, in the background.
+
+    Every process a local cluster runs (servers, the simulated client)
+    starts here, the same way: in a session of its own, so a Ctrl-C at the
+    terminal that started it spares it and only ``down``/``kill`` stop it;
+    stdin closed; stdout and stderr appended to ``output``, so a process
+    that dies at start-up leaves its reason behind (see ``_last_words``).
+    """
+    with open(output, "ab") as out:  # the child holds its own copy once started
+        return subprocess.Popen(
+            [sys.executable, "-m", "node.cli", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(REPO_ROOT),
+        )
+
+
 def start_node(node: ClusterNode) -> int:
     """Start one server in the background (its own session, so Ctrl-C of the CLI spares it)."""
-    out = open(Path(node.log_file).with_suffix(".out"), "ab")  # noqa: SIM115 — handed to the child
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "agent", "--config", node.config_file],
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        cwd=str(Path(__file__).resolve().parents[1]),
-    )
-    out.close()
+    proc = launch(["agent", "--config", node.config_file], Path(node.log_file).with_suffix(".out"))
     node.pid = proc.pid
     return proc.pid
 
@@ -240,6 +258,7 @@ def alive(pid: int) -> bool:
 
 
 def status_of(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """A server's ``status`` answer, or None when it does not answer within ``timeout``."""
     try:
         with RPCClient([address], timeout=timeout) as client:
             return client.call("status", {})
@@ -263,6 +282,10 @@ def wait_for_leader(addresses: list[str], timeout: float = 30.0) -> dict[str, An
 
 
 def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float = 30.0) -> Cluster:
+    """Lay out, start and save a cluster, and return once it has a leader.
+
+    A directory whose servers still run is refused rather than doubled.
+    """
     path = Path(directory) / CLUSTER_FILE
     acl = False
     if path.exists():
@@ -282,6 +305,7 @@ def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float
 
 
 def kill(cluster: Cluster, name: str, sig: int = signal.SIGKILL) -> ClusterNode:
+    """Signal one server (SIGKILL: a crash) and wait until its process is gone."""
     node = cluster.node(name)
     if alive(node.pid):
         os.kill(node.pid, sig)
@@ -290,6 +314,7 @@ def kill(cluster: Cluster, name: str, sig: int = signal.SIGKILL) -> ClusterNode:
 
 
 def wait_dead(pid: int, timeout: float) -> None:
+    """Wait for ``pid`` to exit, so its ports and data dir are free for a restart."""
     deadline = time.monotonic() + timeout
     while alive(pid):
         if time.monotonic() > deadline:
@@ -298,6 +323,7 @@ def wait_dead(pid: int, timeout: float) -> None:
 
 
 def restart(cluster: Cluster, name: str) -> ClusterNode:
+    """Start one server again (stopping it first if it runs) and wait until it answers."""
     node = cluster.node(name)
     if alive(node.pid):
         kill(cluster, name, signal.SIGTERM)
@@ -370,6 +396,7 @@ def stop_client(cluster: Cluster, timeout: float = 10.0) -> None:
 
 
 def down(cluster: Cluster, timeout: float = 15.0) -> None:
+    """Stop the simulated client and every server, and record that none runs."""
     stop_client(cluster)
     terminate([node.pid for node in cluster.nodes], timeout)
     for node in cluster.nodes:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from node import cli
+from node.cli import nodes as cli
 
 
 class _Script:

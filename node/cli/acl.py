@@ -1,0 +1,87 @@
+"""``caravan acl``: bootstrap and tokens.
+
+A token's secret is printed only where the server returned it (create and
+bootstrap); the servers keep it hashed, so later reads cannot show it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from node.cli.common import TTL, blocking_options, client_options, emit, kv, make_ctx, rows, when
+
+
+@click.group("acl")
+def acl_group() -> None:
+    """ACL bootstrap and tokens."""
+
+
+def _token_table(d: dict[str, Any]) -> str:
+    """Nomad's token layout; the secret only where the server returned it
+    (create and bootstrap: it is stored hashed, so later reads cannot)."""
+    shown = {**d, "Create Time": when(d.get("CreateTime") or 0),
+             "Expiry Time": when(d.get("ExpirationTime") or 0) or "<none>"}
+    fields = [("Accessor ID", "AccessorID"), ("Secret ID", "SecretID"), ("Name", "Name"), ("Type", "Type"),
+              ("Policies", "Policies"), ("Create Time", "Create Time"), ("Expiry Time", "Expiry Time"),
+              ("Create Index", "CreateIndex")]
+    return kv(shown, [f for f in fields if f[1] != "SecretID" or d.get("SecretID")])
+
+
+@acl_group.command("bootstrap")
+@client_options
+def acl_bootstrap(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Create the initial management token (once per cluster)."""
+    c = make_ctx(address, token, as_json)
+    emit(c, c.call("acl.bootstrap"), _token_table)
+
+
+@acl_group.group("token")
+def acl_token() -> None:
+    """Manage ACL tokens (management token required)."""
+
+
+@acl_token.command("create")
+@click.option("--name", default="")
+@click.option("--type", "kind", type=click.Choice(["client", "management"]), default="client", show_default=True)
+@click.option("--policy", "policies", multiple=True, type=click.Choice(["read", "write"]))
+@click.option("--ttl", "ttl", type=TTL, default="0", help="Expire after this long: a duration (30m, 24h) or seconds; 0: never.")
+@client_options
+def acl_token_create(name: str, kind: str, policies: tuple[str, ...], ttl: int, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json)
+    out = c.call("acl.token.create", {"name": name, "type": kind, "policies": list(policies), "ttl_seconds": ttl})
+    emit(c, out, _token_table)
+
+
+@acl_token.command("list")
+@blocking_options
+@client_options
+def acl_token_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.token.list"), lambda d: rows(d, [("Name", "Name"), ("Type", "Type"), ("Accessor ID", "AccessorID"), ("Policies", "Policies")]))
+
+
+@acl_token.command("info")
+@click.argument("accessor_id")
+@blocking_options
+@client_options
+def acl_token_info(accessor_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.token.get", {"accessor_id": accessor_id}), _token_table)
+
+
+@acl_token.command("self")
+@client_options
+def acl_token_self(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.token.self"), _token_table)
+
+
+@acl_token.command("delete")
+@click.argument("accessor_id")
+@client_options
+def acl_token_delete(accessor_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    c = make_ctx(address, token, as_json)
+    out = c.call("acl.token.delete", {"accessor_id": accessor_id})
+    emit(c, out, lambda d: f"Token {accessor_id} deleted at index {d['Index']}")

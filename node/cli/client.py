@@ -1,0 +1,51 @@
+"""``caravan client sim``: simulated client nodes, many in one process.
+
+For development and load tests: ``caravan dev`` starts one beside its
+servers, and the fault-injection harness kills and restarts it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from node.cli.common import fail
+
+
+@click.group("client")
+def client_group() -> None:
+    """Simulated client nodes (for development and load tests)."""
+
+
+@client_group.command("sim")
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=1, show_default=True, help="Client nodes to simulate.")
+@click.option("--cpu", type=click.IntRange(1), default=4000, show_default=True, help="CPU of each node (MHz).")
+@click.option("--memory", type=click.IntRange(1), default=8192, show_default=True, help="Memory of each node (MB).")
+@click.option("--datacenter", default="dc1", show_default=True, help="Datacenter of the nodes.")
+@click.option("--servers", envvar="CARAVAN_ADDRESS", required=True,
+              help="Server RPC addresses, comma-separated (env CARAVAN_ADDRESS).")
+@click.option("--name-prefix", default="", help="Node names are PREFIX-0, PREFIX-1, ... (default: sim-<random>).")
+@click.option("--token", envvar="CARAVAN_TOKEN", default=None, help="ACL secret with write policy (env CARAVAN_TOKEN).")
+@click.option("--seed", type=int, default=None, help="Seed of the simulated failures (fail_rate).")
+@click.option("--verbose", is_flag=True, help="Print each allocation's start and end.")
+@click.option("--state-file", default="", help="Keep the node IDs in this file: a restart resumes the same nodes "
+              "and their allocations instead of registering new ones.")
+def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str, name_prefix: str, token: str | None,
+               seed: int | None, verbose: bool, state_file: str) -> None:
+    """Simulate NODES client nodes in one process (as Nomad's nodesim) until Ctrl-C or SIGTERM.
+
+    Registers the nodes, heartbeats them, runs the allocations placed on
+    them with the sim driver (Config: run_for, exit_code, fail_rate) and
+    reports their status. Killing this process is a client crash: its
+    nodes go down after their heartbeat TTL and their allocations are
+    replaced elsewhere.
+    """
+    from client.sim import SimConfig, run_sim
+
+    addresses = [a.strip() for a in servers.split(",") if a.strip()]
+    if not addresses:
+        fail("--servers needs at least one host:port")
+    sys.exit(run_sim(SimConfig(servers=addresses, nodes=nodes, cpu=cpu, memory_mb=memory, datacenter=datacenter,
+                               name_prefix=name_prefix, token=token, seed=seed, verbose=verbose,
+                               state_file=state_file)))
