@@ -13,7 +13,6 @@ import asyncio
 import collections
 import concurrent.futures
 import functools
-import gc
 import hashlib
 import os
 import signal
@@ -28,62 +27,50 @@ from typing import Any
 import structlog
 
 from fsm.ids import new_uuid
-from fsm.machine import FSM, ApplyResult
-from fsm.messages import encode_batch, encode_entry
+from fsm.machine import FSM
+from fsm.messages import encode_entry
 from fsm.store import StateReader
 from node import gauges
 from node.core import acl
 from node.core.acl import Need
 from node.core.api import Forward
 from node.core.config import ServerConfig
+from node.core.forward import blocking_wait, forward_request
 from node.core.heartbeats import Heartbeats
+from node.core.process import tune_gc
 from node.core.reads import read_committed
 from node.core.rpc_server import RequestContext, RPCServer
+from node.core.testhooks import (
+    UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV,
+    install_unsafe_wall_clock,
+    raft_data_only,
+)
 from node.core.wakeup import CoalescedWake, wait_event
+from node.core.writes import WRITE_TIMEOUT, WriteQueue
 from node.endpoints.registry import METHODS, STREAMS
 from node.http import service as http_service
 from node.leader import gc as leader_gc
 from node.leader import lifecycle
 from node.wire.errors import (
     BAD_REQUEST,
-    NO_LEADER,
-    NOT_EXECUTED,
-    NOT_LEADER,
     TIMEOUT,
     UNAVAILABLE,
-    UNKNOWN_OUTCOME,
     RPCError,
 )
 from node.wire.rpc_client import AsyncRPCClient
 from raft import errors as raft_errors
 from raft.node import RaftNode
 
-WRITE_TIMEOUT = 10.0
-READ_WAIT_MAX = 300.0
-FORWARD_ATTEMPT = 1.0  # seconds one forwarding attempt may take before leadership is looked up again
 # How long a request waits for a leader to be elected before it fails with
 # no_leader (Nomad's RPCHoldTimeout): long enough to ride through an election,
 # short enough that the answer comes before the client's own timeout.
-NO_LEADER_HOLD = 5.0
-RETRY_FORWARD = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE, TIMEOUT, UNKNOWN_OUTCOME})
-FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
 # Leader-side coalescing: while this many raft entries of writes are in flight,
 # new writes wait and go out together as one Batch entry (fsm/messages.py).
-MAX_WRITE_ENTRIES_IN_FLIGHT = 2
 #: Seconds a cancelled leader loop may take to end before it is reported.
 LEADER_LOOP_STOP_WARN = 10.0
 # Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
-BATCH_OVERHEAD = 256
-ITEM_OVERHEAD = 16
 
 
-@dataclass
-class _Queued:
-    """A write waiting for the next raft entry: its encoded entry, its stored size bound, its answer."""
-
-    entry: bytes
-    cost: int
-    future: asyncio.Future[tuple[ApplyResult, int]]
 
 
 #: TEST ONLY -- a deliberate bug for jepsen_like's snapshot-lag must-fail run
@@ -91,14 +78,12 @@ class _Queued:
 #: it keeps its store when raft hands it a dump (a follower's snapshot install)
 #: and only tells raft the dump's position, so the entries the dump covered
 #: are never applied there and its digest diverges. Never set it elsewhere.
-UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"
 #: TEST ONLY -- jepsen_like's clock nemesis: with ``=NAME`` in a server's
 #: environment, its wall clock (``time.time`` / ``time.time_ns``, which every
 #: wall-time read in the server goes through) runs ahead or behind by the
 #: nanoseconds written in ``<data_dir>/NAME``; the server writes the offset it
 #: applied to ``<data_dir>/NAME.ack``. Monotonic clocks (pysyncobj's timers,
 #: asyncio, heartbeat TTLs) are untouched. Never set it outside the harness.
-UNSAFE_WALL_CLOCK_FILE_ENV = "CARAVAN_UNSAFE_WALL_CLOCK_FILE"
 
 
 # Coroutines that run only while this server leads: started when it wins,
@@ -151,10 +136,6 @@ class Server:
         self._stopping = threading.Event()
         self._settled: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
         self._tick_events: CoalescedWake | None = None  # commits and settled writes -> the loop
-        self._write_queue: collections.deque[_Queued] = collections.deque()
-        self._queued_cost = 0
-        self._entries_in_flight: set[object] = set()
-        self._flush_scheduled = False
         self._commits = 0  # store commits so far (tick thread)
         self._acls_on = False  # ACLs bootstrapped (never undone: the log only moves forward)
         self._acls_off_at = -1  # value of _commits at which the store had no bootstrap
@@ -182,63 +163,7 @@ class Server:
     async def _forward(
         self, name: str, fn: Callable[..., Any], ctx: RequestContext, args: dict[str, Any], leader: str | None
     ) -> Any:
-        """Send the request to the leader, following leadership changes until the deadline.
-
-        Each attempt is short: a leader that just died must not hold the
-        client for the whole write timeout. Re-sending is safe because the
-        request id travels along and the FSM applies each id once.
-        """
-        if args.get(FORWARDED):
-            raise RPCError.not_leader(leader)
-        blocking = _blocking_wait(args)  # a blocking query may rightly take that much longer
-        started = time.monotonic()
-        deadline = started + WRITE_TIMEOUT + blocking
-        maybe_ran = False  # an attempt whose outcome is unknown: giving up must not say "not executed"
-        while True:
-            if self.raft.is_leader:
-                try:
-                    return await fn(self, ctx, args)
-                except Forward as again:
-                    # Leadership moved on while it ran (a barrier found this
-                    # server deposed): it did nothing, so send it on as well.
-                    leader = again.leader
-            remaining = deadline - time.monotonic()
-            if leader is not None and leader != self.rpc.address:
-                try:
-                    return await self.forwarder.call(
-                        name,
-                        {**args, FORWARDED: True},
-                        request_id=ctx.request_id,
-                        token=ctx.token,
-                        address=leader,
-                        timeout=max(0.05, min(FORWARD_ATTEMPT + blocking, remaining)),
-                        one_pass=True,  # a refused leader: look leadership up again at once
-                    )
-                except RPCError as exc:
-                    if exc.code not in RETRY_FORWARD or remaining <= 0:
-                        raise
-                    maybe_ran = maybe_ran or exc.code not in NOT_EXECUTED
-            elif remaining <= 0 or time.monotonic() - started >= NO_LEADER_HOLD:
-                if maybe_ran:
-                    raise RPCError(
-                        UNKNOWN_OUTCOME,
-                        "the leader stopped answering before this request was acknowledged and no new "
-                        "leader was elected since; it may or may not have been applied: check, or retry "
-                        f"with request id {ctx.request_id}",
-                    )
-                raise self._no_leader(time.monotonic() - started)
-            await asyncio.sleep(0.05)
-            leader = self.leader_rpc()
-
-    def _no_leader(self, waited: float) -> RPCError:
-        servers = len(self.members)
-        return RPCError(
-            NO_LEADER,
-            f"no cluster leader: server {self.config.node_id} has had no leader for the last {waited:.0f}s; "
-            f"a leader needs {servers // 2 + 1} of the {servers} servers running and able to reach each "
-            f"other: start the ones that are down ('caravan cluster status' shows them) or check the "
-            f"server logs",
-        )
+        return await forward_request(self, name, fn, ctx, args, leader)
 
     def _start_raft(self) -> RaftNode:
         """Start raft with snapshot hooks: compaction writes the snapshot format off the tick."""
@@ -262,7 +187,7 @@ class Server:
 
         if os.environ.get(UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV) == "1":
             self.log.warning("snapshot restore disabled", note="TEST ONLY: this replica will diverge")
-            load = _raft_data_only
+            load = raft_data_only
 
         def deserializer(file_name: str) -> tuple:
             before = self.fsm.applied_index
@@ -282,6 +207,7 @@ class Server:
         self._tick_events = CoalescedWake(self.loop, self._take_tick_events)
         self.fsm.on_commit(self._on_commit)
         self.raft = self._start_raft()
+        self.writes = WriteQueue(self.raft, self._settle_from_tick, self.rpc_of_raft)
         address = await self.rpc.start()
         for start in SERVICES:
             self._service_stops.append(await start(self))
@@ -493,130 +419,17 @@ class Server:
         if not self.raft.is_leader:
             raise RPCError.not_leader(self.leader_rpc())
         entry = encode_entry(body, time=time.time_ns(), rid=rid or new_uuid())
-        result, index = await self._submit_coalesced(entry)
+        result, index = await self.writes.submit(entry)
         if not result.ok:
             raise RPCError(result.code or BAD_REQUEST, result.error)
         return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
 
-    # -- leader-side coalescing ---------------------------------------------------
-    async def _submit_coalesced(self, entry: bytes) -> tuple[ApplyResult, int]:
-        """Put ``entry`` on the log, alone or in one Batch entry with other writes.
 
-        A write goes out at once when fewer than MAX_WRITE_ENTRIES_IN_FLIGHT of
-        our entries are uncommitted (after the writes already runnable on the
-        loop joined it), else it waits for one to commit, and the writes that
-        waited go out together. Each keeps its own request id, result and
-        error; a batch never exceeds the entry size limit (an entry too large
-        alone is submitted alone and refused as before).
-        """
-        # What the entry adds to a Batch entry in the raft log: its bytes and
-        # their msgpack header (raft.encoded_entry_size: pickle adds a few bytes).
-        cost = len(entry) + ITEM_OVERHEAD
-        future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
-        self._write_queue.append(_Queued(entry, cost, future))
-        self._queued_cost += cost
-        if not self._flush_scheduled and (
-            len(self._entries_in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT
-            or self._queued_cost + BATCH_OVERHEAD >= self.raft.max_entry_bytes
-        ):
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_writes)
-        # No wait_for/shield per write (two extra futures and a timer each):
-        # the entry's own timer answers every write in it at WRITE_TIMEOUT, and
-        # a write still queued then goes out with the next entry. A cancelled
-        # waiter (its connection closed) leaves the write queued or in flight.
-        return await future
 
-    def _flush_writes(self) -> None:
-        """Loop: submit what is queued, as one entry per size-limited run."""
-        self._flush_scheduled = False
-        limit = self.raft.max_entry_bytes - BATCH_OVERHEAD
-        while self._write_queue and (
-            len(self._entries_in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self._queued_cost >= limit
-        ):
-            items = [self._write_queue.popleft()]
-            size = items[0].cost
-            while self._write_queue and size + self._write_queue[0].cost <= limit:
-                item = self._write_queue.popleft()
-                items.append(item)
-                size += item.cost
-            self._queued_cost -= size
-            self._submit_items(items)
 
-    def _submit_items(self, items: list[_Queued]) -> None:
-        loop = asyncio.get_running_loop()
-        if len(items) == 1:
-            entry = items[0].entry
-        else:
-            entry = encode_batch([item.entry for item in items], time=time.time_ns())
-        token = object()
-        future: asyncio.Future[Any] = loop.create_future()
 
-        def done(result: Any, index: Any, error: Any) -> None:
-            self._settle_from_tick(future, ((result, index), error))
 
-        try:
-            self.raft.submit(entry, done)
-        except raft_errors.NotLeaderError as exc:
-            self._fail_items(items, RPCError.not_leader(self.rpc_of_raft.get(exc.leader_address or "")))
-            return
-        except raft_errors.EntryTooLargeError as exc:
-            self._fail_items(items, RPCError(BAD_REQUEST, str(exc)))
-            return
-        except raft_errors.RaftError as exc:
-            self._fail_items(items, RPCError(UNAVAILABLE, str(exc)))
-            return
-        self._entries_in_flight.add(token)
-        # Never let a lost callback stall the queue or its writers: at the
-        # deadline the entry stops counting as in flight and its writers
-        # learn that the outcome is unknown.
-        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_expired, items, token)
-        future.add_done_callback(lambda f: self._entry_done(f, items, token, expiry))
 
-    def _entry_expired(self, items: list[_Queued], token: object) -> None:
-        self._entry_settled(token)
-        self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id"))
-
-    def _entry_settled(self, token: object) -> None:
-        if token in self._entries_in_flight:
-            self._entries_in_flight.discard(token)
-            if self._write_queue and not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush_writes)
-
-    def _entry_done(self, future: asyncio.Future[Any], items: list[_Queued], token: object, expiry: asyncio.TimerHandle) -> None:
-        expiry.cancel()
-        self._entry_settled(token)
-        (result, index), error = future.result()
-        if error is not None:
-            if isinstance(error, raft_errors.OverloadedError):
-                exc = RPCError(UNAVAILABLE, str(error))
-            elif isinstance(error, raft_errors.NotLeaderError):
-                # raft says so only for an entry that can never be applied
-                # (discarded by a new leader, or refused before its append):
-                # the writer may send it anywhere again, even without its id.
-                exc = RPCError.not_leader(self.rpc_of_raft.get(error.leader_address or ""))
-            else:
-                exc = RPCError(UNKNOWN_OUTCOME, f"write outcome unknown ({error}); retry with the same request id")
-            self._fail_items(items, exc)
-            return
-        if len(items) == 1:
-            if not items[0].future.done():
-                items[0].future.set_result((result, index))
-            return
-        if result.batch is None or len(result.batch) != len(items):  # cannot happen: the FSM answers every item
-            self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the batch's results were lost; retry with the same request id"))
-            return
-        for item, sub in zip(items, result.batch, strict=True):
-            if not item.future.done():
-                item.future.set_result((sub, index))
-
-    @staticmethod
-    def _fail_items(items: list[_Queued], exc: RPCError) -> None:
-        for item in items:
-            if not item.future.done():
-                item.future.set_exception(exc)
-                item.future.exception()  # retrieved here: a writer that gave up must not log it
 
     async def write(self, ctx: RequestContext, need: Need, body: Any) -> dict[str, Any]:
         """Put ``body`` on the log through the leader; returns {index, value, duplicate}.
@@ -672,7 +485,7 @@ class Server:
         if not args.get("stale"):
             await self.linearize(ctx)
         await self.authorize(ctx, need)
-        wait = _blocking_wait(args)
+        wait = blocking_wait(args)
         if wait > 0:
             await self._wait_tables(tables, int(args["min_index"]), wait)
 
@@ -722,90 +535,15 @@ class Server:
         return {"Leader": self.rpc_of_raft.get(raft_target, raft_target)}
 
 
-def _blocking_wait(args: dict[str, Any]) -> float:
-    """Seconds a blocking query (``min_index`` + ``wait``) may wait on the leader; 0 for other calls."""
-    wait = args.get("wait")
-    if not args.get("min_index") or isinstance(wait, bool) or not isinstance(wait, int | float) or wait <= 0:
-        return 0.0
-    return min(float(wait), READ_WAIT_MAX)
 
 
-def _raft_data_only(file_name: str) -> tuple:
-    """The raft position of a dump, without restoring its state (the UNSAFE switch above)."""
-    from snapshot.reader import inspect
-
-    meta = inspect(file_name).meta
-    if meta is None or meta.raft is None:
-        raise ValueError(f"{file_name}: not a raft dump")
-    return meta.raft.to_pysyncobj()
 
 
-def _install_unsafe_wall_clock(config: ServerConfig) -> None:
-    """The UNSAFE_WALL_CLOCK_FILE_ENV switch: shift this process's wall clock by the file's offset.
-
-    A daemon thread re-reads the file every 20 ms and acknowledges each new
-    offset, so the harness knows when a jump took effect.
-    """
-    name = os.environ.get(UNSAFE_WALL_CLOCK_FILE_ENV)
-    if not name:
-        return
-    path = Path(config.data_dir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ack = path.with_name(path.name + ".ack")
-    real_ns = time.time_ns
-    offset = [0]
-
-    def read() -> str:
-        try:
-            return path.read_text().strip() or "0"
-        except OSError:
-            return "0"
-
-    def take(text: str) -> None:
-        try:
-            offset[0] = int(text)
-        except ValueError:
-            pass  # keep the last good offset; the ack tells the harness which one holds
-        tmp = ack.with_name(ack.name + ".tmp")
-        tmp.write_text(f"{offset[0]}\n")
-        tmp.replace(ack)
-
-    def follow(seen: str) -> None:
-        while True:
-            time.sleep(0.02)
-            text = read()
-            if text != seen:
-                take(text)
-                seen = text
-
-    first = read()
-    take(first)  # a restarted server starts at the offset the harness last set
-    time.time_ns = lambda: real_ns() + offset[0]
-    time.time = lambda: (real_ns() + offset[0]) / 1e9
-    threading.Thread(target=follow, args=(first,), name="caravan-unsafe-wall-clock", daemon=True).start()
-    structlog.get_logger("caravan.server").warning(
-        "wall clock offset switch on", note="TEST ONLY: this server's wall clock follows " + str(path)
-    )
 
 
 # Young-generation size between cyclic collections (CPython's default: 700).
-GC_YOUNG_THRESHOLD = 20_000
 
 
-def _tune_gc() -> None:
-    """Collect cycles less often, and never walk the objects the server started with.
-
-    A leader under load keeps a few hundred requests in flight, each holding
-    futures, tasks and records; with CPython's default thresholds the cyclic
-    collector ran every 700 allocations and its full passes walked the whole
-    heap: 9-10% of the leader's CPU in ``perf`` under pipelined job
-    registrations. Refcounting frees nearly everything these handlers make,
-    so a larger young generation costs little memory; ``gc.freeze`` moves the
-    modules, config and caches built at start-up out of every later pass.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
 
 
 def run_server(config: ServerConfig) -> int:
@@ -814,9 +552,9 @@ def run_server(config: ServerConfig) -> int:
     # write; with the default 5 ms GIL switch interval each hand-off can stall
     # that long (measured: 850 -> 1250 pipelined writes/s at 0.5 ms).
     sys.setswitchinterval(0.0005)
-    _install_unsafe_wall_clock(config)  # before Server() imports the modules that read the clock
+    install_unsafe_wall_clock(config)  # before Server() imports the modules that read the clock
     server = Server(config)
-    _tune_gc()
+    tune_gc()
     try:
         asyncio.run(server.serve())
     except (OSError, raft_errors.RaftError) as exc:

@@ -259,8 +259,11 @@ class Lifecycle:
                 self.broker.enqueue(again)
         for ev in self.blocked.capacity_changed(init.index):
             self.broker.enqueue(ev)
-        self.nodes = init.nodes
-        self.active_deployments = init.deployments
+        # Filled in place: the heartbeat monitor, drainer and deployment watcher hold these.
+        self.nodes.clear()
+        self.nodes.update(init.nodes)
+        self.active_deployments.clear()
+        self.active_deployments.update(init.deployments)
         self.deployments.poke.set()
         self.drainer.poke.set()
         orphans = [e for e in init.orphans if not self.broker.has_queued(e.namespace, e.job_id)]

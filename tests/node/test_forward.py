@@ -7,7 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from node.core.api import Forward
-from node.server import FORWARDED, Server
+from node.core.forward import FORWARDED
+from node.server import Server
 
 
 class _ForwardingServer:

@@ -1,0 +1,185 @@
+"""The leader's write path: client writes coalesced into as few raft entries as keep raft busy.
+
+Every write the leader proposes (clients' through ``ServerAPI.write``, its
+own through ``propose``) is encoded, then queued here. At most
+``MAX_WRITE_ENTRIES_IN_FLIGHT`` of our entries are uncommitted at once; the
+writes that arrive meanwhile go out together as one ``Batch`` entry, each
+keeping its request id, result and error. This is what lets pipelined
+registrations run near raw pysyncobj's rate: the log carries fewer, larger
+entries, and the tick thread wakes the loop once per batch of commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fsm.machine import ApplyResult
+from fsm.messages import encode_batch
+from node.wire.errors import (
+    BAD_REQUEST,
+    UNAVAILABLE,
+    UNKNOWN_OUTCOME,
+    RPCError,
+)
+from raft import errors as raft_errors
+from raft.node import RaftNode
+
+WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before its outcome is unknown
+MAX_WRITE_ENTRIES_IN_FLIGHT = 2
+
+
+BATCH_OVERHEAD = 256
+
+
+ITEM_OVERHEAD = 16
+
+
+@dataclass
+class _Queued:
+    """A write waiting for the next raft entry: its encoded entry, its stored size bound, its answer."""
+
+    entry: bytes
+    cost: int
+    future: asyncio.Future[tuple[ApplyResult, int]]
+
+
+class WriteQueue:
+    """Coalesces encoded entries into raft submissions; one per server, used only while it leads."""
+
+    def __init__(
+        self,
+        raft: RaftNode,
+        settle: Callable[[asyncio.Future[Any], Any], None],
+        rpc_of_raft: Mapping[str, str],
+    ) -> None:
+        self.raft = raft
+        self.settle = settle  # hands a tick-thread result to the loop (the server batches the wake-ups)
+        self.rpc_of_raft = rpc_of_raft
+        self.queue: collections.deque[_Queued] = collections.deque()
+        self.queued_cost = 0
+        self.in_flight: set[object] = set()
+        self._flush_scheduled = False
+
+    async def submit(self, entry: bytes) -> tuple[ApplyResult, int]:
+        """Put ``entry`` on the log, alone or in one Batch entry with other writes.
+
+        A write goes out at once when fewer than MAX_WRITE_ENTRIES_IN_FLIGHT of
+        our entries are uncommitted (after the writes already runnable on the
+        loop joined it), else it waits for one to commit, and the writes that
+        waited go out together. Each keeps its own request id, result and
+        error; a batch never exceeds the entry size limit (an entry too large
+        alone is submitted alone and refused as before).
+        """
+        # What the entry adds to a Batch entry in the raft log: its bytes and
+        # their msgpack header (raft.encoded_entry_size: pickle adds a few bytes).
+        cost = len(entry) + ITEM_OVERHEAD
+        future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
+        self.queue.append(_Queued(entry, cost, future))
+        self.queued_cost += cost
+        if not self._flush_scheduled and (
+            len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT
+            or self.queued_cost + BATCH_OVERHEAD >= self.raft.max_entry_bytes
+        ):
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        # No wait_for/shield per write (two extra futures and a timer each):
+        # the entry's own timer answers every write in it at WRITE_TIMEOUT, and
+        # a write still queued then goes out with the next entry. A cancelled
+        # waiter (its connection closed) leaves the write queued or in flight.
+        return await future
+
+    def _flush(self) -> None:
+        """Loop: submit what is queued, as one entry per size-limited run."""
+        self._flush_scheduled = False
+        limit = self.raft.max_entry_bytes - BATCH_OVERHEAD
+        while self.queue and (
+            len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self.queued_cost >= limit
+        ):
+            items = [self.queue.popleft()]
+            size = items[0].cost
+            while self.queue and size + self.queue[0].cost <= limit:
+                item = self.queue.popleft()
+                items.append(item)
+                size += item.cost
+            self.queued_cost -= size
+            self._submit_items(items)
+
+    def _submit_items(self, items: list[_Queued]) -> None:
+        loop = asyncio.get_running_loop()
+        if len(items) == 1:
+            entry = items[0].entry
+        else:
+            entry = encode_batch([item.entry for item in items], time=time.time_ns())
+        token = object()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def done(result: Any, index: Any, error: Any) -> None:
+            self.settle(future, ((result, index), error))
+
+        try:
+            self.raft.submit(entry, done)
+        except raft_errors.NotLeaderError as exc:
+            self._fail_items(items, RPCError.not_leader(self.rpc_of_raft.get(exc.leader_address or "")))
+            return
+        except raft_errors.EntryTooLargeError as exc:
+            self._fail_items(items, RPCError(BAD_REQUEST, str(exc)))
+            return
+        except raft_errors.RaftError as exc:
+            self._fail_items(items, RPCError(UNAVAILABLE, str(exc)))
+            return
+        self.in_flight.add(token)
+        # Never let a lost callback stall the queue or its writers: at the
+        # deadline the entry stops counting as in flight and its writers
+        # learn that the outcome is unknown.
+        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_expired, items, token)
+        future.add_done_callback(lambda f: self._entry_done(f, items, token, expiry))
+
+    def _entry_expired(self, items: list[_Queued], token: object) -> None:
+        self._entry_settled(token)
+        self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id"))
+
+    def _entry_settled(self, token: object) -> None:
+        if token in self.in_flight:
+            self.in_flight.discard(token)
+            if self.queue and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    def _entry_done(self, future: asyncio.Future[Any], items: list[_Queued], token: object, expiry: asyncio.TimerHandle) -> None:
+        expiry.cancel()
+        self._entry_settled(token)
+        (result, index), error = future.result()
+        if error is not None:
+            if isinstance(error, raft_errors.OverloadedError):
+                exc = RPCError(UNAVAILABLE, str(error))
+            elif isinstance(error, raft_errors.NotLeaderError):
+                # raft says so only for an entry that can never be applied
+                # (discarded by a new leader, or refused before its append):
+                # the writer may send it anywhere again, even without its id.
+                exc = RPCError.not_leader(self.rpc_of_raft.get(error.leader_address or ""))
+            else:
+                exc = RPCError(UNKNOWN_OUTCOME, f"write outcome unknown ({error}); retry with the same request id")
+            self._fail_items(items, exc)
+            return
+        if len(items) == 1:
+            if not items[0].future.done():
+                items[0].future.set_result((result, index))
+            return
+        if result.batch is None or len(result.batch) != len(items):  # cannot happen: the FSM answers every item
+            self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the batch's results were lost; retry with the same request id"))
+            return
+        for item, sub in zip(items, result.batch, strict=True):
+            if not item.future.done():
+                item.future.set_result((sub, index))
+
+    @staticmethod
+    def _fail_items(items: list[_Queued], exc: RPCError) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(exc)
+                item.future.exception()  # retrieved here: a writer that gave up must not log it
