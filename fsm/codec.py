@@ -145,7 +145,7 @@ def _strict_converter(hint: Any) -> Converter:
 
 
 _ANY_VALUE = (str, int, bool, float, bytes, type(None), list, dict)
-# The classes a scalar hint accepts unchanged (bool is no int here); node.spec.jobspec reads it too.
+# The classes a scalar hint accepts unchanged (bool is no int here); node.spec.onepass reads it too.
 SCALAR_CLASSES: dict[Any, tuple[type, ...]] = {
     int: (int,),
     str: (str,),

@@ -1,8 +1,38 @@
-"""Deterministic checks of records inside apply.
+"""The checks apply makes on every replica before an entry may touch state.
 
-The leader validates requests before they reach the log; these checks run
-again in apply so that an entry built by a buggy or hostile leader is
-rejected identically on every replica instead of corrupting state.
+The leader checks requests before they reach the log, but an entry may come
+from a buggy leader, a leader of another version, or a hostile peer. These
+checks run again inside apply so that such an entry is refused in the same way
+on every replica, and again on every replay (an ``ApplyRejected``, which
+apply rolls back and turns into the entry's error result), instead of
+corrupting state.
+
+Each one guards an invariant the store, the summaries or the scheduler rely
+on, which is why it must live here and not only on the leader:
+
+* ``check_job`` (JobRegister): the job ID is a valid key; the type names a
+  scheduler; the priority is 1..100 (the broker orders by it); at least one
+  group, with unique valid names (summaries are keyed by group name); counts
+  and canaries >= 0; at least one task per group; resources >= 0 (placement
+  arithmetic).
+* ``check_eval`` (EvalUpsert and the evals of other entries): valid IDs and a
+  known status.
+* ``check_alloc``, ``check_desired_status``, ``check_client_status``
+  (PlanApply, AllocClientUpdate): valid IDs and known statuses.
+* ``check_deployment``, ``check_deployment_status`` (PlanApply,
+  DeploymentUpsert, DeploymentStatusUpdate): valid IDs and a known status.
+* ``check_node``, ``check_node_status``, ``check_eligibility`` (NodeRegister,
+  NodeUpdateStatus, NodeUpdateEligibility): valid ID, known status and
+  eligibility, resources >= 0.
+* ``check_id``, ``check_token_type`` (JobDeregister, ACL tokens).
+
+What an operator is told about a bad jobspec is ``node.spec.validate``: it
+runs ``check_job`` first (so a spec it accepts is never refused here, and the
+operator reads the very message apply would give) and adds Nomad's rules for
+scheduling and rollouts (reschedule, update, migrate, a system group's count),
+which cannot corrupt state and so are not repeated in apply. The leader's plan
+path runs ``check_eval`` and ``check_alloc`` too, to refuse a bad plan before
+it is logged.
 """
 
 from __future__ import annotations
@@ -29,10 +59,12 @@ from fsm.structs import (
 
 
 def bad(message: str) -> ApplyRejected:
+    """A deterministic refusal of the entry: the same result on every replica and every replay."""
     return ApplyRejected("bad_request", message)
 
 
 def check_id(value: str, what: str) -> None:
+    """An ID must be usable as a key part (LMDB composite keys are bounded)."""
     if not valid_id(value):
         raise bad_id(what)
 

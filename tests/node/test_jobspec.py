@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.spec import jobspec
+from node.spec import defaults, jobspec, onepass, reader
 from node.spec.hcl import parse_hcl
 from node.spec.jobspec import JobSpecError, parse_job
 
@@ -38,8 +38,8 @@ CORPUS = _corpus()
 def _general(spec: Any) -> Any:
     """What the general path alone makes of ``spec``: (job, warnings) or the error it raises."""
     try:
-        job, warnings = jobspec._general_parse(jobspec._job_update_to_groups(spec) if isinstance(spec, dict) else spec)
-        return jobspec._finish(job), warnings
+        job, warnings = reader.read_general(defaults.spread_job_blocks(spec) if isinstance(spec, dict) else spec)
+        return jobspec.finish(job), warnings
     except Exception as exc:  # the general path's error, whatever its type, is the reference
         return type(exc), str(exc)
 
@@ -107,9 +107,9 @@ def test_fast_path_matches_the_general_path(spec: dict[str, Any]) -> None:
 def test_the_corpus_takes_the_fast_path() -> None:
     """Ordinary specs must not fall back (else the one-pass reader buys nothing)."""
     for spec in CORPUS:
-        job, warnings = jobspec._fast_job(copy.deepcopy(spec))  # raises _Fallback if it fell back
+        job, warnings = onepass.read_fast(copy.deepcopy(spec))  # raises Fallback if it fell back
         try:
-            got: Any = jobspec._finish(job), warnings
+            got: Any = jobspec.finish(job), warnings
         except JobSpecError as exc:  # docs.nomad.hcl is invalid on purpose
             got = JobSpecError, str(exc)
         assert got == _general(copy.deepcopy(spec))
