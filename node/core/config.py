@@ -471,8 +471,8 @@ class _Parser:
             values["max_bytes"] = self.size(table["max_bytes"], "journal.max_bytes")
         return Retention(**values)
 
-    def server_config(self, data: dict[str, Any]) -> ServerConfig:
-        _check_keys(data, _TOP_KEYS, "")
+    def identity(self, data: dict[str, Any]) -> tuple[str, Path, tuple[ServerEntry, ...], ServerEntry]:
+        """(node_id, data_dir, the [[server]] list, this server's entry in it), each checked."""
         node_id = data.get("node_id")
         if node_id is None:
             raise ConfigError(
@@ -496,15 +496,10 @@ class _Parser:
                     f"{key} {data[key]!r} differs from the [[server]] entry of {node_id!r} ({getattr(me, key)!r}); "
                     f"remove {key} (the [[server]] list is enough) or make them equal"
                 )
-        log_level = data.get("log_level", "info")
-        if not isinstance(log_level, str) or log_level.lower() not in LOG_LEVELS:
-            raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
-        raft_profile = data.get("raft_profile")
-        if raft_profile is not None and (not isinstance(raft_profile, str) or not raft_profile):
-            raise ConfigError("raft_profile must be a profile name string")
-        fsync = data.get("fsync", True)
-        if not isinstance(fsync, bool):
-            raise ConfigError(f"fsync must be true or false, not {fsync!r}")
+        return node_id, data_dir, servers, me
+
+    def frame_limits(self, data: dict[str, Any]) -> tuple[int, int | None]:
+        """(rpc_max_frame, max_entry_size): an entry must fit a frame, or a follower could not forward it."""
         rpc_max_frame = self.size(data.get("rpc_max_frame", DEFAULT_MAX_FRAME), "rpc_max_frame")
         max_entry_size = None
         if "max_entry_size" in data:
@@ -514,6 +509,21 @@ class _Parser:
                     f"max_entry_size ({max_entry_size} bytes) must be below rpc_max_frame ({rpc_max_frame} bytes), "
                     f"or a write that fits one entry could not be forwarded to the leader"
                 )
+        return rpc_max_frame, max_entry_size
+
+    def server_config(self, data: dict[str, Any]) -> ServerConfig:
+        _check_keys(data, _TOP_KEYS, "")
+        node_id, data_dir, servers, me = self.identity(data)
+        log_level = data.get("log_level", "info")
+        if not isinstance(log_level, str) or log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        raft_profile = data.get("raft_profile")
+        if raft_profile is not None and (not isinstance(raft_profile, str) or not raft_profile):
+            raise ConfigError("raft_profile must be a profile name string")
+        fsync = data.get("fsync", True)
+        if not isinstance(fsync, bool):
+            raise ConfigError(f"fsync must be true or false, not {fsync!r}")
+        rpc_max_frame, max_entry_size = self.frame_limits(data)
         return ServerConfig(
             node_id=node_id,
             data_dir=data_dir,

@@ -236,7 +236,7 @@ class Hub:
         group: int = 1,
         recheck: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Item]:
-        """Yield stream items for one subscriber (see the module docstring)."""
+        """Yield stream items for one subscriber (see ``node.endpoints.events``): catch up, then live."""
         if after < 0:
             raise StreamError("index must be >= 0")
         if encoding not in ENCODINGS:
@@ -244,63 +244,68 @@ class Hub:
         self.start()
         sub = Subscription(filter, after, max(1, buffer), raw=encoding == "msgpack", group=max(1, group))
         self.subscribers += 1
-        last_sent = time.monotonic()
+        pace = _Pace(heartbeat)
+        try:
+            async for item in self._catch_up(sub, pace):
+                yield item
+            yield {"progress": sub.position}  # caught up: a bookmark at the live tail
+            pace.sent()
+            async for item in self._live(sub, pace, recheck):
+                yield item
+        finally:
+            self.leave(sub)
+            self.subscribers -= 1
+
+    async def _catch_up(self, sub: Subscription, pace: _Pace) -> AsyncIterator[Item]:
+        """Read LMDB directly, paced by this connection, until the subscriber joins the live set."""
+        while True:
+            chunk = await self.read(sub.position, sub.needs_records)
+            if chunk.trimmed > sub.position:
+                raise reset_error(sub.position, chunk)
+            pending: list[Item] = []
+            size = 0
+            for batch in chunk.batches:
+                item = sub.item(batch)
+                if item is None:
+                    continue
+                pending.append(item)
+                size += len(batch.raw)
+                if len(pending) >= sub.group or size >= GROUP_BYTES:
+                    yield grouped(pending)
+                    sub.position = batch.index
+                    pending, size = [], 0
+                    pace.sent()
+            if pending:
+                yield grouped(pending)
+                pace.sent()
+            sub.position = max(sub.position, chunk.through)
+            if chunk.through >= chunk.applied and self.join(sub, chunk.applied):
+                return
+            if pace.remaining() <= 0:
+                yield {"progress": sub.position}
+                pace.sent()
+
+    async def _live(
+        self, sub: Subscription, pace: _Pace, recheck: Callable[[], Awaitable[None]] | None
+    ) -> AsyncIterator[Item]:
+        """Batches from the hub's fan-out, with progress notifications when idle for a heartbeat."""
         timer: asyncio.TimerHandle | None = None
         try:
-            # Catch-up: read LMDB directly, paced by this connection.
-            while True:
-                chunk = await self.read(sub.position, sub.needs_records)
-                if chunk.trimmed > sub.position:
-                    raise reset_error(sub.position, chunk)
-                pending: list[Item] = []
-                size = 0
-                for batch in chunk.batches:
-                    item = sub.item(batch)
-                    if item is None:
-                        continue
-                    pending.append(item)
-                    size += len(batch.raw)
-                    if len(pending) >= sub.group or size >= GROUP_BYTES:
-                        yield grouped(pending)
-                        sub.position = batch.index
-                        pending, size = [], 0
-                        last_sent = time.monotonic()
-                if pending:
-                    yield grouped(pending)
-                    last_sent = time.monotonic()
-                sub.position = max(sub.position, chunk.through)
-                if chunk.through >= chunk.applied and self.join(sub, chunk.applied):
-                    break
-                if time.monotonic() - last_sent >= heartbeat:
-                    yield {"progress": sub.position}
-                    last_sent = time.monotonic()
-            yield {"progress": sub.position}  # caught up: a bookmark at the live tail
-            last_sent = time.monotonic()
-            # Live: batches come from the hub's fan-out.
             while True:
                 if sub.queue:
                     index, item = sub.take()
                     yield item
                     sub.position = index
-                    last_sent = time.monotonic()
+                    pace.sent()
                     continue
-                if sub.error is not None:
-                    raise sub.error
-                if sub.overflowed:
-                    raise RPCError(
-                        UNAVAILABLE,
-                        f"subscriber fell more than {sub.max_buffer} batches behind; "
-                        f"resubscribe with index={sub.position}",
-                        reason="slow_subscriber",
-                        resume_index=sub.position,
-                    )
+                _raise_if_ended(sub)
                 sub.position = max(sub.position, sub.through)
-                remaining = heartbeat - (time.monotonic() - last_sent)
+                remaining = pace.remaining()
                 if remaining <= 0:
                     if recheck is not None:
                         await recheck()
                     yield {"progress": sub.position}
-                    last_sent = time.monotonic()
+                    pace.sent()
                     continue
                 sub.wake.clear()
                 if sub.queue or sub.error is not None or sub.overflowed:
@@ -318,9 +323,33 @@ class Hub:
         finally:
             if timer is not None:
                 timer.cancel()
-            self.leave(sub)
-            self.subscribers -= 1
 
+
+class _Pace:
+    """When a subscriber was last sent anything: a progress notification is due a heartbeat later."""
+
+    def __init__(self, heartbeat: float) -> None:
+        self.heartbeat = heartbeat
+        self.last_sent = time.monotonic()
+
+    def sent(self) -> None:
+        self.last_sent = time.monotonic()
+
+    def remaining(self) -> float:
+        return self.heartbeat - (time.monotonic() - self.last_sent)
+
+
+def _raise_if_ended(sub: Subscription) -> None:
+    """End the stream if the hub failed this subscriber or it fell too far behind."""
+    if sub.error is not None:
+        raise sub.error
+    if sub.overflowed:
+        raise RPCError(
+            UNAVAILABLE,
+            f"subscriber fell more than {sub.max_buffer} batches behind; resubscribe with index={sub.position}",
+            reason="slow_subscriber",
+            resume_index=sub.position,
+        )
 
 _HUBS: weakref.WeakKeyDictionary[Any, Hub] = weakref.WeakKeyDictionary()
 

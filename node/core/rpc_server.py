@@ -446,7 +446,9 @@ class RPCServer:
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
 
-    async def _handle(self, conn: _Connection, body: bytes) -> None:
+    async def _accept(self, conn: _Connection, body: bytes) -> tuple[str, str, Any, Any, Any] | None:
+        """(request id, method, args, token, method entry) of a well-formed request for a known
+        method; anything else is answered with its error here, logged, and None returned."""
         request_id: str | None = None
         try:
             message = unpack_body(body)
@@ -468,7 +470,14 @@ class RPCServer:
             )
             with contextlib.suppress(ConnectionError):
                 await conn.send(_error(request_id, err))
+            return None
+        return request_id, method, args, token, entry
+
+    async def _handle(self, conn: _Connection, body: bytes) -> None:
+        accepted = await self._accept(conn, body)
+        if accepted is None:
             return
+        request_id, method, args, token, entry = accepted
         ctx = RequestContext(
             request_id, method, token, conn.peer, asyncio.get_running_loop(), self.log, conn.writer.transport
         )
