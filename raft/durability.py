@@ -56,7 +56,7 @@ class Durability(ReplicaBase):
 
     # -- crash-safe compaction (defect 7) ----------------------------------------
 
-    def _caravan_before_start(self) -> None:
+    def caravan_before_start(self) -> None:
         """Called by CaravanTransport's constructor: pysyncobj has opened the
         journal but started no thread yet. Make its compaction crash-safe."""
         journal = self._SyncObj__raftLog

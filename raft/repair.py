@@ -63,7 +63,7 @@ class LogRepair(ReplicaBase):
 
     # -- received messages ------------------------------------------------------
 
-    def _caravan_on_message(
+    def caravan_on_message(
         self, node: Any, message: dict[str, Any], deliver: Callable[..., None]
     ) -> None:
         """CaravanTransport's receive hook: repair, then hand to pysyncobj's handler."""

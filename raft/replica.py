@@ -95,7 +95,7 @@ class Replica(ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
         self.drive_transfer()
         self.announce_leadership()
 
-    def _caravan_on_send(
+    def caravan_on_send(
         self, node: Any, message: dict[str, Any], send: Callable[..., bool]
     ) -> bool:
         """CaravanTransport's send hook: repair the message, then hold it for fsync or send it."""

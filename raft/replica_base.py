@@ -73,9 +73,6 @@ class ReplicaBase(SyncObj):
         """Before ``SyncObj.__init__``: the owner, the log and the journal view."""
         self.owner = owner
         self.log = structlog.get_logger("raft").bind(node_id=config.self_address)
-        # CaravanTransport looks the logger up under this name for its
-        # authentication-failure log (raft/transport.py).
-        self._log = self.log
         self.view = JournalView(self)
 
     def known_leader(self) -> str | None:

@@ -7,7 +7,7 @@ first byte: every received message passes through the node's
 ``_filter_incoming`` (truncation fix, leader-side size/type guards) and every
 sent message through ``_filter_outgoing`` (ack rewriting, fsync ordering,
 instrumentation). Its constructor is also where the node swaps in the
-crash-safe journal (``_caravan_before_start``).
+crash-safe journal (``caravan_before_start``).
 
 Every connection is a :class:`CaravanConnection`: the same frame a stock
 peer reads (length, auth tag, zlib stream, pickle), built without
@@ -86,10 +86,10 @@ class CaravanTransport(TCPTransport):
         # SyncObj builds its transport after opening the journal and before
         # starting its tick thread: the one moment the node can adapt the
         # journal (raft/journal.py) with nothing running concurrently.
-        prepare = getattr(syncObj, "_caravan_before_start", None)
+        prepare = getattr(syncObj, "caravan_before_start", None)
         if prepare is not None:
             prepare()
-        log = getattr(syncObj, "_log", None)
+        log = getattr(syncObj, "log", None)  # the replica's logger (raft/replica_base.py)
         self._auth_failures = AuthFailureLog(log, monotonic) if log is not None else None
         super().__init__(syncObj, selfNode, otherNodes)
 
@@ -116,14 +116,14 @@ class CaravanTransport(TCPTransport):
         deliver = self._onMessageReceivedCallback
         if deliver is None:
             return
-        hook = getattr(self._syncObj, "_caravan_on_message", None)
+        hook = getattr(self._syncObj, "caravan_on_message", None)
         if hook is None or message.__class__ is not dict:
             deliver(node, message)
         else:
             hook(node, message, deliver)
 
     def send(self, node: Any, message: Any) -> bool:
-        hook = getattr(self._syncObj, "_caravan_on_send", None)
+        hook = getattr(self._syncObj, "caravan_on_send", None)
         if hook is None or message.__class__ is not dict:
             return TCPTransport.send(self, node, message)
         return hook(node, message, self.raw_send)

@@ -198,11 +198,11 @@ class Control:
         process)."""
         obj = self.node._obj
         if on:
-            obj._caravan_on_message = lambda node, message, deliver: None
-            obj._caravan_on_send = lambda node, message, send: True
+            obj.caravan_on_message = lambda node, message, deliver: None
+            obj.caravan_on_send = lambda node, message, send: True
         else:
-            obj.__dict__.pop("_caravan_on_message", None)
-            obj.__dict__.pop("_caravan_on_send", None)
+            obj.__dict__.pop("caravan_on_message", None)
+            obj.__dict__.pop("caravan_on_send", None)
         return {"ok": True}
 
     def op_entries(self, start: int = 0, prefix_len: int = 64) -> dict[str, Any]:

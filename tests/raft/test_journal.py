@@ -347,7 +347,7 @@ def test_without_the_guard_a_node_killed_inside_compaction_loses_entries(
     """The anomaly itself: pysyncobj's journal (no adoption, no alignment),
     killed after re-adding a few entries; the restarted node's log ends
     before entries it had acknowledged."""
-    monkeypatch.setattr(_Replica, "_caravan_before_start", lambda self: None)
+    monkeypatch.setattr(_Replica, "caravan_before_start", lambda self: None)
     freeze = Frozen()
 
     def dying_delete_entries_to(self: Any, entry_to: int) -> None:
@@ -360,7 +360,7 @@ def test_without_the_guard_a_node_killed_inside_compaction_loses_entries(
     monkeypatch.setattr(FileJournal, "deleteEntriesTo", dying_delete_entries_to)
     acked, dead = _crash_during_compaction(tmp_path, freeze)
     monkeypatch.undo()
-    monkeypatch.setattr(_Replica, "_caravan_before_start", lambda self: None)
+    monkeypatch.setattr(_Replica, "caravan_before_start", lambda self: None)
     node = _node(dead, MemTarget())
     try:
         assert node.status()["last_log_index"] < max(acked)
