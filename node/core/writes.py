@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fsm.machine import ApplyResult
-from fsm.messages import encode_batch
+from fsm.messages import encode_batch, encode_entry
 from node.wire.errors import (
     BAD_REQUEST,
     UNAVAILABLE,
@@ -27,7 +28,7 @@ from node.wire.errors import (
     RPCError,
 )
 from raft import errors as raft_errors
-from raft.node import RaftNode
+from raft.node import RaftNode, encoded_entry_size
 
 WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before its outcome is unknown
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
@@ -37,6 +38,16 @@ BATCH_OVERHEAD = 256
 
 
 ITEM_OVERHEAD = 16
+
+
+
+def entry_size(body: Any) -> int:
+    """Bytes ``body`` takes in the raft log once encoded and stamped (what ``max_entry_bytes`` limits).
+
+    The leader's own writers (plans, GC reaps) measure what they batch with
+    this, so their entries are cut to the same limit raft enforces.
+    """
+    return encoded_entry_size(encode_entry(body, time=time.time_ns(), rid=uuid.uuid4().hex))
 
 
 @dataclass

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,14 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
 from fsm.gc import FORCE_ORDER, EvalUnit, Plan, Thresholds, Window, plan_all, plan_kind
-from fsm.messages import encode_entry
 from fsm.store import StateReader
 from fsm.structs import SECOND
 from fsm.writer import GC_DEPLOYMENT, GC_EVAL, GC_JOB, GC_KINDS, GC_NODE, GC_TOKEN
 from node.core import metrics
 from node.core.config import GCConfig
+from node.core.writes import entry_size
 from node.wire.errors import INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
-from raft.node import encoded_entry_size
 
 if TYPE_CHECKING:
     from node.core.api import ServerAPI
@@ -120,11 +118,6 @@ def thresholds_of(cfg: GCConfig) -> Thresholds:
         node=ns(cfg.node_threshold),
         token=ns(cfg.token_threshold),
     )
-
-
-def entry_size(body: Any) -> int:
-    """Bytes ``body`` takes in the raft log (what ``max_entry_bytes`` limits)."""
-    return encoded_entry_size(encode_entry(body, time=time.time_ns(), rid=uuid.uuid4().hex))
 
 
 # -- splitting a plan into entries --------------------------------------------------

@@ -26,27 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsm.caches import NodeUsageCache
-from fsm.messages import PlanApply, encode_entry
+from fsm.messages import PlanApply
 from fsm.store import StateReader
 from fsm.structs import DESIRED_RUN, NODE_ELIGIBLE, NODE_READY, Allocation, Node, Resources
+from node.core.writes import entry_size
 from node.leader.shims import RaftApplier, StateReads
-from raft.node import encoded_entry_size
 from scheduler.plan import Plan, logged_size, to_entries
 
 if TYPE_CHECKING:
     pass
-
-
-def entry_size(body: Any) -> int:
-    """Bytes ``body`` takes in the raft log (what ``max_entry_bytes`` limits)."""
-    return encoded_entry_size(encode_entry(body, time=time.time_ns(), rid=uuid.uuid4().hex))
 
 
 @dataclass

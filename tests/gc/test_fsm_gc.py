@@ -18,7 +18,8 @@ from fsm.structs import (
     RescheduleTracker,
 )
 from fsm.structs import Deployment as DeploymentRec
-from node.leader.gc import ENTRY_MARGIN, UNIT_ALLOCS, Limits, entry_size, reap_bodies
+from node.core.writes import entry_size
+from node.leader.gc import ENTRY_MARGIN, UNIT_ALLOCS, Limits, reap_bodies
 from tests.gc.support import (
     GCHarness,
     alloc,
