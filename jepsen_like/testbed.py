@@ -37,7 +37,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,7 +75,7 @@ class Testbed:
     proxies: LinkProxies | None
     paused: set[str] = field(default_factory=set)
     client_sim: subprocess.Popen[bytes] | None = None
-    client_sim_args: list[str] = field(default_factory=list)  # to start it again (the client-kill nemesis)
+    client_sim_args: list[str] = field(default_factory=list)  # `node.cli` args, to start it again (client-kill)
     #: the servers' ``raft_compaction_entries`` when the testbed set one (None: the profile's default)
     compaction_entries: int | None = None
     #: the file (in each server's data_dir) its wall-clock offset is read from, when the servers run
@@ -212,7 +211,7 @@ class Testbed:
         Its state file keeps the node ids, so a restart brings the same nodes back.
         """
         self.client_sim_args = [
-            sys.executable, "-m", "node.cli", "client", "sim", "--nodes", str(nodes),
+            "client", "sim", "--nodes", str(nodes),
             "--servers", ",".join(self.rpc_addresses), "--seed", str(seed), "--name-prefix", "sim",
             "--state-file", str(self.directory / "client-sim-nodes.json")]
         self._spawn_client_sim()
@@ -230,16 +229,7 @@ class Testbed:
         self._spawn_client_sim()
 
     def _spawn_client_sim(self) -> None:
-        log = open(self.directory / "client-sim.log", "ab")  # noqa: SIM115 - handed to the child
-        self.client_sim = subprocess.Popen(
-            self.client_sim_args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=str(Path(cl.__file__).resolve().parents[1]),
-        )
-        log.close()
+        self.client_sim = cl.launch(self.client_sim_args, self.directory / "client-sim.log")
 
     def _stop_client_sim(self) -> None:
         proc, self.client_sim = self.client_sim, None
