@@ -35,11 +35,12 @@ from node.core import acl
 from node.core.acl import Need
 from node.core.api import Forward
 from node.core.config import ServerConfig
+from node.core.context import RequestContext
 from node.core.forward import blocking_wait, forward_request
 from node.core.heartbeats import Heartbeats
 from node.core.process import tune_gc
 from node.core.reads import read_committed
-from node.core.rpc_server import RequestContext, RPCServer
+from node.core.rpc_server import RPCServer
 from node.core.testhooks import (
     UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV,
     install_unsafe_wall_clock,

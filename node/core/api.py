@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from fsm.store import StateReader
     from node.core.acl import Need
     from node.core.config import ServerConfig
+    from node.core.context import RequestContext
     from node.core.heartbeats import Heartbeats
-    from node.core.rpc_server import RequestContext, RPCServer
+    from node.core.rpc_server import RPCServer
     from node.core.stream import Hub
     from node.wire.rpc_client import AsyncRPCClient
     from raft.node import RaftNode

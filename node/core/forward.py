@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from node.core.api import Forward
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.core.writes import WRITE_TIMEOUT
 from node.wire.errors import (
     NO_LEADER,

@@ -10,7 +10,7 @@ from fsm import messages as m
 from fsm.store import StateReader
 from fsm.structs import SECOND, TOKEN_CLIENT, TOKEN_MANAGEMENT, ACLToken
 from node.core.acl import POLICIES, Need, hash_secret, new_secret
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, bad, id_arg, method
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, TOKEN_HINT, RPCError

@@ -9,7 +9,7 @@ from fsm import messages as m
 from fsm.errors import CodecError
 from fsm.store import StateReader
 from node.core.acl import Need
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
 from node.spec.nomadjson import from_nomad, to_nomad
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from fsm.store import StateReader
 from fsm.structs import Deployment
 from node.core.acl import Need
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, by_prefix, found, id_arg, method
 from node.leader.deployments import (
     Decision,

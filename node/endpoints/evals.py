@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fsm.store import StateReader
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, by_prefix, found, id_arg, method
 from node.spec.nomadjson import to_nomad
 

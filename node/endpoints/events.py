@@ -83,8 +83,8 @@ from typing import TYPE_CHECKING, Any
 
 from fsm.writer import TOPIC_TOKEN
 from node.core.acl import Need
+from node.core.context import RequestContext
 from node.core.hub import hub_of
-from node.core.rpc_server import RequestContext
 from node.core.stream import (
     DEFAULT_HEARTBEAT,
     ENCODINGS,

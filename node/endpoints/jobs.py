@@ -14,7 +14,7 @@ from fsm import messages as m
 from fsm.store import StateReader
 from fsm.structs import Job
 from node.core.acl import Need
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, bad, found, id_arg, method
 from node.spec.jobspec import JobSpecError, parse_job
 from node.spec.nomadjson import to_nomad

@@ -18,7 +18,7 @@ from fsm.structs import (
 )
 from node.core.acl import Need
 from node.core.api import Forward
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
 from node.spec.nomadjson import from_nomad, to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from node.core.acl import Need
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import stream_method
 from node.wire.errors import NOT_LEADER, RPCError
 from snapshot import SnapshotError

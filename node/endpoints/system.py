@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fsm import messages as m
 from node.core.acl import Need
 from node.core.api import Forward
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import arg, method
 from node.leader.gc import collector, dry_run, force, force_detached
 from node.leader.lifecycle import current

@@ -20,7 +20,7 @@ from fsm.store import StateReader
 from fsm.structs import Evaluation
 from fsm.validate import check_alloc, check_eval
 from node.core.acl import Need
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 from node.endpoints.registry import method
 from node.spec.nomadjson import from_nomad
 from node.wire.errors import BAD_REQUEST, RPCError

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from fsm.ids import new_request_id
 from node.core.api import ServerAPI
-from node.core.rpc_server import RequestContext
+from node.core.context import RequestContext
 
 
 class HTTPError(Exception):

@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
+from node.core.context import RequestContext
 from node.core.metrics import METRICS
-from node.core.rpc_server import RequestContext
 from node.http.bridge import HTTPAPI, HTTPError, api_of, next_item
 from node.wire.errors import RPCError
 

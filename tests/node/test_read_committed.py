@@ -13,9 +13,9 @@ from fsm import messages as m
 from fsm.machine import FSM
 from node.core.acl import Need
 from node.core.config import ServerConfig
+from node.core.context import RequestContext
 from node.core.hub import Hub
 from node.core.reads import read_committed
-from node.core.rpc_server import RequestContext
 from node.endpoints.registry import PREFIX_MATCH_LIMIT, by_prefix
 from node.server import Server
 from node.wire.errors import BAD_REQUEST, UNAVAILABLE, RPCError

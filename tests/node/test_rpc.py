@@ -23,7 +23,8 @@ import pytest
 import structlog
 from structlog.testing import CapturingLogger
 
-from node.core.rpc_server import RequestContext, RPCServer, RPCServerThread
+from node.core.context import RequestContext
+from node.core.rpc_server import RPCServer, RPCServerThread
 from node.wire.errors import RPCError
 from node.wire.framing import DEFAULT_MAX_FRAME, format_address, parse_address
 from node.wire.rpc_client import AsyncRPCClient, RPCClient
@@ -292,7 +293,7 @@ def test_result_from_another_thread(client: RPCClient) -> None:
 
 
 def test_completion_filled_after_waiter_gave_up_does_not_raise_in_the_filler() -> None:
-    from node.core.rpc_server import Completion
+    from node.core.context import Completion
 
     errors: list[BaseException] = []
 
