@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from fsm.ids import new_uuid
 from fsm.messages import AllocStop
@@ -39,12 +40,13 @@ from fsm.structs import (
     DeploymentState,
     DeploymentStatus,
     Job,
+    ReschedulePolicy,
     TaskGroup,
     UpdateStrategy,
 )
 from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.evals import TRIGGER_FOLLOWUP, finish_eval, new_eval
-from scheduler.feasibility import PlacementContext, ask_for
+from scheduler.feasibility import Ask, PlacementContext, ask_for
 from scheduler.plan import Plan
 from scheduler.ranking import Request, Selector
 from scheduler.reconcile import UNLIMITED, GroupPlan, Placement, Rollout, reconcile_group
@@ -135,35 +137,69 @@ def schedule(
 def schedule_generic(
     snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None, top_k: int = 1
 ) -> Plan:
-    ev, job, now = snap.eval, snap.job, snap.now
+    """Plan a service or batch job's evaluation: reconcile its groups, stop, then place what they want.
+
+    Stops go into the plan before any placement, so what they free is there to
+    place on; the rollout (deployment) is settled before placing, as each new
+    alloc records which rollout it belongs to.
+    """
+    ev, job = snap.eval, snap.job
     rng = rng or random.Random(ev.id)
     plan = Plan(eval_id=ev.id, job_id=ev.job_id, snapshot_index=snap.index)
-    by_group: dict[str, list[Allocation]] = defaultdict(list)
-    for alloc in snap.allocs:
-        by_group[alloc.task_group].append(alloc)
     groups: dict[str, TaskGroup] = {}
     if job is not None and not job.stop:
         groups = {g.name: g for g in job.task_groups}
     dep = _current_deployment(snap)
+    plans = _reconcile_groups(snap, groups, dep)
+    selector = _selector(snap, rng, top_k)
+    _stop_and_update(plan, plans, selector)
+    deployment = _deployment_for(snap, plans, groups, dep)
+    if deployment is not None and deployment is not dep:
+        plan.deployment = deployment
+    dep_id = deployment.id if deployment is not None and deployment.active() else ""
+    _join_rollout(plans, groups, job, dep_id)
+    failures, queued = _place_groups(plan, plans, groups, _Placing(snap, selector, admission, dep_id))
+    if plan.deployment is not None and not any(a.deployment_id == plan.deployment.id for a in plan.place):
+        plan.deployment = None  # nothing placed: the eval that places them later starts the rollout
+    next_eval = _followups(plan, snap, plans)
+    # As Nomad's eval.DeploymentID: the rollout this eval's placements belong to.
+    within = plan.deployment.id if plan.deployment is not None else (dep.id if dep is not None and dep.active() else "")
+    finish_eval(plan, snap, failures, queued, next_eval, within)
+    return plan
 
-    plans: dict[str, GroupPlan] = {}
+
+def _reconcile_groups(snap: Snapshot, groups: dict[str, TaskGroup], dep: Deployment | None) -> dict[str, GroupPlan]:
+    """Reconcile every group the job has or still has allocs of, in name order, each with its rollout and budget."""
+    job = snap.job
+    by_group: dict[str, list[Allocation]] = defaultdict(list)
+    for alloc in snap.allocs:
+        by_group[alloc.task_group].append(alloc)
     stale = _stale_canaries(snap, dep)
+    plans: dict[str, GroupPlan] = {}
     for name in sorted(set(groups) | set(by_group)):
         group = groups.get(name)
         limit, rollout = UNLIMITED, None
         if job is not None and group is not None:
             limit, rollout = _limit(job, group, snap.allocs, dep), _rollout(job, group, dep, stale)
         plans[name] = reconcile_group(
-            job, group, name, by_group.get(name, []), snap.nodes, now, ev.id, versions=snap.versions, limit=limit,
-            rollout=rollout, skew=snap.skew,
+            job, group, name, by_group.get(name, []), snap.nodes, snap.now, snap.eval.id, versions=snap.versions,
+            limit=limit, rollout=rollout, skew=snap.skew,
         )
+    return plans
 
-    # Stops first: what they free is available to this plan's placements.
+
+def _selector(snap: Snapshot, rng: random.Random, top_k: int) -> Selector:
+    """A node selector over a copy of the snapshot's usage, knowing where the job's live allocs run
+    (so placements spread), that this plan's stops and placements then update."""
     ctx = PlacementContext(usage={k: v.copy() for k, v in snap.usage.items()}, job_allocs=Counter())
     for alloc in snap.allocs:
         if not alloc.terminal():
             ctx.job_allocs[alloc.node_id] += 1
-    selector = Selector(list(snap.nodes.values()), ctx, rng=rng, top_k=top_k)
+    return Selector(list(snap.nodes.values()), ctx, rng=rng, top_k=top_k)
+
+
+def _stop_and_update(plan: Plan, plans: dict[str, GroupPlan], selector: Selector) -> None:
+    """Put every group's stops (releasing what they hold, for this plan's placements) and in-place updates in ``plan``."""
     for gp in plans.values():
         for stop in gp.stop:
             plan.stop.append(
@@ -174,71 +210,92 @@ def schedule_generic(
             plan.place.append(updated)
             plan.inplace.add(updated.id)
 
+
+@dataclass
+class _Placing:
+    """What placing any group's allocs needs that is the same for every group of the eval."""
+
+    snap: Snapshot
+    selector: Selector
+    admission: Admission
+    dep_id: str  # the active rollout new allocs join ("" if none)
+
+
+def _place_groups(
+    plan: Plan, plans: dict[str, GroupPlan], groups: dict[str, TaskGroup], placing: _Placing
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Place what each group of the job wants; per group, why placements are missing and how many
+    (the eval's failed_tg_allocs and queued_allocations)."""
+    job = placing.snap.job
     failures: dict[str, str] = {}
     queued: dict[str, int] = {}
-    deployment = _deployment_for(snap, plans, groups, dep)
-    if deployment is not None and deployment is not dep:
-        plan.deployment = deployment
-    dep_id = deployment.id if deployment is not None and deployment.active() else ""
-    _join_rollout(plans, groups, job, dep_id)
     for name, gp in plans.items():
         group = groups.get(name)
         if group is None or job is None:
             continue
         queued[name] = 0
-        wanted = gp.place
-        admitted = admission.admit(job, group, len(wanted))
-        held_back = len(wanted) - admitted.count
-        ask = ask_for(job, group)
-        policy = policy_for(job, group)
-        unplaced = 0
-        for p in wanted[: admitted.count]:
-            runs, runs_group = _version_to_place(snap, job, group, p)
-            ask_p = ask if runs is job else ask_for(runs, runs_group)
-            request = Request(ask_p, previous_node=p.previous.node_id if p.reschedule and p.previous else "")
-            node = selector.select(request)
-            if node is None:
-                unplaced += 1
-                continue
-            selector.claim(node, ask_p)
-            plan.place.append(
-                Allocation(
-                    id=new_uuid(),
-                    eval_id=ev.id,
-                    job_id=job.id,
-                    node_id=node.id,
-                    task_group=name,
-                    name=p.name,
-                    namespace=job.namespace,
-                    job_version=runs.version,
-                    resources=ask_p.resources.copy(),
-                    desired_status=DESIRED_RUN,
-                    client_status=CLIENT_PENDING,
-                    previous_allocation=p.previous.id if p.previous is not None else "",
-                    reschedule_tracker=next_tracker(p.previous, now, p.delay, policy if runs is job else policy_for(runs, runs_group))
-                    if p.reschedule and p.previous else None,
-                    # A downgraded replacement is an old version's alloc, outside the rollout under test.
-                    deployment_id=dep_id if update_strategy(job, group) is not None and runs is job else "",
-                    deployment_status=DeploymentStatus(canary=True) if p.canary and dep_id else None,
-                )
-            )
-        reasons = []
-        if unplaced:
-            reasons.append(selector.failure(ask, unplaced).describe())
-        if held_back:
-            reasons.append(f"{held_back} held back by admission: {admitted.reason or 'not admitted'}")
+        reasons, missing = _place_group(plan, job, group, gp.place, placing)
         if reasons:
             failures[name] = "; ".join(reasons)
-            queued[name] = unplaced + held_back
-            plan.failed[name] = unplaced + held_back
+            queued[name] = missing
+            plan.failed[name] = missing
+    return failures, queued
 
-    if plan.deployment is not None and not any(a.deployment_id == plan.deployment.id for a in plan.place):
-        plan.deployment = None  # nothing placed: the eval that places them later starts the rollout
-    next_eval = _followups(plan, snap, plans)
-    # As Nomad's eval.DeploymentID: the rollout this eval's placements belong to.
-    within = plan.deployment.id if plan.deployment is not None else (dep.id if dep is not None and dep.active() else "")
-    finish_eval(plan, snap, failures, queued, next_eval, within)
-    return plan
+
+def _place_group(plan: Plan, job: Job, group: TaskGroup, wanted: list[Placement], placing: _Placing) -> tuple[list[str], int]:
+    """Pass the group's placements through admission and place those admitted on the nodes the
+    selector picks; why some are missing (nothing if none is), and how many."""
+    admitted = placing.admission.admit(job, group, len(wanted))
+    held_back = len(wanted) - admitted.count
+    ask = ask_for(job, group)
+    policy = policy_for(job, group)
+    unplaced = 0
+    for p in wanted[: admitted.count]:
+        alloc = _place_one(job, group, ask, policy, p, placing)
+        if alloc is None:
+            unplaced += 1
+        else:
+            plan.place.append(alloc)
+    reasons = []
+    if unplaced:
+        reasons.append(placing.selector.failure(ask, unplaced).describe())
+    if held_back:
+        reasons.append(f"{held_back} held back by admission: {admitted.reason or 'not admitted'}")
+    return reasons, unplaced + held_back
+
+
+def _place_one(
+    job: Job, group: TaskGroup, ask: Ask, policy: ReschedulePolicy | None, p: Placement, placing: _Placing
+) -> Allocation | None:
+    """The new alloc for one placement, on the node the selector picks for the version it runs
+    (which then holds its resources); None if no node fits."""
+    snap = placing.snap
+    runs, runs_group = _version_to_place(snap, job, group, p)
+    ask_p = ask if runs is job else ask_for(runs, runs_group)
+    request = Request(ask_p, previous_node=p.previous.node_id if p.reschedule and p.previous else "")
+    node = placing.selector.select(request)
+    if node is None:
+        return None
+    placing.selector.claim(node, ask_p)
+    return Allocation(
+        id=new_uuid(),
+        eval_id=snap.eval.id,
+        job_id=job.id,
+        node_id=node.id,
+        task_group=group.name,
+        name=p.name,
+        namespace=job.namespace,
+        job_version=runs.version,
+        resources=ask_p.resources.copy(),
+        desired_status=DESIRED_RUN,
+        client_status=CLIENT_PENDING,
+        previous_allocation=p.previous.id if p.previous is not None else "",
+        reschedule_tracker=next_tracker(p.previous, snap.now, p.delay, policy if runs is job else policy_for(runs, runs_group))
+        if p.reschedule and p.previous else None,
+        # A downgraded replacement is an old version's alloc, outside the rollout under test.
+        deployment_id=placing.dep_id if update_strategy(job, group) is not None and runs is job else "",
+        deployment_status=DeploymentStatus(canary=True) if p.canary and placing.dep_id else None,
+    )
 
 
 def _version_to_place(snap: Snapshot, job: Job, group: TaskGroup, p: Placement) -> tuple[Job, TaskGroup]:

@@ -96,72 +96,89 @@ def to_entries(
     measured whole and split again in the rare case it came out too big.
     """
     measure = measure or (lambda body: approx_size(body))
-    base = measure(PlanApply(eval_id=plan.eval_id, job_id=plan.job_id))
+    base = measure(_empty_body(plan))
+    sized = _item_sizer(plan, measure, base, item_size)
+    out: list[PlanApply] = []
+    for body in _pack(plan, sized, max_bytes - margin - base):
+        out.extend(_fit(body, max_bytes - margin // 2, measure))
+    return out
+
+
+def _empty_body(plan: Plan) -> PlanApply:
+    """A body with only the plan's ids: each entry starts as one, and sizes are measured beyond one."""
+    return PlanApply(eval_id=plan.eval_id, job_id=plan.job_id)
+
+
+def _add(body: PlanApply, kind: str, obj: Any) -> None:
+    """Put one of a plan's records (its ``kind``: deployment, stop, place or eval) in ``body``."""
+    if kind == "deployment":
+        body.deployment = obj
+    elif kind == "stop":
+        body.allocs_to_stop.append(obj)
+    elif kind == "place":
+        body.allocs_to_place.append(obj)
+    else:
+        body.evals.append(obj)
+
+
+def _has_any(body: PlanApply) -> bool:
+    """Whether ``body`` holds a record: an empty one is only written when the plan has none at all."""
+    return bool(body.allocs_to_place or body.allocs_to_stop or body.deployment is not None or body.evals)
+
+
+def _item_sizer(
+    plan: Plan, measure: Callable[[Any], int], base: int, item_size: Callable[[Any], int] | None
+) -> Callable[[str, Any], int]:
+    """How many bytes one record adds to a body: by ``item_size`` (plus a few for its place in a list),
+    else what a probe body holding just that record measures beyond an empty one (``base``)."""
 
     def sized(kind: str, obj: Any) -> int:
         if item_size is not None:
             return item_size(obj) + 8
-        probe = PlanApply(eval_id=plan.eval_id, job_id=plan.job_id)
-        if kind == "deployment":
-            probe.deployment = obj
-        elif kind == "stop":
-            probe.allocs_to_stop = [obj]
-        elif kind == "place":
-            probe.allocs_to_place = [obj]
-        else:
-            probe.evals = [obj]
+        probe = _empty_body(plan)
+        _add(probe, kind, obj)
         return measure(probe) - base
 
-    budget = max_bytes - margin - base
+    return sized
+
+
+def _pack(plan: Plan, sized: Callable[[str, Any], int], budget: int) -> list[PlanApply]:
+    """The plan's records packed greedily into bodies of at most ``budget`` bytes (as ``sized`` counts).
+
+    The deployment comes first (placed allocs refer to it), stops before placements
+    (they free what the placements use), and the evaluations together in the last
+    body, one of their own if they do not fit beside the rest.
+    """
     items: list[tuple[str, Any]] = []
     if plan.deployment is not None:
         items.append(("deployment", plan.deployment))
     items += [("stop", s) for s in plan.stop]
     items += [("place", a) for a in plan.place]
     tail = [("eval", e) for e in plan.evals]
-
-    bodies: list[PlanApply] = []
-    current = PlanApply(eval_id=plan.eval_id, job_id=plan.job_id)
-    used = 0
-
-    def add(kind: str, obj: Any) -> None:
-        if kind == "deployment":
-            current.deployment = obj
-        elif kind == "stop":
-            current.allocs_to_stop.append(obj)
-        elif kind == "place":
-            current.allocs_to_place.append(obj)
-        else:
-            current.evals.append(obj)
-
-    def has_any(body: PlanApply) -> bool:
-        return bool(body.allocs_to_place or body.allocs_to_stop or body.deployment is not None or body.evals)
-
     tail_size = sum(sized(k, o) for k, o in tail)
     if tail_size > budget:
         raise PlanTooLargeError(f"the evaluations of plan {plan.eval_id} need {tail_size} bytes, more than one entry")
+    bodies: list[PlanApply] = []
+    current = _empty_body(plan)
+    used = 0
     for kind, obj in items:
         size = sized(kind, obj)
         if size > budget:
             raise PlanTooLargeError(f"one {kind} of plan {plan.eval_id} needs {size} bytes, more than one entry")
-        if used + size > budget and has_any(current):
+        if used + size > budget and _has_any(current):
             bodies.append(current)
-            current = PlanApply(eval_id=plan.eval_id, job_id=plan.job_id)
+            current = _empty_body(plan)
             used = 0
-        add(kind, obj)
+        _add(current, kind, obj)
         used += size
-    # The evaluations go last, in an entry of their own if they do not fit.
-    if used + tail_size > budget and has_any(current):
+    if used + tail_size > budget and _has_any(current):
         bodies.append(current)
-        current = PlanApply(eval_id=plan.eval_id, job_id=plan.job_id)
+        current = _empty_body(plan)
     for kind, obj in tail:
-        add(kind, obj)
-    if has_any(current) or not bodies:
+        _add(current, kind, obj)
+    if _has_any(current) or not bodies:
         bodies.append(current)
-    out: list[PlanApply] = []
-    for body in bodies:
-        out.extend(_fit(body, max_bytes - margin // 2, measure))
-    return out
+    return bodies
 
 
 def _fit(body: PlanApply, limit: int, measure: Callable[[Any], int]) -> list[PlanApply]:

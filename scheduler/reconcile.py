@@ -162,17 +162,6 @@ class GroupPlan:
         return len(self.place) + len(self.stop) + len(self.inplace) + len(self.followups)
 
 
-def _reschedule(plan: GroupPlan, policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id: str,
-                *, canary: bool = False, skew: int = 0) -> Placement | None:
-    """A failed alloc's replacement now; None while it waits (a follow-up eval at its time) or for good."""
-    decision = decide(policy, alloc, now, eval_id, skew)
-    if decision.decision == "now":
-        return Placement(alloc.name, previous=alloc, reschedule=True, delay=decision.delay, canary=canary)
-    if decision.decision == "later" and not alloc.followup_eval_id:
-        plan.followups.append(Followup(alloc, decision.at))
-    return None
-
-
 def _free_names(job_id: str, group: str, used: set[int], n: int) -> list[str]:
     """The ``n`` lowest alloc names whose indexes are not in ``used``."""
     names: list[str] = []
@@ -199,6 +188,14 @@ def can_update_in_place(job: Job, group: TaskGroup, old_job: Job | None) -> bool
     return old_group is not None and _spec(old_job, old_group) == _spec(job, group)
 
 
+def updated_in_place(alloc: Allocation, job: Job, eval_id: str) -> Allocation:
+    """A copy of ``alloc`` moved to ``job``'s version by ``eval_id``: an in-place update keeps its id and node."""
+    updated = copy.deepcopy(alloc)
+    updated.job_version = job.version
+    updated.eval_id = eval_id
+    return updated
+
+
 def reconcile_group(
     job: Job | None,
     group: TaskGroup | None,
@@ -213,156 +210,270 @@ def reconcile_group(
     rollout: Rollout | None = None,
     skew: int = 0,
 ) -> GroupPlan:
-    """What to do with one task group (``group`` is None when the job no longer has it)."""
+    """What to do with one task group (``group`` is None when the job no longer has it).
+
+    The steps run in this order because each works on what the one before left:
+    sort the allocs, settle the canaries, hold the group to its count, then fill
+    fresh slots, place canaries and replace outdated allocs within the budget.
+    """
     plan = GroupPlan(group_name)
-    versions = versions or {}
     job_stopped = job is None or job.stop
     stopped = job_stopped or group is None
-    batch = job is not None and job.type == "batch"
     policy = policy_for(job, group) if not stopped and job is not None and group is not None else None
     rollout = rollout or Rollout()
-    live: list[Allocation] = []
-    held: list[Allocation] = []  # terminal allocs that keep their slot (done, waiting, given up)
-    replace: list[Placement] = []
-    waiting_canaries: list[Allocation] = []  # failed canaries that keep their canary slot
-    canary_replace: list[Placement] = []  # failed canaries rescheduled now, as canaries
+    retry = _Retry(plan, policy, now, eval_id, skew)
+    piles = _sort_allocs(plan, job, allocs, nodes, rollout, retry, job_stopped=job_stopped, stopped=stopped)
+    if stopped or job is None or group is None:
+        return plan
+    mine = _settle_canaries(plan, piles, job, rollout)
+    fresh = _hold_to_count(plan, piles, job, group.count)
+    plan.place.extend(piles.replace)
+    destructive = _outdated(plan, piles, job, group, versions or {}, eval_id)
+    fresh = _defer_to_rollout(plan, piles.replace, rollout, destructive, fresh)
+    _place_fresh(plan, piles, job.id, group.name, fresh)
+    if rollout.wanted and destructive and not rollout.paused:
+        _place_canaries(plan, piles, mine, destructive, job.id, group.name, rollout.wanted)
+        limit = 0  # nothing is replaced before promotion
+    _replace_outdated(plan, piles, rollout, destructive, limit)
+    plan.running = len(piles.live)
+    return plan
+
+
+@dataclass
+class _Piles:
+    """The group's allocs as ``_sort_allocs`` finds them; the later steps move them on."""
+
+    live: list[Allocation] = field(default_factory=list)  # running or starting: they count toward the group
+    held: list[Allocation] = field(default_factory=list)  # terminal allocs that keep their slot (done, waiting, given up)
+    replace: list[Placement] = field(default_factory=list)  # replacements of lost, migrated and rescheduled allocs
+    waiting_canaries: list[Allocation] = field(default_factory=list)  # failed canaries that keep their canary slot
+    canary_replace: list[Placement] = field(default_factory=list)  # failed canaries rescheduled now, as canaries
+
+
+@dataclass
+class _Retry:
+    """What deciding a failed alloc's reschedule needs besides the alloc (its follow-ups go to ``plan``)."""
+
+    plan: GroupPlan
+    policy: ReschedulePolicy | None
+    now: int
+    eval_id: str
+    skew: int
+
+    def into(self, alloc: Allocation, waiting: list[Allocation], replace: list[Placement], *, canary: bool = False) -> None:
+        """A failed alloc's replacement now goes to ``replace``; while it waits (a follow-up eval at
+        its time, unless it has one) or for good, the alloc goes to ``waiting`` and keeps its slot."""
+        decision = decide(self.policy, alloc, self.now, self.eval_id, self.skew)
+        if decision.decision == "now":
+            replace.append(Placement(alloc.name, previous=alloc, reschedule=True, delay=decision.delay, canary=canary))
+            return
+        if decision.decision == "later" and not alloc.followup_eval_id:
+            self.plan.followups.append(Followup(alloc, decision.at))
+        waiting.append(alloc)
+
+
+def _sort_allocs(
+    plan: GroupPlan,
+    job: Job | None,
+    allocs: list[Allocation],
+    nodes: dict[str, Node],
+    rollout: Rollout,
+    retry: _Retry,
+    *,
+    job_stopped: bool,
+    stopped: bool,
+) -> _Piles:
+    """Sort the group's allocs, oldest first, into piles, so the later steps see each one once.
+
+    Server-terminal allocs are history; what ends now (lost, migrated, stopped with its
+    job or group) goes to ``plan.stop``. Client-terminal allocs of a stopped group, an
+    already replaced one, and stale canaries hold nothing.
+    """
+    piles = _Piles()
     for alloc in sorted(allocs, key=lambda a: (a.create_index, a.id)):
         if alloc.server_terminal():
             continue
         if alloc.client_terminal():
-            if stopped or alloc.next_allocation or alloc.id in rollout.stale:
-                continue
-            if batch and alloc.job_version != job.version:
-                continue  # Nomad's filterOldTerminalAllocs: a new version of a batch job runs again
-            if rollout.beside(alloc, job):
-                # An unpromoted canary: outside the count. A failed one of the rollout
-                # under way is rescheduled as a canary; an abandoned rollout's holds nothing.
-                if rollout.wanted and alloc.client_status == CLIENT_FAILED:
-                    again = _reschedule(plan, policy, alloc, now, eval_id, canary=True, skew=skew)
-                    if again is None:
-                        waiting_canaries.append(alloc)
-                    else:
-                        canary_replace.append(again)
-                continue
-            if alloc.client_status == CLIENT_COMPLETE:
-                if batch:
-                    held.append(alloc)
-                continue
-            if alloc.client_status == CLIENT_FAILED:
-                if rollout.failed and alloc.deployment_id == rollout.failed:
-                    held.append(alloc)  # Nomad: a failed rollout's allocs are not rescheduled
-                    continue
-                again = _reschedule(plan, policy, alloc, now, eval_id, skew=skew)
-                if again is None:
-                    held.append(alloc)
-                else:
-                    replace.append(again)
-                continue
-            if alloc.client_status == CLIENT_LOST:
-                replace.append(Placement(alloc.name, previous=alloc, lost=True))
+            if not (stopped or job is None or alloc.next_allocation or alloc.id in rollout.stale):
+                _sort_ended(piles, alloc, job, rollout, retry)
             continue
-        node = nodes.get(alloc.node_id)
-        if node is None or node.status == NODE_DOWN:
-            plan.stop.append(Stop(alloc, STOP_LOST, CLIENT_LOST))
-            if not stopped:
-                replace.append(Placement(alloc.name, previous=alloc, lost=True))
-            continue
-        if stopped:
-            plan.stop.append(Stop(alloc, STOP_JOB if job_stopped else STOP_GROUP))
-            continue
-        if alloc.desired_transition.migrate:  # the drainer's pick: it moves even if the drain ended (Nomad's filterByTainted)
-            plan.stop.append(Stop(alloc, STOP_MIGRATE))
-            replace.append(Placement(alloc.name, previous=alloc))
-            continue
-        live.append(alloc)
-    if stopped or job is None or group is None:
-        return plan
-    for alloc in [a for a in live if a.id in rollout.stale]:
+        _sort_live(plan, piles, alloc, nodes.get(alloc.node_id), job_stopped=job_stopped, stopped=stopped)
+    return piles
+
+
+def _sort_ended(piles: _Piles, alloc: Allocation, job: Job, rollout: Rollout, retry: _Retry) -> None:
+    """A client-terminal alloc of a group that runs on: whether it keeps its slot, is replaced, or holds nothing."""
+    batch = job.type == "batch"
+    if batch and alloc.job_version != job.version:
+        return  # Nomad's filterOldTerminalAllocs: a new version of a batch job runs again
+    if rollout.beside(alloc, job):
+        # An unpromoted canary: outside the count. A failed one of the rollout
+        # under way is rescheduled as a canary; an abandoned rollout's holds nothing.
+        if rollout.wanted and alloc.client_status == CLIENT_FAILED:
+            retry.into(alloc, piles.waiting_canaries, piles.canary_replace, canary=True)
+        return
+    if alloc.client_status == CLIENT_COMPLETE:
+        if batch:
+            piles.held.append(alloc)
+        return
+    if alloc.client_status == CLIENT_FAILED:
+        if rollout.failed and alloc.deployment_id == rollout.failed:
+            piles.held.append(alloc)  # Nomad: a failed rollout's allocs are not rescheduled
+        else:
+            retry.into(alloc, piles.held, piles.replace)
+        return
+    if alloc.client_status == CLIENT_LOST:
+        piles.replace.append(Placement(alloc.name, previous=alloc, lost=True))
+
+
+def _sort_live(plan: GroupPlan, piles: _Piles, alloc: Allocation, node: Node | None, *, job_stopped: bool, stopped: bool) -> None:
+    """A live alloc: lost with its node (replaced unless the group stops), stopped with its job
+    or group, migrated once the drainer marked it, or kept running."""
+    if node is None or node.status == NODE_DOWN:
+        plan.stop.append(Stop(alloc, STOP_LOST, CLIENT_LOST))
+        if not stopped:
+            piles.replace.append(Placement(alloc.name, previous=alloc, lost=True))
+    elif stopped:
+        plan.stop.append(Stop(alloc, STOP_JOB if job_stopped else STOP_GROUP))
+    elif alloc.desired_transition.migrate:  # the drainer's pick: it moves even if the drain ended (Nomad's filterByTainted)
+        plan.stop.append(Stop(alloc, STOP_MIGRATE))
+        piles.replace.append(Placement(alloc.name, previous=alloc))
+    else:
+        piles.live.append(alloc)
+
+
+def _settle_canaries(plan: GroupPlan, piles: _Piles, job: Job, rollout: Rollout) -> list[Allocation]:
+    """Stop the canaries that go and keep the rest out of the count; the current rollout's canaries that stand.
+
+    Older rollouts' unpromoted canaries and an abandoned rollout's stop. While a
+    rollout awaits promotion its canaries (and its failed ones, waiting or placed
+    again now) run beside the group; once promoted, each old alloc whose name a
+    canary took stops.
+    """
+    for alloc in [a for a in piles.live if a.id in rollout.stale]:
         plan.stop.append(Stop(alloc, STOP_CANARY_STALE))
-        live.remove(alloc)
-    mine = [a for a in live if is_canary(a, job)]
+        piles.live.remove(alloc)
+    mine = [a for a in piles.live if is_canary(a, job)]
     if rollout.abandoned:
         for alloc in mine:
             plan.stop.append(Stop(alloc, STOP_CANARY_FAILED))
-        live = [a for a in live if a not in mine]
-        mine = []
-    elif rollout.wanted:
-        live = [a for a in live if a not in mine]  # beside the group, not part of its count
-        mine += waiting_canaries
-        plan.place.extend(canary_replace)  # as failed allocs, even while paused
-    elif rollout.promoted and mine:
+        piles.live = [a for a in piles.live if a not in mine]
+        return []
+    if rollout.wanted:
+        piles.live = [a for a in piles.live if a not in mine]  # beside the group, not part of its count
+        plan.place.extend(piles.canary_replace)  # as failed allocs, even while paused
+        return mine + piles.waiting_canaries
+    if rollout.promoted and mine:
         names = {a.name for a in mine}
-        for alloc in [a for a in live if a.job_version != job.version and a.name in names]:
+        for alloc in [a for a in piles.live if a.job_version != job.version and a.name in names]:
             plan.stop.append(Stop(alloc, STOP_CANARY_REPLACED))
-            live.remove(alloc)
+            piles.live.remove(alloc)
+    return mine
 
-    count = group.count
-    occupied = len(live) + len(held)
-    if occupied >= count:
-        replace = []
-        excess = occupied - count
-        if excess > 0:
-            victims = sorted(live, key=lambda a: (a.job_version == job.version, -name_index(a.name), a.id))[:excess]
-            gone = {a.id for a in victims}
-            for alloc in victims:
-                plan.stop.append(Stop(alloc, STOP_EXCESS))
-            live = [a for a in live if a.id not in gone]
-        fresh = 0
-    else:
-        replace = replace[: count - occupied]
-        fresh = count - occupied - len(replace)
 
-    plan.place.extend(replace)
+def _hold_to_count(plan: GroupPlan, piles: _Piles, job: Job, count: int) -> int:
+    """Hold the group to ``count``; how many fresh slots are left to fill.
 
-    # As Nomad: a failed service alloc of an older version that keeps its slot
-    # (waiting for its reschedule delay, or out of attempts) is updated like a
-    # live one, so a new version replaces it now, first; a crash-looping
-    # service is fixed by a new version at once, not after its backoff.
+    A group short of its count replaces what it can within it; a full one replaces
+    nothing and stops its excess (old versions first, then the highest name index).
+    """
+    occupied = len(piles.live) + len(piles.held)
+    if occupied < count:
+        piles.replace = piles.replace[: count - occupied]
+        return count - occupied - len(piles.replace)
+    piles.replace = []
+    excess = occupied - count
+    if excess > 0:
+        victims = sorted(piles.live, key=lambda a: (a.job_version == job.version, -name_index(a.name), a.id))[:excess]
+        gone = {a.id for a in victims}
+        for alloc in victims:
+            plan.stop.append(Stop(alloc, STOP_EXCESS))
+        piles.live = [a for a in piles.live if a.id not in gone]
+    return 0
+
+
+def _outdated(
+    plan: GroupPlan, piles: _Piles, job: Job, group: TaskGroup, versions: dict[int, Job], eval_id: str
+) -> list[Allocation]:
+    """Update older versions' allocs in place where the spec allows; the rest, to replace destructively.
+
+    As Nomad: a failed service alloc of an older version that keeps its slot
+    (waiting for its reschedule delay, or out of attempts) is updated like a
+    live one, so a new version replaces it now, first; a crash-looping
+    service is fixed by a new version at once, not after its backoff.
+    """
     destructive: list[Allocation] = []
-    if not batch:
-        for alloc in sorted(held, key=lambda a: (name_index(a.name), a.id)):
+    if job.type != "batch":
+        for alloc in sorted(piles.held, key=lambda a: (name_index(a.name), a.id)):
             if (
                 alloc.client_status == CLIENT_FAILED
                 and alloc.job_version != job.version
                 and not can_update_in_place(job, group, versions.get(alloc.job_version))
             ):
                 destructive.append(alloc)
-    for alloc in sorted(live, key=lambda a: (name_index(a.name), a.id)):
+    for alloc in sorted(piles.live, key=lambda a: (name_index(a.name), a.id)):
         if alloc.job_version == job.version:
             continue
         if can_update_in_place(job, group, versions.get(alloc.job_version)):
-            updated = copy.deepcopy(alloc)
-            updated.job_version = job.version
-            updated.eval_id = eval_id
-            plan.inplace.append(updated)
+            plan.inplace.append(updated_in_place(alloc, job, eval_id))
         else:
             destructive.append(alloc)
+    return destructive
+
+
+def _defer_to_rollout(plan: GroupPlan, replace: list[Placement], rollout: Rollout, destructive: list[Allocation], fresh: int) -> int:
+    """How many of ``fresh`` slots to fill now, so a rollout that is not ready places no untested version.
+
+    While canaries test a new version, replacements of lost, failed or migrated old
+    allocs run the last settled version (Nomad's downgradeNonCanary). While the
+    rollout canaries, is paused or failed, only those are placed (Nomad's
+    deploymentPlaceReady): fresh slots wait in ``plan.pending_places``.
+    """
     canarying = rollout.wanted > 0 and bool(destructive or rollout.active)
     for p in replace:
-        # Nomad's downgradeNonCanary: a lost, failed or migrated old alloc is not
-        # replaced with the version its canaries are still testing.
         p.downgrade = canarying
     if canarying or rollout.paused or rollout.failed:
-        # Nomad's deploymentPlaceReady: only lost and failed allocs are replaced.
-        plan.pending_places, fresh = fresh, 0
-    used = {name_index(a.name) for a in live + held} | {name_index(p.name) for p in replace}
-    for name in _free_names(job.id, group.name, used, fresh):
+        plan.pending_places = fresh
+        return 0
+    return fresh
+
+
+def _place_fresh(plan: GroupPlan, piles: _Piles, job_id: str, group_name: str, fresh: int) -> None:
+    """Fill ``fresh`` empty slots under the lowest names no alloc or replacement holds."""
+    used = {name_index(a.name) for a in piles.live + piles.held} | {name_index(p.name) for p in piles.replace}
+    for name in _free_names(job_id, group_name, used, fresh):
         plan.place.append(Placement(name))
-    if rollout.wanted and destructive and not rollout.paused:
-        standing = len(mine) + len(canary_replace)
-        taken = {a.name for a in mine} | {p.name for p in canary_replace}
-        want = max(0, rollout.wanted - standing)
-        names = [a.name for a in destructive if a.name not in taken][:want]
-        # Nomad's NextCanaries: the names of allocs to replace first, then free ones, so a group
-        # runs all the canaries it asks for even when it has fewer allocs to replace.
-        used |= {name_index(n) for n in taken | set(names)} | {name_index(p.name) for p in plan.place}
-        names += _free_names(job.id, group.name, used, want - len(names))
-        for name in names:
-            plan.place.append(Placement(name, canary=True))
-        limit = 0  # nothing is replaced before promotion
-    # Nomad's budget: what this plan places takes max_parallel slots first, and an
-    # unhealthy alloc of the rollout under way stops it (its progress deadline decides).
-    if any(rollout.stalled_by(a) for a in live + held):
+
+
+def _place_canaries(
+    plan: GroupPlan, piles: _Piles, mine: list[Allocation], destructive: list[Allocation], job_id: str, group_name: str, wanted: int
+) -> None:
+    """Place the canaries the rollout still lacks (Nomad's NextCanaries), under names nothing else holds.
+
+    They take the names of allocs to replace first, then free ones, so a group
+    runs all the canaries it asks for even when it has fewer allocs to replace.
+    """
+    taken = {a.name for a in mine} | {p.name for p in piles.canary_replace}
+    want = max(0, wanted - (len(mine) + len(piles.canary_replace)))
+    names = [a.name for a in destructive if a.name not in taken][:want]
+    used = (
+        {name_index(a.name) for a in piles.live + piles.held}
+        | {name_index(n) for n in taken | set(names)}
+        | {name_index(p.name) for p in plan.place}
+    )
+    names += _free_names(job_id, group_name, used, want - len(names))
+    for name in names:
+        plan.place.append(Placement(name, canary=True))
+
+
+def _replace_outdated(plan: GroupPlan, piles: _Piles, rollout: Rollout, destructive: list[Allocation], limit: int) -> None:
+    """Stop and replace as many outdated allocs as the budget allows; the rest wait (``pending_updates``).
+
+    Nomad's budget: what this plan places takes max_parallel slots first, and an
+    unhealthy alloc of the rollout under way stops it (its progress deadline
+    decides). What is replaced now needs no later reschedule: its follow-up goes.
+    """
+    if any(rollout.stalled_by(a) for a in piles.live + piles.held):
         limit = 0
     limit -= sum(1 for p in plan.place if not p.canary)
     allowed = max(0, min(limit, len(destructive)))
@@ -370,7 +481,5 @@ def reconcile_group(
         plan.stop.append(Stop(alloc, STOP_UPDATE))
         plan.place.append(Placement(alloc.name, previous=alloc, destructive=True))
     replaced = {a.id for a in destructive[:allowed]}
-    plan.followups = [f for f in plan.followups if f.alloc.id not in replaced]  # no later reschedule of what is replaced now
+    plan.followups = [f for f in plan.followups if f.alloc.id not in replaced]
     plan.pending_updates = len(destructive) - allowed
-    plan.running = len(live)
-    return plan
