@@ -26,7 +26,7 @@ from fsm import codec
 from fsm.cursor import Cursor, Record, Source
 from fsm.store import StateReader
 from fsm.structs import CLIENT_TERMINAL, DESIRED_EVICT, DESIRED_STOP, Resources
-from fsm.writer import TOPIC_ALLOC
+from fsm.topics import TOPIC_ALLOC
 
 _SERVER_TERMINAL = (DESIRED_STOP, DESIRED_EVICT)
 

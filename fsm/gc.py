@@ -2,7 +2,7 @@
 
 Everything here is pure: a function of a ``StateReader`` snapshot, ``now``
 and the thresholds (integer nanoseconds). The leader calls the planners and
-puts the resulting ``Reap`` lists on the log; ``fsm.handlers`` calls
+puts the resulting ``Reap`` lists on the log; ``fsm.apply.reaps`` calls
 ``alloc_reapable`` again at apply time, because an alloc's eligibility also
 depends on its job, which may change between the leader's read and the
 reap's apply (a job re-registered, a reschedule policy changed) without

@@ -348,27 +348,22 @@ class FSM:
         self._batch.items[-1].undone = True  # type: ignore[union-attr]
 
     def _apply(self, index: int, entry: bytes) -> ApplyResult:
+        """Apply one entry (or an item of a Batch) in the group's transaction.
+
+        The hot path: every replica runs it for every entry, so the common
+        case (a known type, a new request, accepted) stays inline here and
+        only ``_run`` is a call; the rare cases have helpers of their own.
+        """
         txn = self._txn
         if txn is None:
             txn = self._begin()
-        if not entry:
-            # No type byte at all: malformed, not an unknown type from a newer version.
-            return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error="empty entry"))
-        code = entry[0]
-        if code not in _KNOWN_TYPES:
-            if code & IGNORE_FLAG:
-                log.warning("skipping unknown entry type with the ignore flag", index=index, type=code)
-                return self._consume(index, entry, ApplyResult(index, True, skipped=True))
-            raise FatalApplyError(
-                f"unknown entry type {code} at index {index}; upgrade this server before it can apply the log"
-            )
+        if not entry or entry[0] not in _KNOWN_TYPES:
+            return self._apply_unknown(index, entry)
         try:
             decoded = decode_entry(entry)
         except CodecError as exc:
             return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error=str(exc)))
-        msg_type = decoded.type
-        batch = self._batch
-        if msg_type is _BATCH and batch is None:
+        if decoded.type is _BATCH and self._batch is None:
             return self._apply_batch(index, entry, decoded)
         now = self._last_time
         if decoded.time > now:
@@ -379,11 +374,42 @@ class FSM:
             if prior is not None:
                 data = codec.unpack(prior)
                 return self._consume(index, entry, ApplyResult(duplicate=True, **data), now)
+        result = self._run(txn, index, now, decoded)
+        if not result.ok and self._tracker.wrote:  # type: ignore[union-attr]
+            return self._undo(index, entry, decoded, now, result)
+        if rid:
+            self._remember(txn, rid, index, now, result)
+        return self._consume(index, entry, result, now)
+
+    def _apply_unknown(self, index: int, entry: bytes) -> ApplyResult:
+        """An entry without a type byte, or of a type this build does not know.
+
+        Empty is malformed (not an unknown type from a newer version): an
+        error result. An unknown type with the ignore flag is skipped; any
+        other would make this replica diverge from newer ones, so it is fatal.
+        """
+        if not entry:
+            return self._consume(index, entry, ApplyResult(index, False, code="bad_request", error="empty entry"))
+        code = entry[0]
+        if code & IGNORE_FLAG:
+            log.warning("skipping unknown entry type with the ignore flag", index=index, type=code)
+            return self._consume(index, entry, ApplyResult(index, True, skipped=True))
+        raise FatalApplyError(
+            f"unknown entry type {code} at index {index}; upgrade this server before it can apply the log"
+        )
+
+    def _run(self, txn: lmdb.Transaction, index: int, now: int, decoded: Entry) -> ApplyResult:
+        """Run the entry's handler; if it succeeds, journal its records and note the tables it touched.
+
+        A rejection, or a bug in a handler (the same on every replica),
+        becomes an error result; a storage error propagates (it is fatal).
+        """
         writer = StateWriter(self.store, txn, index, now, self._tracker)
         try:
-            value = HANDLERS[msg_type](writer, decoded.body)
+            value = HANDLERS[decoded.type](writer, decoded.body)
             writer.finish()
             records = writer.records
+            batch = self._batch
             if batch is None:
                 self._journal.append(index, records)  # type: ignore[union-attr]
             else:  # one journal batch per raft index: the batch writes its items' records at its end
@@ -401,19 +427,25 @@ class FSM:
         except Exception as exc:  # a bug in a handler: the same on every replica
             log.error("apply handler failed", index=index, type=decoded.type.name, error=repr(exc))
             result = ApplyResult(index, False, code="internal", error=f"apply failed: {exc!r}")
-        rolled_back = not result.ok and writer.txn.wrote
-        if rolled_back:
-            txn = self._rollback()
-            self._last_time = max(self._last_time, decoded.time)
+        return result
+
+    def _undo(self, index: int, entry: bytes, decoded: Entry, now: int, result: ApplyResult) -> ApplyResult:
+        """Finish an entry that was rejected after it wrote: roll its writes back, keep its answer.
+
+        Its clock and request id still count (a retry gets the same
+        rejection). Outside a batch the replayed group is committed at once;
+        a batch's item is marked undone and the batch commits at its end.
+        """
+        txn = self._rollback()
+        self._last_time = max(self._last_time, decoded.time)
         if decoded.rid:
             self._remember(txn, decoded.rid, index, now, result)
         self._consume(index, entry, result, now)
-        if rolled_back:
-            if self._batch is None:
-                self.commit()
-            else:
-                self._batch.items[-1].undone = True
-                self._batch.rolled_back = True
+        if self._batch is None:
+            self.commit()
+        else:
+            self._batch.items[-1].undone = True
+            self._batch.rolled_back = True
         return result
 
     def _apply_batch(self, index: int, entry: bytes, decoded: Entry) -> ApplyResult:

@@ -29,45 +29,21 @@ from fsm.structs import (
     JobSummary,
     Node,
 )
+from fsm.topics import (
+    TOPIC_ALLOC,
+    TOPIC_DEPLOYMENT,
+    TOPIC_EVAL,
+    TOPIC_JOB,
+    TOPIC_NODE,
+    TOPIC_TOKEN,
+    public_token,
+)
 
 # GC-mark kinds: the collector scans each kind's marks up to now - threshold.
 GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN = "eval", "job", "deployment", "node", "token"
 GC_KINDS = (GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN)
 
-# Change-journal topics, as Nomad's event stream names them.
-TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC = "Job", "Evaluation", "Allocation"
-TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN = "Deployment", "Node", "ACLToken"
-
-#: The record class of each topic's journal records (a token's is ``public_token``'s map).
-RECORD_OF_TOPIC: dict[str, type] = {
-    TOPIC_JOB: Job,
-    TOPIC_EVAL: Evaluation,
-    TOPIC_ALLOC: Allocation,
-    TOPIC_DEPLOYMENT: Deployment,
-    TOPIC_NODE: Node,
-}
-
-#: Topics whose records are ``CompactRecord``s: their journal maps leave out fields at their default.
-COMPACT_TOPICS = frozenset(t for t, cls in RECORD_OF_TOPIC.items() if cls.__struct_config__.omit_defaults)
-
 JOB_VERSIONS_KEPT = 6
-
-
-def full_records(records: list[Any]) -> list[Any]:
-    """A journal batch's records as subscribers get them: every field of each job and eval (``COMPACT_TOPICS``)."""
-    return [
-        rec
-        if rec[3] is None or rec[0] not in COMPACT_TOPICS
-        else [rec[0], rec[1], rec[2], codec.full_map(RECORD_OF_TOPIC[rec[0]], rec[3])]
-        for rec in records
-    ]
-
-
-def public_token(token: ACLToken) -> dict[str, Any]:
-    """A token as the journal shows it: never the secret, not even hashed."""
-    data = codec.to_wire(token)
-    data.pop("secret_hash", None)
-    return data
 
 
 class WriteTracker:

@@ -16,7 +16,7 @@ import structlog
 from fsm import codec
 from fsm.keys import from_u64, u64
 from fsm.store import StateReader
-from fsm.writer import (
+from fsm.topics import (
     TOPIC_ALLOC,
     TOPIC_DEPLOYMENT,
     TOPIC_EVAL,

@@ -81,7 +81,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsm.writer import TOPIC_TOKEN
+from fsm.topics import TOPIC_TOKEN
 from node.core.acl import Need
 from node.core.context import RequestContext
 from node.core.hub import hub_of

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsm import messages as m
-from fsm.handlers import healthy_canaries, same_spec
+from fsm.apply.deployments import healthy_canaries
+from fsm.apply.jobs import same_spec
 from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,

@@ -58,7 +58,7 @@ from fsm.structs import (
     Evaluation,
     Job,
 )
-from fsm.writer import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
+from fsm.topics import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
 from node.core.wakeup import wait_event
 from node.leader.broker import BlockedEvals, EvalBroker
 from node.leader.deployments import DeploymentWatcher

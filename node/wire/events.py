@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from fsm.writer import full_records
+from fsm.topics import full_records
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import UNAVAILABLE, RPCError
 from node.wire.retry import BACKOFF_MAX

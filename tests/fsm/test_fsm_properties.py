@@ -34,8 +34,9 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from fsm import codec, handlers
+from fsm import codec
 from fsm import messages as m
+from fsm.apply import jobs as handlers
 from fsm.journal import Retention
 from fsm.keys import MAX_ID_BYTES, valid_id
 from fsm.messages import IGNORE_FLAG, MessageType, encode_batch, encode_entry

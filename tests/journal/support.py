@@ -21,7 +21,7 @@ from fsm.keys import from_u64
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
 from fsm.structs import SECOND, Allocation, Evaluation, Job, Node, Resources, Task, TaskGroup
-from fsm.writer import full_records
+from fsm.topics import full_records
 
 T0 = 1_700_000_000 * SECOND
 SMALL_MAP = 256 << 20

@@ -21,7 +21,7 @@ from fsm import codec
 from fsm import messages as m
 from fsm.journal import Retention
 from fsm.structs import ACLToken
-from fsm.writer import full_records
+from fsm.topics import full_records
 from node.core.hub import Hub
 from node.core.stream import parse_topics
 from node.endpoints.events import parse_args
