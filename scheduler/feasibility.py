@@ -72,6 +72,7 @@ class PlacementContext:
 
     usage: dict[str, Resources]
     job_allocs: Counter[str] = field(default_factory=Counter)  # node id -> live allocs of the job
+    cluster_load: dict[str, float] = field(default_factory=dict)  # cluster -> used share of its capacity (0..1)
 
     def used(self, node_id: str) -> Resources:
         found = self.usage.get(node_id)

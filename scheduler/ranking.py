@@ -83,6 +83,33 @@ class JobAntiAffinity(PreferenceRule):
         return -ctx.job_allocs.get(node.id, 0)
 
 
+class PreferNonEmptyMachines(PreferenceRule):
+    """Keep empty machines empty: a node already running something scores higher (Protean)."""
+
+    name = "prefer-non-empty-machines"
+
+    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
+        used = ctx.used(node.id)
+        return 1 if used.cpu > 0 or used.memory_mb > 0 or used.disk_mb > 0 else 0
+
+
+class PreferEmptierClusters(PreferenceRule):
+    """Balance clusters: a node in a less loaded cluster scores higher, quantized (Protean).
+
+    The load of each cluster (0..1) comes from ``ctx.cluster_load``, which
+    whoever builds the context keeps (the two-level selector does).
+    """
+
+    name = "prefer-emptier-clusters"
+
+    def __init__(self, buckets: int = DEFAULT_BUCKETS) -> None:
+        self.buckets = max(1, buckets)
+
+    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
+        load = ctx.cluster_load.get(node.attributes.get("meta.cluster", ""), 0.0)
+        return bucket(1.0 - load, self.buckets)
+
+
 PREFERENCE_RULES: tuple[PreferenceRule, ...] = (AvoidPreviousNode(), BestFit(), JobAntiAffinity())
 
 
