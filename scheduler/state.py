@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from fsm.caches import NodeUsageCache
 from fsm.store import StateReader
 from fsm.structs import Allocation, Deployment, Evaluation, Job, Node, Resources
+from scheduler.policy import DEFAULT_POLICY, Policy
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Snapshot:
     # How far the state's time runs ahead of the wall clock (after a leader whose clock ran
     # ahead): what a client's wall-clock stamp must be moved by to compare with ``now``.
     skew: int = 0
+    # The replicated placement policy in force at ``index`` (scheduler/policy.py).
+    policy: Policy = DEFAULT_POLICY
 
 
 def scan_usage(reader: StateReader, node_id: str) -> Resources:
