@@ -227,12 +227,12 @@ def configure_logging(settings: LogSettings | ServerConfig, **overrides: Any) ->
     shared = _shared_processors(settings)
     root = logging.getLogger()
     for handler in list(root.handlers):
-        if getattr(handler, "_caravan", False):
+        if getattr(handler, "caravan_owned", False):
             root.removeHandler(handler)
             handler.close()
     handlers = _handlers(settings, shared)
     for handler in handlers:
-        handler._caravan = True  # type: ignore[attr-defined]  # ours to replace on reconfigure
+        handler.caravan_owned = True  # type: ignore[attr-defined]  # ours to replace on reconfigure
         root.addHandler(handler)
     previous_level = root.level
     root.setLevel(_level(settings.level))

@@ -9,9 +9,7 @@ factory's call for that place gives the same record but for its fresh id.
 
 from __future__ import annotations
 
-import ast
 import uuid
-from pathlib import Path
 
 from fsm import codec
 from fsm.record import replace
@@ -94,39 +92,3 @@ def test_the_schedulers_follow_up_and_blocked_evals() -> None:
 
 def test_every_new_eval_has_its_own_id() -> None:
     assert len({new_eval(JOB, "job-register").id for _ in range(1000)}) == 1000
-
-
-def _scheduler_imports() -> dict[str, set[str]]:
-    """Every module of ``scheduler`` and the modules it imports, wherever in the file (functions,
-    TYPE_CHECKING blocks too)."""
-    root = Path(__file__).resolve().parents[2] / "scheduler"
-    out: dict[str, set[str]] = {}
-    for path in sorted(root.glob("*.py")):
-        names: set[str] = set()
-        for n in ast.walk(ast.parse(path.read_text())):
-            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-                names.add(n.module)
-                names.update(f"{n.module}.{a.name}" for a in n.names)
-            elif isinstance(n, ast.Import):
-                names.update(a.name for a in n.names)
-        out[f"scheduler.{path.stem}"] = names
-    return out
-
-
-def test_the_scheduler_imports_only_fsm_and_itself_without_a_circle_or_private_names() -> None:
-    graph = _scheduler_imports()
-    stdlib = {"ast", "collections", "copy", "dataclasses", "heapq", "random", "re", "typing", "__future__"}
-    for module, names in graph.items():
-        roots = {n.split(".")[0] for n in names}
-        assert roots <= stdlib | {"fsm", "scheduler"}, f"{module} imports {roots - stdlib - {'fsm', 'scheduler'}}"
-        private = [n for n in names if n.startswith("scheduler.") and n.rsplit(".", 1)[-1].startswith("_")]
-        assert not private, f"{module} reads private names {private}"
-    edges = {m: {n for n in names if n in graph and n != m} for m, names in graph.items()}
-    for start in graph:
-        seen, todo = set(), list(edges[start])
-        while todo:
-            module = todo.pop()
-            assert module != start, f"{start} imports itself through its imports"
-            if module not in seen:
-                seen.add(module)
-                todo.extend(edges[module])
