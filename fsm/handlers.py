@@ -30,6 +30,7 @@ from fsm.apply.nodes import (
 )
 from fsm.apply.plans import plan_apply
 from fsm.apply.reaps import deployment_reap, eval_reap, job_batch_deregister, node_reap
+from fsm.apply.scheduler_config import scheduler_config_set
 from fsm.apply.summaries import reconcile_summaries
 from fsm.errors import ApplyRejected
 from fsm.messages import MessageType
@@ -74,5 +75,6 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.BARRIER: barrier,
     MessageType.RECONCILE_SUMMARIES: reconcile_summaries,
     MessageType.BATCH: nested_batch,
+    MessageType.SCHEDULER_CONFIG_SET: scheduler_config_set,
 }
 assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

@@ -20,6 +20,7 @@ import msgspec
 from fsm import codec
 from fsm.errors import CodecError
 from fsm.record import CompactRecord, field
+from fsm.scheduler_config import SchedulerConfig
 from fsm.structs import (
     ACLToken,
     Allocation,
@@ -61,6 +62,7 @@ class MessageType(IntEnum):
     BATCH = 21
     DEPLOYMENT_PROMOTE = 22
     NODE_UPDATE_DRAIN = 23
+    SCHEDULER_CONFIG_SET = 24
 
 
 class Reap(CompactRecord):
@@ -221,6 +223,18 @@ class ReconcileSummaries(CompactRecord):
     """Recount every job summary from its allocs (Nomad's PUT /v1/system/reconcile/summaries)."""
 
 
+class SchedulerConfigSet(CompactRecord):
+    """Nomad's SchedulerSetConfiguration: replace the placement policy (``fsm.scheduler_config``).
+
+    Compare-and-set as Nomad's ``?cas``: with ``cas_index`` set, the config
+    is replaced only if the stored one's modify index equals it (0: never
+    set); otherwise apply changes nothing and answers ``updated: False``.
+    """
+
+    config: SchedulerConfig
+    cas_index: int | None = None
+
+
 class Batch(CompactRecord):
     """Several client writes the leader coalesced into one raft entry (as Nomad batches alloc updates).
 
@@ -258,6 +272,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.BARRIER: Barrier,
     MessageType.RECONCILE_SUMMARIES: ReconcileSummaries,
     MessageType.BATCH: Batch,
+    MessageType.SCHEDULER_CONFIG_SET: SchedulerConfigSet,
 }
 MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
 

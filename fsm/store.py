@@ -19,6 +19,7 @@ import lmdb
 
 from fsm import codec
 from fsm.keys import from_u64, key, key_at, last_part, prefix, u64
+from fsm.scheduler_config import CONFIG_KEY, CONFIG_TABLE, SchedulerConfig
 from fsm.structs import (
     EVAL_TERMINAL,
     ACLToken,
@@ -42,6 +43,7 @@ TABLES = (
     "deployments",
     "nodes",
     "acl_tokens",
+    CONFIG_TABLE,
 )
 INDEXES = (
     "evals_by_job",
@@ -68,6 +70,7 @@ STRUCT_OF = {
     "deployments": Deployment,
     "nodes": Node,
     "acl_tokens": ACLToken,
+    CONFIG_TABLE: SchedulerConfig,
 }
 
 META_APPLIED = b"applied_index"
@@ -308,6 +311,12 @@ class StateReader:
 
     def acl_bootstrap_index(self) -> int:
         return self.meta_int(META_ACL_BOOTSTRAP)
+
+    # -- scheduler configuration -----------------------------------------
+    def scheduler_config(self) -> SchedulerConfig:
+        """The placement policy in force: the stored one, or the defaults (modify index 0) if never set."""
+        found = self._get(CONFIG_TABLE, CONFIG_KEY, SchedulerConfig)
+        return SchedulerConfig() if found is None else found
 
     # -- GC marks --------------------------------------------------------
     def gc_marks(self, kind: str, until: int, limit: int | None = None) -> list[tuple[int, str]]:

@@ -10,11 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from fsm import codec
+from fsm.scheduler_config import SchedulerConfig
 from fsm.structs import ACLToken, Allocation, Deployment, Evaluation, Job, Node
 
 # Change-journal topics, as Nomad's event stream names them.
 TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC = "Job", "Evaluation", "Allocation"
 TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN = "Deployment", "Node", "ACLToken"
+#: Cluster-wide operator settings (Nomad's ``Operator`` topic): the scheduler configuration.
+TOPIC_OPERATOR = "Operator"
+SCHEDULER_CONFIG_UPDATED = "SchedulerConfigUpdated"
+SCHEDULER_CONFIG_KEY = "scheduler"
 
 #: The record class of each topic's journal records (a token's is ``public_token``'s map).
 RECORD_OF_TOPIC: dict[str, type] = {
@@ -23,6 +28,7 @@ RECORD_OF_TOPIC: dict[str, type] = {
     TOPIC_ALLOC: Allocation,
     TOPIC_DEPLOYMENT: Deployment,
     TOPIC_NODE: Node,
+    TOPIC_OPERATOR: SchedulerConfig,
 }
 
 #: Topics whose records are ``CompactRecord``s: their journal maps leave out fields at their default.

@@ -5,6 +5,12 @@ transaction (one raft index). Per-node usage comes from ``node_usage_map``,
 the one place that decides where usage comes from: the journal-driven
 ``fsm.caches.NodeUsageCache`` when the caller has one (the leader keeps one
 per process), else a scan of each node's live allocations.
+
+On the leader, ``load_snapshot`` is handed the ``scheduler.index.PlacementIndex``
+instead: nodes and usage are then the index's own (decoded once, brought
+forward from the journal to exactly the read's index, never copied per
+evaluation; the caller holds the index's lock while it schedules), and the
+selector takes its trait rankings from it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from dataclasses import dataclass, field
 from fsm.caches import NodeUsageCache
 from fsm.store import StateReader
 from fsm.structs import Allocation, Deployment, Evaluation, Job, Node, Resources
+from scheduler.index import PlacementIndex
 from scheduler.policy import DEFAULT_POLICY, Policy
+from scheduler.traits import PlacementStats, RankingSource
 
 
 @dataclass
@@ -24,8 +32,8 @@ class Snapshot:
     eval: Evaluation
     job: Job | None
     allocs: list[Allocation]  # every alloc of the job, terminal ones too
-    nodes: dict[str, Node]
-    usage: dict[str, Resources]  # resources held by live allocs, per node (every job)
+    nodes: dict[str, Node]  # shared with the placement index when there is one: read only
+    usage: dict[str, Resources]  # resources held by live allocs, per node (every job); read only
     deployment: Deployment | None = None  # the job's latest deployment
     versions: dict[int, Job] = field(default_factory=dict)  # kept versions of the job
     # deployment id -> the canaries it placed in groups it never promoted
@@ -37,6 +45,10 @@ class Snapshot:
     skew: int = 0
     # The replicated placement policy in force at ``index`` (scheduler/policy.py).
     policy: Policy = DEFAULT_POLICY
+    # Where the selector gets trait rankings (the leader's placement index); None: built per eval.
+    rankings: RankingSource | None = None
+    # Filled by the selector: per placement, cache hit or miss and the nodes scored.
+    stats: PlacementStats = field(default_factory=PlacementStats)
 
 
 def scan_usage(reader: StateReader, node_id: str) -> Resources:
@@ -52,10 +64,23 @@ def node_usage_map(reader: StateReader, node_ids: list[str], cache: NodeUsageCac
     return {node_id: scan_usage(reader, node_id) for node_id in node_ids}
 
 
-def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsageCache | None = None) -> Snapshot:
-    """Everything scheduling ``ev`` needs, read at one index."""
+def load_snapshot(
+    reader: StateReader, ev: Evaluation, now: int, cache: NodeUsageCache | None = None, *, index: PlacementIndex | None = None
+) -> Snapshot:
+    """Everything scheduling ``ev`` needs, read at one index.
+
+    With ``index`` (whose lock the caller holds for as long as it uses the
+    snapshot), nodes and usage are the index's, caught up to ``reader``; an
+    index already past ``reader`` cannot go back, and the nodes are read here.
+    """
     job = reader.job(ev.job_id)
-    nodes = {n.id: n for n in reader.nodes()}
+    if index is not None and not index.catch_up(reader):
+        index = None
+    if index is not None:
+        nodes, usage = index.nodes, index.usage
+    else:
+        nodes = {n.id: n for n in reader.nodes()}
+        usage = node_usage_map(reader, sorted(nodes), cache)
     versions: dict[int, Job] = {}
     if job is not None:
         versions = {v.version: v for v in reader.job_versions(job.id)}
@@ -69,11 +94,13 @@ def load_snapshot(reader: StateReader, ev: Evaluation, now: int, cache: NodeUsag
         job=job,
         allocs=reader.allocs_by_job(ev.job_id),
         nodes=nodes,
-        usage=node_usage_map(reader, sorted(nodes), cache),
+        usage=usage,
+        rankings=index,
         deployment=max(deployments, key=lambda d: d.create_index) if deployments else None,
         versions=versions,
         unpromoted_canaries=_unpromoted_canaries(deployments),
         settled=_settled_versions(deployments),
+        policy=Policy.from_config(reader.scheduler_config()),
     )
 
 

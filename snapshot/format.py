@@ -97,6 +97,8 @@ TYPE_CODES: dict[str, int] = {
     "deployments": 6,
     "nodes": 7,
     "acl_tokens": 8,
+    # Not ignorable: a reader that dropped it would schedule with another policy than its peers.
+    "scheduler_config": 9,
     # secondary indexes
     "evals_by_job": 32,
     "evals_by_status": 33,

@@ -1,8 +1,12 @@
-"""``caravan operator``: raft peers and leadership, and state snapshots.
+"""``caravan operator``: raft peers and leadership, state snapshots, and the scheduler configuration.
 
 ``snapshot save`` writes ``FILE.partial`` and renames it only once the
 file verifies, so a FILE that exists is always a whole snapshot.
 ``snapshot restore`` seeds stopped servers through ``node.devcluster_restore``.
+``scheduler get-config`` / ``set-config`` are Nomad's, with Caravan's
+placement policy beside them: set-config reads the configuration, changes
+what its flags say, and writes the whole of it back (as Nomad's does), with
+``-check-index`` making that write a compare-and-set.
 """
 
 from __future__ import annotations
@@ -10,11 +14,21 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
-from node.cli.common import client_options, emit, fail, make_ctx, rows
+from node.cli.common import Ctx, client_options, emit, fail, make_ctx, rows
 from node.wire.rpc_client import RPCClient
+from scheduler.policy import ALGORITHMS, PolicyError
+from scheduler.policy_json import (
+    parse_preference,
+    parse_validation,
+    preference_text,
+    switch_algorithm,
+)
+
+GET_CONFIG, SET_CONFIG = "operator.scheduler.get_config", "operator.scheduler.set_config"
 
 
 @click.group()
@@ -122,3 +136,116 @@ def snapshot_restore(file: str, directory: str | None, config_file: str | None, 
             click.echo(f"Seeded {config.node_id} ({config.data_dir}) at index {info['Index']}; start it with caravan agent")
     except SnapshotError as exc:
         fail(str(exc))
+
+
+@operator.group()
+def scheduler() -> None:
+    """The scheduler configuration: the placement policy every server schedules with."""
+
+
+def _nomad_json(fn: Any) -> Any:
+    """Nomad's single-dash ``-json`` beside Caravan's ``--json``."""
+    return click.option("-json", "nomad_json", is_flag=True, hidden=True)(fn)
+
+
+@scheduler.command("get-config")
+@_nomad_json
+@client_options
+def scheduler_get_config(nomad_json: bool, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Show the scheduler configuration (read token; --stale reads this server's copy)."""
+    c = make_ctx(address, token, as_json or nomad_json, stale)
+    emit(c, c.call(GET_CONFIG)["data"]["SchedulerConfig"], _config_table)
+
+
+def _config_table(cfg: dict[str, Any]) -> str:
+    placement = cfg["PlacementPolicy"]
+    cluster_top = placement["ClusterTop"]
+    lines = [
+        ("Scheduler Algorithm", cfg["SchedulerAlgorithm"]),
+        ("Validation Rules", ", ".join(placement["Validation"])),
+        ("Preference Rules", preference_text(placement["Preference"]) or "(none: ties broken at random)"),
+        ("Cluster Top", f"{cluster_top}" if cluster_top else "0 (two-level selection off)"),
+        ("Top-K Max", str(placement["TopKMax"])),
+        ("Memory Oversubscription", "false"),
+        ("Preemption", "false (Caravan's schedulers do not preempt by job type)"),
+        ("Create Index", str(cfg["CreateIndex"])),
+        ("Modify Index", str(cfg["ModifyIndex"])),
+    ]
+    width = max(len(label) for label, _ in lines)
+    return "\n".join(f"{label:<{width}} = {value}" for label, value in lines)
+
+
+@scheduler.command("set-config")
+@click.option("--scheduler-algorithm", "-scheduler-algorithm", "algorithm", default=None, metavar="binpack|spread",
+              help="binpack packs nodes tightly (best-fit); spread leaves them as empty as possible (worst-fit).")
+@click.option("--check-index", "-check-index", "check_index", default=None, metavar="N",
+              help="Only update if the configuration's ModifyIndex is still N (0: never set).")
+@click.option("--validation", default=None, metavar="RULES", help="Validation rules in order, e.g. node-status,resources.")
+@click.option("--preference", default=None, metavar="RULES",
+              help="Preference rules in priority order, with buckets, e.g. best-fit:3,job-anti-affinity.")
+@click.option("--cluster-top", default=None, metavar="N", help="Clusters kept by two-level selection (0: off).")
+@click.option("--top-k-max", default=None, metavar="N", help="Most candidates a worker picks among when plans conflict.")
+@_nomad_json
+@client_options
+def scheduler_set_config(algorithm: str | None, check_index: str | None, validation: str | None, preference: str | None,
+                         cluster_top: str | None, top_k_max: str | None, nomad_json: bool,
+                         address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Change the scheduler configuration (management token); flags left out keep their values."""
+    c = make_ctx(address, token, as_json or nomad_json)
+    cas = None if check_index is None else _whole(check_index, "-check-index")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        fail(f"-scheduler-algorithm must be binpack or spread, not {algorithm!r}")
+    changes: dict[str, Any] = {}
+    try:
+        if validation is not None:
+            changes["Validation"] = parse_validation(validation)
+        if preference is not None:
+            changes["Preference"] = parse_preference(preference)
+    except PolicyError as exc:
+        fail(str(exc))
+    if cluster_top is not None:
+        changes["ClusterTop"] = _whole(cluster_top, "--cluster-top")
+    if top_k_max is not None:
+        changes["TopKMax"] = _whole(top_k_max, "--top-k-max")
+    if algorithm is None and not changes:
+        fail("say what to change: -scheduler-algorithm, --validation, --preference, --cluster-top or --top-k-max")
+    out = _set(c, _merged(c, algorithm, changes), cas)
+    emit(c, out, lambda d: f"Scheduler configuration updated! (index {d['Index']})")
+
+
+def _whole(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        fail(f"{flag} must be a whole number, not {text!r}")
+    if value < 0:
+        fail(f"{flag} must be >= 0")
+    return value
+
+
+def _merged(c: Ctx, algorithm: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+    """The whole configuration to write: the current one with the flags' changes (Nomad's set-config merges alike)."""
+    current = c.call(GET_CONFIG)["data"]["SchedulerConfig"]
+    placement = {**current["PlacementPolicy"], **changes}
+    body: dict[str, Any] = {"PlacementPolicy": placement}
+    if algorithm is not None:
+        body["SchedulerAlgorithm"] = algorithm
+        if "Preference" not in changes:
+            try:
+                placement["Preference"] = switch_algorithm(placement["Preference"], algorithm)
+            except PolicyError as exc:
+                fail(str(exc))
+    return body
+
+
+def _set(c: Ctx, body: dict[str, Any], cas: int | None) -> dict[str, Any]:
+    args: dict[str, Any] = {"config": body}
+    if cas is not None:
+        args["cas_index"] = cas
+    out = c.call(SET_CONFIG, args)
+    if not out["Updated"]:
+        fail(
+            f"Scheduler configuration could not be atomically updated: its ModifyIndex is {out['ModifyIndex']}, "
+            f"not {cas}; read it again (caravan operator scheduler get-config) and retry"
+        )
+    return out

@@ -22,6 +22,7 @@ from fsm.topics import (
     TOPIC_EVAL,
     TOPIC_JOB,
     TOPIC_NODE,
+    TOPIC_OPERATOR,
     TOPIC_TOKEN,
     full_records,
 )
@@ -30,7 +31,7 @@ from node.wire.framing import SharedItem
 
 log = structlog.get_logger("caravan.stream")
 
-TOPICS = (TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN)
+TOPICS = (TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN, TOPIC_OPERATOR)
 ALL_TOPICS = frozenset(TOPICS)
 WILDCARD = "*"
 

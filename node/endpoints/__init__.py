@@ -12,6 +12,7 @@ from node.endpoints import (  # noqa: F401 - imported for their registrations
     events,
     jobs,
     nodes,
+    operator,
     snapshot,
     system,
     workers,

@@ -17,7 +17,8 @@ Arguments:
     "from the beginning of the retained journal".
 ``topics`` (list of str, default all)
     ``"Topic"``, ``"Topic:Key"`` or ``"*"``. Topics: Job, Evaluation,
-    Allocation, Deployment, Node, ACLToken. A key matches the record's key
+    Allocation, Deployment, Node, ACLToken, Operator (the scheduler
+    configuration). A key matches the record's key
     exactly (the object's id). With ACLs on, ACLToken needs a management
     token; without one the default/``*`` subscription leaves it out.
 ``heartbeat`` (seconds, default 10)

@@ -19,12 +19,15 @@ from typing import Any
 
 from aiohttp import web
 
+from fsm import codec
+from fsm.scheduler_config import SchedulerConfig
 from node.core.metrics import METRICS
 from node.http.bridge import HTTPAPI, HTTPError, api_of, next_item
 from node.http.shapes import nomad_job, nomad_token
 from node.http.translate import query_int
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
+from scheduler.policy_json import config_json
 
 # Times an index=0 event stream re-reads the oldest retained index before giving up.
 MAX_OLDEST_RETRIES = 5
@@ -36,6 +39,7 @@ PAYLOAD_KEY = {
     "Deployment": "Deployment",
     "Node": "Node",
     "ACLToken": "ACLToken",
+    "Operator": "SchedulerConfig",
 }
 # Topics whose objects live in a namespace (the others' events have Namespace "").
 NAMESPACED = ("Job", "Evaluation", "Allocation", "Deployment")
@@ -50,6 +54,8 @@ def _payload_body(topic: str, key: str, obj: Any) -> dict[str, Any]:
         body = nomad_job(body)
     elif topic == "ACLToken":
         body = nomad_token(body)
+    elif topic == "Operator":  # the scheduler configuration, in the shape its GET answers
+        body = config_json(codec.from_wire(SchedulerConfig, obj))
     return body
 
 

@@ -13,7 +13,17 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from node.http import acl, allocations, deployments, events, jobs, nodes, snapshots, system
+from node.http import (
+    acl,
+    allocations,
+    deployments,
+    events,
+    jobs,
+    nodes,
+    operator,
+    snapshots,
+    system,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -65,6 +75,8 @@ ROUTES: tuple[tuple[tuple[str, ...], str, Handler], ...] = (
     (GET, "/v1/regions", system.regions),
     (GET, "/v1/operator/raft/configuration", system.raft_configuration),
     (GET, "/v1/operator/snapshot", snapshots.operator_snapshot),
+    (GET, "/v1/operator/scheduler/configuration", operator.scheduler_configuration),
+    (WRITE, "/v1/operator/scheduler/configuration", operator.scheduler_set_configuration),
     (GET, "/v1/event/stream", events.event_stream),
     (GET, "/v1/metrics", system.metrics),
 )

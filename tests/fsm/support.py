@@ -498,6 +498,7 @@ def sample_bodies() -> list[Any]:
     """A log touching every message type, mostly valid, with some rejections."""
     from fsm import messages as m
     from fsm.messages import encode_entry
+    from fsm.scheduler_config import PreferenceSpec, SchedulerConfig
     from fsm.structs import DeploymentStatus, DesiredTransition, TaskState
 
     job = make_job("web", count=2)
@@ -562,6 +563,9 @@ def sample_bodies() -> list[Any]:
         m.NodeUpdateDrain(node_id="n1", strategy=DrainStrategy(deadline=60 * SECOND)),
         m.NodeUpdateDrain(node_id="n1", done_started_at=1),  # conflict: not the node's drain
         m.NodeUpdateDrain(node_id="n3", mark_eligible=True),
+        m.SchedulerConfigSet(config=SchedulerConfig(preference=[PreferenceSpec("worst-fit", 5)]), cas_index=0),
+        m.SchedulerConfigSet(config=SchedulerConfig(), cas_index=0),  # not updated: set since
+        m.SchedulerConfigSet(config=SchedulerConfig(validation=["resources"])),  # bad_request
     ]
 
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from fsm import codec
 from fsm import messages as m
 from fsm.machine import FSM
+from fsm.scheduler_config import PreferenceSpec, SchedulerConfig
 from fsm.structs import (
     CLIENT_STATUSES,
     EVAL_STATUSES,
@@ -163,6 +164,16 @@ _node_reap = st.builds(
     lambda nid, mi: m.NodeReap(nodes=[m.Reap(nid, mi)]), ids(NODES), st.integers(0, 40)
 )
 
+_scheduler_config = st.builds(
+    lambda algorithm, buckets, cas: m.SchedulerConfigSet(
+        config=SchedulerConfig(preference=[PreferenceSpec(algorithm, buckets)], cluster_top=buckets),
+        cas_index=cas,
+    ),
+    st.sampled_from(["best-fit", "worst-fit"]),
+    st.integers(1, 5),
+    st.none() | st.integers(0, 40),
+)
+
 payloads = st.one_of(
     _job_register,
     _job_register,
@@ -178,6 +189,7 @@ payloads = st.one_of(
     _tokens,
     _eval_reap,
     _node_reap,
+    _scheduler_config,
     st.just(m.Barrier()),
 )
 # (payload, seconds since the previous entry, request id or not, commit after this entry)
