@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fsm.structs import (
@@ -28,6 +29,7 @@ from fsm.structs import (
 )
 
 DISTINCT_HOSTS = "distinct_hosts"
+EXHAUSTED = "resources exhausted: "  # ResourcesFit's reasons start so; the dimension follows
 
 
 @dataclass(frozen=True)
@@ -68,16 +70,25 @@ def ask_for(job: Job, group: TaskGroup) -> Ask:
 
 @dataclass
 class PlacementContext:
-    """What dynamic rules need: per-node usage and this job's allocs, as the plan grows."""
+    """What dynamic rules need: per-node usage and this job's allocs, as the plan grows.
+
+    ``base`` (optional) is usage shared with others — the leader's placement
+    index — that must never change: a node's entry is copied into ``usage``
+    the first time it is asked for, so a plan's claims change only the copy,
+    and an evaluation copies only the nodes it looks at instead of all of them.
+    """
 
     usage: dict[str, Resources]
     job_allocs: Counter[str] = field(default_factory=Counter)  # node id -> live allocs of the job
     cluster_load: dict[str, float] = field(default_factory=dict)  # cluster -> used share of its capacity (0..1)
+    base: Mapping[str, Resources] | None = None
 
     def used(self, node_id: str) -> Resources:
+        """The node's usage as this plan has it (a record of this context's own: safe to change)."""
         found = self.usage.get(node_id)
         if found is None:
-            found = self.usage[node_id] = Resources.zero()
+            shared = self.base.get(node_id) if self.base is not None else None
+            found = self.usage[node_id] = shared.copy() if shared is not None else Resources.zero()
         return found
 
 
@@ -155,7 +166,7 @@ class ResourcesFit(ValidationRule):
 
     def check(self, node: Node, ask: Ask, ctx: PlacementContext) -> str | None:
         dim = ask.resources.exhausted(node.resources, ctx.used(node.id))
-        return None if dim is None else f"resources exhausted: {dim}"
+        return None if dim is None else EXHAUSTED + dim
 
 
 # The order they run in: static and cheap first.
@@ -297,20 +308,30 @@ class PlacementFailure:
             parts.append(f"resources exhausted ({dim}): {n} node{'s' if n != 1 else ''}")
         return "; ".join(parts)
 
+    def count(self, reason: str, nodes: int = 1) -> None:
+        """Count ``nodes`` nodes filtered for ``reason`` (a rule's answer), by kind."""
+        if reason.startswith(EXHAUSTED):
+            self.exhausted[reason[len(EXHAUSTED):]] += nodes
+        else:
+            self.filtered[reason] += nodes
 
-def explain(nodes: list[Node], ask: Ask, ctx: PlacementContext, unplaced: int) -> PlacementFailure:
-    """Run every rule on every node to say why ``ask`` fits nowhere (the failure path only)."""
+    def ask_too_big(self, ask: Ask, dim: str) -> None:
+        """Say that ``ask`` exceeds every node in ``dim``, even an empty one."""
+        asked = {"cpu": f"{ask.resources.cpu} MHz", "memory": f"{ask.resources.memory_mb} MB", "disk": f"{ask.resources.disk_mb} MB"}[dim]
+        self.too_big = f"asks more {dim} ({asked}) than any node has"
+
+
+def explain(
+    nodes: list[Node], ask: Ask, ctx: PlacementContext, unplaced: int, rules: tuple[ValidationRule, ...] = VALIDATION_RULES
+) -> PlacementFailure:
+    """Run every rule on every node to say why ``ask`` fits nowhere (the failure path, without a
+    ranking to read it from: ``scheduler.ranking.Selector.failure`` keeps these counts per trait)."""
     failure = PlacementFailure(unplaced=unplaced, nodes_evaluated=len(nodes))
     for node in nodes:
-        reason = check_static(node, ask, ctx, VALIDATION_RULES)
-        if reason is None:
-            continue
-        if reason.startswith("resources exhausted: "):
-            failure.exhausted[reason.split(": ", 1)[1]] += 1
-        else:
-            failure.filtered[reason] += 1
+        reason = check_static(node, ask, ctx, rules)
+        if reason is not None:
+            failure.count(reason)
     too_big = larger_than_any_node(ask, nodes)
     if too_big is not None:
-        asked = {"cpu": f"{ask.resources.cpu} MHz", "memory": f"{ask.resources.memory_mb} MB", "disk": f"{ask.resources.disk_mb} MB"}[too_big]
-        failure.too_big = f"asks more {too_big} ({asked}) than any node has"
+        failure.ask_too_big(ask, too_big)
     return failure

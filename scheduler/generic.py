@@ -189,13 +189,19 @@ def _reconcile_groups(snap: Snapshot, groups: dict[str, TaskGroup], dep: Deploym
 
 
 def _selector(snap: Snapshot, rng: random.Random, top_k: int) -> Selector:
-    """A node selector over a copy of the snapshot's usage, knowing where the job's live allocs run
-    (so placements spread), that this plan's stops and placements then update."""
-    ctx = PlacementContext(usage={k: v.copy() for k, v in snap.usage.items()}, job_allocs=Counter())
+    """A node selector for the snapshot's policy, knowing where the job's live allocs run (so
+    placements spread), that this plan's stops and placements then update. It copies the
+    usage of the nodes it touches only (the snapshot's may be the placement index's own), and
+    takes its rankings from the index when the snapshot has one."""
+    ctx = PlacementContext(usage={}, base=snap.usage, job_allocs=Counter())
     for alloc in snap.allocs:
         if not alloc.terminal():
             ctx.job_allocs[alloc.node_id] += 1
-    return Selector(list(snap.nodes.values()), ctx, rng=rng, top_k=top_k)
+    policy = snap.policy
+    return Selector(
+        snap.nodes, ctx, rng=rng, top_k=min(top_k, policy.top_k_max), rules=policy.preference_rules(), validation=policy.validation_rules(),
+        cluster_top=policy.cluster_top, source=snap.rankings, stats=snap.stats,
+    )
 
 
 def _stop_and_update(plan: Plan, plans: dict[str, GroupPlan], selector: Selector) -> None:

@@ -1,256 +1,498 @@
-"""Ranking: preference rules in strict priority, and the node selector.
+"""Ranking: the node selector, over trait rankings, with ties broken at random per evaluation.
 
-A preference rule scores a feasible node with a small integer (higher is
-better). Rules combine in **strict priority** — the score is a tuple compared
-lexicographically, which is Protean's exponentially growing weights — so a
-later rule only breaks ties left by the earlier ones. A continuous score
-(BestFit) is **quantized into a few buckets**; otherwise it would break every
-tie and the later rules would never matter. Remaining ties go to a random
-order fixed per evaluation.
+The preference rules live in ``scheduler.preferences`` (re-exported here);
+``scheduler.traits`` groups a trait's feasible nodes into classes of equal
+score; ``scheduler.index`` keeps those rankings current from the journal.
+The selector chooses nodes for one evaluation's placements from them.
 
-The selector keeps one max-heap of candidate nodes per task group. Placing
-an alloc changes only the chosen node's scores (usage, this job's count), so
-it pushes that node's new key and drops stale entries lazily: a plan of P
-placements over N nodes costs O(N + P log N) rule evaluations instead of
-O(P * N).
+**Order.** A node's key is its preference scores in strict priority, then a
+tiebreak: the distance of the node's fixed hash past a random *rotation*
+drawn once per evaluation from its seeded rng. Within a score class (sorted
+by hash) that order is a walk around the class from the rotation on, so the
+selector never scores the class's members one by one: it keeps one heap
+entry per class (its cursor's next member) plus one per node the plan
+changed. A placement costs O(log classes), whatever the node count.
+
+**The plan's changes.** A node the plan claims on or releases from (and a
+node already running the job, which anti-affinity and distinct_hosts rank
+apart) is *touched*: it leaves its class and is ranked on its own with the
+plan's usage, under a new version; older heap entries for it are stale.
+A cluster-level rule (PreferEmptierClusters) scores every node of a cluster
+by the cluster's load, which each claim changes: when its score changes,
+the cluster's version moves on and the cluster's classes and touched nodes
+are pushed again with the new score (cluster-level re-ranking), instead of
+every node of the cluster.
+
+**Two-level selection** (``cluster_top`` > 0, Protean): clusters are ranked
+by the best their candidates offer, rule by rule (the componentwise maximum
+of their keys; a cluster-level rule's score is the cluster's own), ties
+broken at random with the same rotation. Only clusters that still have a
+feasible candidate for the ask are ranked, so the ``cluster_top`` kept ones
+always hold one whenever any cluster does (the choice widens past full
+clusters), and machines are then ranked inside the kept clusters only.
+
+**Conflicts** (``top_k`` > 1): the choice is a random one of the best
+``top_k`` candidates, so concurrent workers stop piling onto the same node.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 
 from fsm.structs import Node, Resources
 from scheduler.feasibility import (
+    VALIDATION_RULES,
     Ask,
     PlacementContext,
     PlacementFailure,
-    check_dynamic,
+    ValidationRule,
     check_static,
-    explain,
+)
+from scheduler.preferences import (
+    DEFAULT_BUCKETS,
+    PREFERENCE_RULES,
+    AvoidPreviousNode,
+    BestFit,
+    JobAntiAffinity,
+    PreferEmptierClusters,
+    PreferenceRule,
+    PreferNonEmptyMachines,
+    Request,
+    bucket,
+    cluster_of,
+    rank_key,
+)
+from scheduler.traits import (
+    FreshSource,
+    Members,
+    PlacementStats,
+    RankingSource,
+    TraitRanking,
+    node_hash,
+    trait_key,
+    usable,
 )
 
-DEFAULT_BUCKETS = 3  # Protean's production choice
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "PREFERENCE_RULES",
+    "AvoidPreviousNode",
+    "BestFit",
+    "JobAntiAffinity",
+    "PreferEmptierClusters",
+    "PreferNonEmptyMachines",
+    "PreferenceRule",
+    "Request",
+    "Selector",
+    "bucket",
+    "rank_key",
+]
+
+MASK = (1 << 64) - 1
+CURSOR_NONE = -1  # an entry's tag when it stands for one node rather than a class's cursor
+# A heap entry: (negated key, distance past the rotation, node id, class ordinal or CURSOR_NONE,
+# the node's version, the cluster's version). Valid while both versions are current.
+Entry = tuple[tuple[int, ...], int, str, int, int, int]
 
 
-class PreferenceRule:
-    """A soft preference: ``score`` returns an int, higher is better."""
+class _Tiebreaks(Mapping[str, int]):
+    """Each node's tiebreak in this evaluation (higher wins): minus its hash's distance past the rotation."""
 
-    name = "preference"
-    per_request = False  # depends on the placement request, not only on node and job
+    def __init__(self, source: RankingSource, rotation: int) -> None:
+        self.source = source
+        self.rotation = rotation
 
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        raise NotImplementedError
+    def __getitem__(self, node_id: str) -> int:
+        if node_id not in self.source.nodes:
+            raise KeyError(node_id)
+        return -((self.source.tiebreak_hash(node_id) - self.rotation) & MASK)
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.source.nodes)
 
-@dataclass(frozen=True)
-class Request:
-    """One placement to make; ``previous_node`` is set for a rescheduled alloc."""
-
-    ask: Ask
-    previous_node: str = ""
-
-
-class AvoidPreviousNode(PreferenceRule):
-    """A rescheduled alloc prefers any other node than the one it failed on (Nomad's penalty)."""
-
-    name = "avoid-previous-node"
-    per_request = True
-
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return 0 if request.previous_node and node.id == request.previous_node else 1
+    def __len__(self) -> int:
+        return len(self.source.nodes)
 
 
-class BestFit(PreferenceRule):
-    """Pack tightly: utilization after placement, quantized into ``buckets`` (Protean's BestFit)."""
+class _AskState:
+    """One ask's view of its trait ranking in this evaluation: cursors, heaps and touched nodes."""
 
-    name = "best-fit"
+    def __init__(self, ask: Ask, ranking: TraitRanking, hit: bool, scored: int) -> None:
+        self.ask = ask
+        self.ranking = ranking
+        self.hit = hit
+        self.pending = scored  # nodes scored for this ask, not yet counted against a placement
+        self.cluster: list[str] = []  # per class ordinal
+        self.keys: list[tuple[int, ...]] = []
+        self.members: list[Members] = []
+        self.start: list[int] = []  # where the rotation enters the class
+        self.taken: list[int] = []  # how far its cursor has walked
+        self.moved: list[int] = []  # how many of its members the plan touched
+        self.neg: list[tuple[tuple[int, ...], int] | None] = []  # cached (negated full key, cluster version)
+        self.ordinal: dict[tuple[str, tuple[int, ...]], int] = {}
+        self.by_cluster: dict[str, list[int]] = {}
+        self.heaps: dict[str, list[Entry]] = {}
+        self.overlay: dict[str, tuple[int, ...] | None] = {}  # touched node -> its key now (None: infeasible)
+        self.reason_now: dict[str, str | None] = {}  # touched node -> the first rule it fails now
+        self.touched_in: dict[str, set[str]] = {}
+        self.loose: dict[str, set[str]] = {}  # untouched nodes a cursor passed and that were pushed back
+        self.cluster_keys: dict[str, tuple[int, ...] | None] = {}
+        self.dirty: set[str] | None = None  # clusters whose key must be computed again (None: all)
 
-    def __init__(self, buckets: int = DEFAULT_BUCKETS) -> None:
-        self.buckets = max(1, buckets)
+    def add_class(self, cluster: str, key: tuple[int, ...], members: Members, start: int) -> int:
+        i = len(self.cluster)
+        self.cluster.append(cluster)
+        self.keys.append(key)
+        self.members.append(members)
+        self.start.append(start)
+        self.taken.append(0)
+        self.moved.append(0)
+        self.neg.append(None)
+        self.ordinal[(cluster, key)] = i
+        self.by_cluster.setdefault(cluster, []).append(i)
+        return i
 
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return bucket(ask.resources.utilization(node.resources, ctx.used(node.id)), self.buckets)
-
-
-class JobAntiAffinity(PreferenceRule):
-    """Among equally packed nodes, spread one job's allocs (Nomad's job anti-affinity)."""
-
-    name = "job-anti-affinity"
-
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return -ctx.job_allocs.get(node.id, 0)
-
-
-class PreferNonEmptyMachines(PreferenceRule):
-    """Keep empty machines empty: a node already running something scores higher (Protean)."""
-
-    name = "prefer-non-empty-machines"
-
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        used = ctx.used(node.id)
-        return 1 if used.cpu > 0 or used.memory_mb > 0 or used.disk_mb > 0 else 0
-
-
-class PreferEmptierClusters(PreferenceRule):
-    """Balance clusters: a node in a less loaded cluster scores higher, quantized (Protean).
-
-    The load of each cluster (0..1) comes from ``ctx.cluster_load``, which
-    whoever builds the context keeps (the two-level selector does).
-    """
-
-    name = "prefer-emptier-clusters"
-
-    def __init__(self, buckets: int = DEFAULT_BUCKETS) -> None:
-        self.buckets = max(1, buckets)
-
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        load = ctx.cluster_load.get(node.attributes.get("meta.cluster", ""), 0.0)
-        return bucket(1.0 - load, self.buckets)
-
-
-PREFERENCE_RULES: tuple[PreferenceRule, ...] = (AvoidPreviousNode(), BestFit(), JobAntiAffinity())
-
-
-def bucket(value: float, buckets: int) -> int:
-    """Quantize 0..1 into 0..buckets-1."""
-    return min(buckets - 1, max(0, int(value * buckets)))
-
-
-def rank_key(node: Node, request: Request, ctx: PlacementContext, rules: tuple[PreferenceRule, ...], tiebreak: float) -> tuple:
-    """The node's strict-priority score for ``request``: compare tuples, higher wins."""
-    return tuple(rule.score(node, request.ask, ctx, request) for rule in rules) + (tiebreak,)
-
-
-@dataclass
-class _GroupHeap:
-    nodes: set[str]  # statically feasible node ids
-    heap: list[tuple] = field(default_factory=list)  # (negated key, version, node id)
-    dead: set[str] = field(default_factory=set)  # dynamically infeasible for this ask (plans only shrink)
-    exhausted: bool = False
+    def mark_dirty(self, cluster: str) -> None:
+        if self.dirty is not None:
+            self.dirty.add(cluster)
 
 
 class Selector:
-    """Chooses nodes for placements, tracking usage as the plan grows.
+    """Chooses nodes for one evaluation's placements, tracking usage as the plan grows.
 
-    Not thread-safe; one per scheduling run. ``rng`` breaks ties (seed it
-    with the eval id for reproducible plans).
+    Not thread-safe; one per scheduling run. ``rng`` draws the rotation that
+    breaks ties (seed it with the eval id for reproducible plans) and the
+    top-k choice. ``source`` gives the trait rankings (the leader's
+    ``scheduler.index.PlacementIndex``); without one they are built from
+    ``nodes`` and the usage in ``ctx`` (its ``base``, else its ``usage`` as
+    it is now). ``validation`` and ``rules`` come from the placement policy,
+    in its order; ``stats`` collects hits, misses and nodes scored.
     """
 
     def __init__(
         self,
-        nodes: list[Node],
+        nodes: Iterable[Node] | Mapping[str, Node],
         ctx: PlacementContext,
         *,
         rng: random.Random | None = None,
         rules: tuple[PreferenceRule, ...] = PREFERENCE_RULES,
         top_k: int = 1,
+        validation: tuple[ValidationRule, ...] = VALIDATION_RULES,
+        cluster_top: int = 0,
+        source: RankingSource | None = None,
+        stats: PlacementStats | None = None,
     ) -> None:
-        self.nodes = sorted(nodes, key=lambda n: n.id)
-        self.top_k = max(1, top_k)
-        self.by_id = {n.id: n for n in self.nodes}
+        if source is None:
+            by_id = dict(nodes) if isinstance(nodes, Mapping) else {n.id: n for n in nodes}
+            base = ctx.base if ctx.base is not None else {k: v.copy() for k, v in ctx.usage.items()}
+            source = FreshSource(by_id, base)
+        self.source = source
+        self.nodes_by_id = source.nodes
         self.ctx = ctx
         self.rules = rules
         self.node_rules = tuple(r for r in rules if not r.per_request)
-        rng = rng or random.Random(0)
-        self.rng = rng
-        self.tiebreak = {n.id: rng.random() for n in self.nodes}
-        self.version: dict[str, int] = {n.id: 0 for n in self.nodes}
-        self._heaps: dict[tuple[str, str], _GroupHeap] = {}
-        self._asks: dict[tuple[str, str], Ask] = {}
+        self.class_rules = tuple(r for r in self.node_rules if not r.cluster_level)
+        self.cluster_rules = tuple((i, r) for i, r in enumerate(self.node_rules) if r.cluster_level)
+        self.validation = validation
+        self.top_k = max(1, top_k)
+        self.cluster_top = max(0, cluster_top)
+        self.by_cluster = bool(self.cluster_rules) or self.cluster_top > 0
+        self.rng = rng or random.Random(0)
+        self.rotation = self.rng.getrandbits(64)
+        self.tiebreak = _Tiebreaks(source, self.rotation)
+        self.stats = stats if stats is not None else PlacementStats()
         self.evaluated = 0
+        self._version: dict[str, int] = {}  # touched node -> its version (untouched: 0)
+        self._cv: dict[str, int] = {}  # cluster -> the version of its cluster-level scores
+        self._states: dict[tuple, _AskState] = {}
+        self._totals = {c: t.copy() for c, t in source.cluster_totals().items()} if self.cluster_rules else {}
+        for cluster, total in self._totals.items():
+            ctx.cluster_load[cluster] = total.load()
+        for node_id, n in ctx.job_allocs.items():
+            if n > 0:  # ranked apart: anti-affinity and distinct_hosts read the job's allocs there
+                self._version[node_id] = 1
 
     # -- placement ------------------------------------------------------------------
     def select(self, request: Request) -> Node | None:
         """The best feasible node for ``request``, or None. Does not claim it (see ``claim``)."""
-        if request.previous_node:
-            return self._scan(request)
-        gh = self._heap(request.ask)
-        if gh.exhausted:
+        state = self._state(request.ask)
+        groups = self._groups(state)
+        picked, skipped = self._gather(state, groups, request.previous_node)
+        candidates = self._with_previous(state, request, picked, groups) if request.previous_node else picked
+        for entry in picked + ([skipped] if skipped is not None else []):
+            self._push_back(state, entry)
+        self.stats.record(state.hit, state.pending)
+        state.pending = 0
+        if not candidates:
             return None
-        heap = gh.heap
-        picked: list[tuple] = []
-        while heap and len(picked) < self.top_k:
-            entry = heapq.heappop(heap)
-            _neg, version, node_id = entry
-            if node_id in gh.dead or version != self.version[node_id]:
-                continue
-            node = self.by_id[node_id]
-            self.evaluated += 1
-            if check_dynamic(node, request.ask, self.ctx) is not None:
-                gh.dead.add(node_id)
-                continue
-            picked.append(entry)
-        if not picked:
-            gh.exhausted = True
-            return None
-        # top_k > 1 (Protean, when plans conflict): a random one of the best few,
-        # so concurrent workers stop piling onto the same nodes.
-        choice = picked[0] if len(picked) == 1 else self.rng.choice(picked)
-        for entry in picked:
-            heapq.heappush(heap, entry)
-        return self.by_id[choice[2]]
+        # top_k > 1 (Protean, when plans conflict): a random one of the best few.
+        choice = candidates[0] if len(candidates) == 1 else self.rng.choice(candidates)
+        return self.nodes_by_id[choice[2]]
 
     def claim(self, node: Node, ask: Ask) -> None:
-        """Record a placement of ``ask`` on ``node`` and refresh that node's keys."""
+        """Record a placement of ``ask`` on ``node`` and rank that node again."""
         self.ctx.used(node.id).add(ask.resources)
         self.ctx.job_allocs[node.id] += 1
-        self._touched(node.id)
+        self._touch(node.id, ask.resources, 1)
 
     def release(self, node_id: str, resources: Resources, same_job: bool) -> None:
         """Give back what a stopped alloc held (stops are applied before placements)."""
         self.ctx.used(node_id).subtract(resources)
         if same_job and self.ctx.job_allocs.get(node_id, 0) > 0:
             self.ctx.job_allocs[node_id] -= 1
-        if node_id in self.version:
-            for gh in self._heaps.values():
-                gh.dead.discard(node_id)
-                gh.exhausted = False
-            self._touched(node_id)
+        if node_id in self.nodes_by_id:
+            self._touch(node_id, resources, -1)
 
     def failure(self, ask: Ask, unplaced: int) -> PlacementFailure:
-        return explain(self.nodes, ask, self.ctx, unplaced)
+        """Why ``ask`` fits nowhere, per rule: the ranking's counts, corrected for the nodes the plan
+        touched (no scan of the nodes, however many there are)."""
+        state = self._state(ask)
+        reasons = Counter(state.ranking.reasons)
+        for node_id, now in state.reason_now.items():
+            before = state.ranking.reason.get(node_id)
+            if before is not None:
+                reasons[before] -= 1
+            if now is not None:
+                reasons[now] += 1
+        failure = PlacementFailure(unplaced=unplaced, nodes_evaluated=len(self.nodes_by_id))
+        for reason, n in reasons.items():
+            if n > 0:
+                failure.count(reason, n)
+        dim = state.ranking.too_big_dim(len(self.nodes_by_id))
+        if dim is not None:
+            failure.ask_too_big(ask, dim)
+        return failure
 
-    # -- internals ------------------------------------------------------------------
-    def _heap(self, ask: Ask) -> _GroupHeap:
-        gh = self._heaps.get(ask.key)
-        if gh is None:
-            feasible = [n.id for n in self.nodes if check_static(n, ask, self.ctx) is None]
-            gh = _GroupHeap(nodes=set(feasible))
-            request = Request(ask)
-            gh.heap = [(self._neg_key(self.by_id[nid], request), self.version[nid], nid) for nid in feasible]
-            heapq.heapify(gh.heap)
-            self._heaps[ask.key] = gh
-            self._asks[ask.key] = ask
-        return gh
+    # -- the ask's state ------------------------------------------------------------
+    def _state(self, ask: Ask) -> _AskState:
+        # Per group and trait: a downgraded replacement asks what an older version of the group asked.
+        key = (ask.key, trait_key(ask, self.validation, self.class_rules, self.by_cluster))
+        state = self._states.get(key)
+        if state is not None:
+            return state
+        ranking, hit, scored = self.source.ranking(ask, self.validation, self.class_rules, self.by_cluster)
+        state = self._states[key] = _AskState(ask, ranking, hit, scored)
+        for (cluster, key), members in sorted(ranking.classes.items()):
+            i = state.add_class(cluster, key, members, bisect_left(members, (self.rotation,)))
+            self._push_head(state, i)
+        for node_id in self._version:
+            self._retouch(state, node_id)
+        return state
 
-    def _neg_key(self, node: Node, request: Request) -> tuple:
-        key = rank_key(node, request, self.ctx, self.node_rules, self.tiebreak[node.id])
-        return tuple(-k for k in key)
+    def _cluster_of(self, node_id: str) -> str:
+        node = self.nodes_by_id.get(node_id)
+        return cluster_of(node) if node is not None and self.by_cluster else ""
 
-    def _touched(self, node_id: str) -> None:
-        self.version[node_id] += 1
-        node = self.by_id.get(node_id)
-        if node is None:
+    def _heap(self, state: _AskState, cluster: str) -> list[Entry]:
+        return state.heaps.setdefault(cluster if self.cluster_top else "", [])
+
+    def _distance(self, node_id: str) -> int:
+        return (self.source.tiebreak_hash(node_id) - self.rotation) & MASK
+
+    def _with_cluster_scores(self, key: tuple[int, ...], cluster: str) -> tuple[int, ...]:
+        """A class key with the cluster-level rules' scores put back in their places."""
+        if not self.cluster_rules:
+            return key
+        out = list(key)
+        for pos, rule in self.cluster_rules:
+            out.insert(pos, rule.cluster_score(cluster, self.ctx))
+        return tuple(out)
+
+    def _class_neg(self, state: _AskState, i: int) -> tuple[int, ...]:
+        """Class ``i``'s full key, negated for the min-heap (cached per cluster version)."""
+        cv = self._cv.get(state.cluster[i], 0)
+        cached = state.neg[i]
+        if cached is not None and cached[1] == cv:
+            return cached[0]
+        neg = tuple(-x for x in self._with_cluster_scores(state.keys[i], state.cluster[i]))
+        state.neg[i] = (neg, cv)
+        return neg
+
+    def _node_key(self, node: Node, ask: Ask) -> tuple[int, ...]:
+        request = Request(ask)
+        return tuple(rule.score(node, ask, self.ctx, request) for rule in self.node_rules)
+
+    def _current_key(self, state: _AskState, node_id: str) -> tuple[int, ...] | None:
+        """The node's key for the ask as the plan stands (None: not a candidate)."""
+        if node_id in state.overlay:
+            return state.overlay[node_id]
+        placed = state.ranking.where.get(node_id)
+        if placed is None:
+            return None
+        return tuple(-x for x in self._class_neg(state, state.ordinal[placed[0]]))
+
+    # -- heaps ----------------------------------------------------------------------
+    def _push_head(self, state: _AskState, i: int) -> None:
+        """Push class ``i``'s cursor: its next member in rotation order, if any is left."""
+        members, n = state.members[i], state.taken[i]
+        if n >= len(members):
             return
-        for key, gh in self._heaps.items():
-            if node_id in gh.dead:
-                continue
-            if node_id not in gh.nodes:
-                continue
-            request = Request(self._asks[key])
-            heapq.heappush(gh.heap, (self._neg_key(node, request), self.version[node_id], node_id))
+        h, node_id = members[(state.start[i] + n) % len(members)]
+        cluster = state.cluster[i]
+        entry = (self._class_neg(state, i), (h - self.rotation) & MASK, node_id, i, 0, self._cv.get(cluster, 0))
+        heapq.heappush(self._heap(state, cluster), entry)
 
-    def _scan(self, request: Request) -> Node | None:
-        best, best_key = None, None
-        for node in self.nodes:
+    def _push_node(self, state: _AskState, node_id: str, key: tuple[int, ...], cluster: str) -> None:
+        entry = (tuple(-x for x in key), self._distance(node_id), node_id, CURSOR_NONE, self._version.get(node_id, 0), self._cv.get(cluster, 0))
+        heapq.heappush(self._heap(state, cluster), entry)
+
+    def _push_back(self, state: _AskState, entry: Entry) -> None:
+        """Return a popped candidate to its heap; one a cursor passed stands for itself from now on."""
+        neg, d, node_id, tag, version, cv = entry
+        if tag == CURSOR_NONE:
+            heapq.heappush(self._heap(state, self._cluster_of(node_id)), entry)
+            return
+        cluster = state.cluster[tag]
+        state.loose.setdefault(cluster, set()).add(node_id)
+        heapq.heappush(self._heap(state, cluster), (neg, d, node_id, CURSOR_NONE, version, cv))
+
+    def _valid(self, state: _AskState, entry: Entry) -> bool:
+        _neg, _d, node_id, tag, version, cv = entry
+        cluster = state.cluster[tag] if tag != CURSOR_NONE else self._cluster_of(node_id)
+        return cv == self._cv.get(cluster, 0) and version == self._version.get(node_id, 0)
+
+    def _clean(self, state: _AskState, heap: list[Entry]) -> None:
+        """Drop stale entries off the top of ``heap``; a cursor whose node was touched walks on."""
+        while heap and not self._valid(state, heap[0]):
+            _neg, _d, _node, tag, _version, cv = heapq.heappop(heap)
+            if tag != CURSOR_NONE and cv == self._cv.get(state.cluster[tag], 0):
+                state.taken[tag] += 1
+                self._push_head(state, tag)
+
+    def _gather(self, state: _AskState, groups: list[str], skip: str) -> tuple[list[Entry], Entry | None]:
+        """Pop the best ``top_k`` valid candidates across the heaps of ``groups`` (and ``skip``'s
+        entry, kept apart, if it comes up first): the caller pushes them all back."""
+        heaps = [state.heaps[g] for g in groups if g in state.heaps]
+        picked: list[Entry] = []
+        skipped = None
+        while len(picked) < self.top_k:
+            best = None
+            for heap in heaps:
+                self._clean(state, heap)
+                if heap and (best is None or heap[0] < best[0]):
+                    best = heap
+            if best is None:
+                break
+            entry = heapq.heappop(best)
+            if entry[3] != CURSOR_NONE:
+                state.taken[entry[3]] += 1
+                self._push_head(state, entry[3])
+            if entry[2] == skip:
+                skipped = entry
+                continue
             self.evaluated += 1
-            if check_static(node, request.ask, self.ctx) is not None:
-                continue
-            if check_dynamic(node, request.ask, self.ctx) is not None:
-                continue
-            key = rank_key(node, request, self.ctx, self.rules, self.tiebreak[node.id])
-            if best_key is None or key > best_key:
-                best, best_key = node, key
-        return best
+            picked.append(entry)
+        return picked, skipped
+
+    def _with_previous(self, state: _AskState, request: Request, picked: list[Entry], groups: list[str]) -> list[Entry]:
+        """The best ``top_k`` once the request's previous node competes with its per-request score
+        (AvoidPreviousNode): it only ever loses places, so the candidates found without it suffice."""
+        prev = request.previous_node
+        node = self.nodes_by_id.get(prev)
+        scored = [(rank_key(self.nodes_by_id[e[2]], request, self.ctx, self.rules, 0), e) for e in picked]
+        if node is not None and self._current_key(state, prev) is not None and (not self.cluster_top or self._cluster_of(prev) in groups):
+            scored.append((rank_key(node, request, self.ctx, self.rules, 0), ((), self._distance(prev), prev, CURSOR_NONE, 0, 0)))
+        scored.sort(key=lambda ke: (tuple(-x for x in ke[0]), ke[1][1], ke[1][2]))
+        return [e for _key, e in scored[: self.top_k]]
+
+    # -- the plan's changes ------------------------------------------------------------
+    def _touch(self, node_id: str, resources: Resources, sign: int) -> None:
+        """Rank ``node_id`` again for every ask, after its usage changed by ``sign * resources``."""
+        self._version[node_id] = self._version.get(node_id, 0) + 1
+        changed = self._cluster_usage(node_id, resources, sign)
+        for state in self._states.values():
+            self._retouch(state, node_id)
+        if changed is not None:
+            self._bump(changed)
+
+    def _retouch(self, state: _AskState, node_id: str) -> None:
+        """Rank a touched node on its own for one ask, with the plan's usage."""
+        if node_id not in state.overlay:
+            placed = state.ranking.where.get(node_id)
+            if placed is not None:
+                state.moved[state.ordinal[placed[0]]] += 1
+        node = self.nodes_by_id.get(node_id)
+        if node is None:
+            state.overlay[node_id] = state.reason_now[node_id] = None
+            return
+        cluster = self._cluster_of(node_id)
+        reason = check_static(node, state.ask, self.ctx, self.validation)
+        state.reason_now[node_id] = reason
+        key = None if reason is not None else self._node_key(node, state.ask)
+        state.overlay[node_id] = key
+        if key is not None:
+            self._push_node(state, node_id, key, cluster)
+        state.touched_in.setdefault(cluster, set()).add(node_id)
+        state.mark_dirty(cluster)
+        state.pending += 1
+
+    def _cluster_usage(self, node_id: str, resources: Resources, sign: int) -> str | None:
+        """Move the node's cluster load; the cluster if a cluster-level score changed with it."""
+        node = self.nodes_by_id.get(node_id)
+        if not self.cluster_rules or node is None or not usable(node):
+            return None
+        cluster = cluster_of(node)
+        total = self._totals.get(cluster)
+        if total is None:
+            return None
+        before = [rule.cluster_score(cluster, self.ctx) for _pos, rule in self.cluster_rules]
+        if sign > 0:
+            total.used.add(resources)
+        else:
+            total.used.subtract(resources)
+        self.ctx.cluster_load[cluster] = total.load()
+        after = [rule.cluster_score(cluster, self.ctx) for _pos, rule in self.cluster_rules]
+        return cluster if after != before else None
+
+    def _bump(self, cluster: str) -> None:
+        """Cluster-level re-ranking: the cluster's scores changed, so its entries are pushed again."""
+        self._cv[cluster] = self._cv.get(cluster, 0) + 1
+        for state in self._states.values():
+            for i in state.by_cluster.get(cluster, ()):
+                self._push_head(state, i)
+            for node_id in state.loose.get(cluster, ()):
+                key = self._current_key(state, node_id)
+                if key is not None and not self._version.get(node_id, 0):
+                    self._push_node(state, node_id, key, cluster)
+            for node_id in state.touched_in.get(cluster, ()):
+                node = self.nodes_by_id.get(node_id)
+                if node is not None and state.overlay.get(node_id) is not None:
+                    key = state.overlay[node_id] = self._node_key(node, state.ask)
+                    self._push_node(state, node_id, key, cluster)
+                    state.pending += 1
+            state.mark_dirty(cluster)
+
+    # -- two-level selection ---------------------------------------------------------
+    def _groups(self, state: _AskState) -> list[str]:
+        """The heaps to choose from: all of them, or the best ``cluster_top`` clusters that still
+        have a candidate for the ask."""
+        if not self.cluster_top:
+            return [""]
+        if state.dirty is None:
+            state.cluster_keys = {}
+            state.dirty = set(state.by_cluster) | set(state.touched_in)
+        for cluster in state.dirty:
+            state.cluster_keys[cluster] = self._cluster_key(state, cluster)
+        state.dirty = set()
+        ranked = sorted(
+            (tuple(-x for x in key), (node_hash(cluster) - self.rotation) & MASK, cluster)
+            for cluster, key in state.cluster_keys.items()
+            if key is not None
+        )
+        return [cluster for _neg, _d, cluster in ranked[: self.cluster_top]]
+
+    def _cluster_key(self, state: _AskState, cluster: str) -> tuple[int, ...] | None:
+        """The best the cluster's candidates offer, rule by rule; None if it has none left."""
+        keys = [
+            tuple(-x for x in self._class_neg(state, i))
+            for i in state.by_cluster.get(cluster, ())
+            if len(state.members[i]) > state.moved[i]
+        ]
+        keys += [k for n in state.touched_in.get(cluster, ()) if (k := state.overlay.get(n)) is not None]
+        if not keys:
+            return None
+        return tuple(map(max, zip(*keys, strict=True)))

@@ -37,6 +37,7 @@ from scheduler.feasibility import (
     InDatacenter,
     PlacementContext,
     PlacementFailure,
+    ValidationRule,
     ask_for,
     check_dynamic,
     check_static,
@@ -73,7 +74,8 @@ def schedule_system(snap: Snapshot, *, rng: random.Random | None = None) -> Plan
     stopped = job is None or job.stop
     # As Nomad: a group with count 0 is switched off (its allocs stop as not needed).
     groups: dict[str, TaskGroup] = {} if stopped or job is None else {g.name: g for g in job.task_groups if g.count > 0}
-    ctx = PlacementContext(usage={k: v.copy() for k, v in snap.usage.items()}, job_allocs=Counter())
+    # The snapshot's usage may be the placement index's own: the context copies what it changes.
+    ctx = PlacementContext(usage={}, base=snap.usage, job_allocs=Counter())
     keep, stops = _keep_per_node(snap, groups, ctx, stopped)
     for alloc, why, status in stops:
         plan.stop.append(AllocStop(id=alloc.id, desired_status=DESIRED_STOP, desired_description=why, client_status=status))
@@ -143,15 +145,18 @@ def _place_group(
 ) -> PlacementFailure:
     """Bring every node that is not draining to one alloc of the group's current version; what found no room."""
     ask = ask_for(job, group)
+    # The policy's validation rules, in its order: the static ones per node, the dynamic ones on room.
+    static = tuple(r for r in snap.policy.validation_rules() if not r.dynamic)
+    dynamic = tuple(r for r in snap.policy.validation_rules() if r.dynamic)
     failure = PlacementFailure(nodes_evaluated=len(snap.nodes))
     for node_id in sorted(snap.nodes):
         node = snap.nodes[node_id]
         if node.drain:
             continue  # what runs there stays as it is until the drainer marks it
-        previous = _make_room(plan, snap, job, group, keep.get((group.name, node_id)), node, ask, ctx)
+        previous = _make_room(plan, snap, job, group, keep.get((group.name, node_id)), node, ask, ctx, static)
         if previous is None:
             continue
-        reason = check_dynamic(node, ask, ctx)
+        reason = check_dynamic(node, ask, ctx, dynamic)
         if reason is not None:
             failure.unplaced += 1
             failure.exhausted[reason.split(": ", 1)[-1]] += 1
@@ -162,7 +167,8 @@ def _place_group(
 
 
 def _make_room(
-    plan: Plan, snap: Snapshot, job: Job, group: TaskGroup, kept: Allocation | None, node: Node, ask: Ask, ctx: PlacementContext
+    plan: Plan, snap: Snapshot, job: Job, group: TaskGroup, kept: Allocation | None, node: Node, ask: Ask, ctx: PlacementContext,
+    static: tuple[ValidationRule, ...],
 ) -> str | None:
     """Whether the node takes a new alloc of the group: the id of the alloc it replaces ("" for none).
 
@@ -171,7 +177,7 @@ def _make_room(
     that cannot be updated in place is stopped here, freeing its resources.
     """
     if kept is None:
-        return "" if check_static(node, ask, ctx) is None else None
+        return "" if check_static(node, ask, ctx, static) is None else None
     if kept.job_version == job.version:
         return None
     if can_update_in_place(job, group, snap.versions.get(kept.job_version)):

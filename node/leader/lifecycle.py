@@ -65,11 +65,13 @@ from node.leader.deployments import DeploymentWatcher
 from node.leader.drainer import Drainer
 from node.leader.evalwriter import EvalWriter
 from node.leader.heartbeat import HeartbeatMonitor, node_down_evals, node_up_evals
+from node.leader.placement import keep_fresh
 from node.leader.plan_apply import PlanApplier
 from node.leader.shims import NodeView
 from node.leader.workers import Worker, WorkerStats
 from node.wire.errors import RPCError
 from scheduler.evals import new_eval
+from scheduler.index import PlacementIndex
 
 if TYPE_CHECKING:
     from node.core.api import ServerAPI
@@ -174,14 +176,16 @@ class Lifecycle:
         entry_bytes = server.raft.max_entry_bytes
         self.applier = PlanApplier(server, server, max_entry_bytes=entry_bytes, log=server.log)
         self.stats = WorkerStats()
+        # Nodes, usage and trait rankings for the workers, from the journal (scheduler.index).
+        self.placement = PlacementIndex()
         self.writer = EvalWriter(
             server, server, max_entry_bytes=entry_bytes, followup_delay=cfg.failed_eval_followup, log=server.log
         )
         self.nodes: dict[str, NodeView] = {}
         self.active_deployments: set[str] = set()
         self.heartbeats = HeartbeatMonitor(
-            server, server, server.heartbeats, self.nodes,
-            ttl=cfg.heartbeat_ttl, grace=cfg.heartbeat_grace, max_entry_bytes=entry_bytes, log=server.log,
+            server, server, server.heartbeats, self.nodes, config=cfg, is_leader=lambda: server.raft.is_leader,
+            max_entry_bytes=entry_bytes, log=server.log,
         )
         self.deployments = DeploymentWatcher(
             server, server, self.active_deployments, self.broker, self.writer, log=server.log
@@ -209,12 +213,13 @@ class Lifecycle:
         try:
             await self.follow()
             workers = [
-                Worker(self.server, self.broker, self.blocked, self.applier, self.stats, f"w{i}", self.log)
+                Worker(self.server, self.broker, self.blocked, self.applier, self.stats, f"w{i}", self.log, index=self.placement)
                 for i in range(self.server.config.scheduler.workers)
             ]
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._tail())
                 tg.create_task(self.applier.run())
+                tg.create_task(keep_fresh(self.server, self.placement, self.broker, self.log))
                 for worker in workers:
                     tg.create_task(worker.run())
                 tg.create_task(self._housekeeping())
@@ -431,6 +436,7 @@ class Lifecycle:
                 "Placed": self.applier.stats.placed,
             },
             "Nodes": len(self.nodes),
+            "PlacementIndex": self.placement.status(),
             "ActiveDeployments": len(self.active_deployments),
             "LeaderSeconds": round(time.monotonic() - self.started, 3),
         }
