@@ -3,12 +3,15 @@
 It talks to the cluster only as a client (RPC), like a fleet of Nomad
 clients would:
 
-- registers its nodes (``node.register``), then heartbeats all of them in
-  one ``node.heartbeat`` call every third of the TTL the leader answers with
-  (re-registering any node the servers no longer know);
+- registers its nodes and heartbeats them in chunks spread over the TTL the
+  leader grants (``client.fleet``: tens of thousands of nodes per process,
+  with ``--clusters`` / ``--racks`` topology), re-registering any node the
+  servers no longer know;
 - follows the change journal (``event.stream``, Allocation records) from the
   index of its registration, resuming on another server after a break and
-  reloading its nodes' allocations (``alloc.list``) if told to reset;
+  reloading its nodes' allocations (``alloc.list``) if told to reset; each
+  record costs O(1) whatever the number of nodes (dict lookups by node and
+  alloc id);
 - runs each allocation placed on its nodes as a simulated task with the
   ``sim`` driver (``client.driver``), fetching the job version's task
   config; reports ``running``, then ``complete``/``failed``; stops a task
@@ -29,8 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import random
 import signal
 import sys
@@ -42,62 +43,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client.driver import DriverError, Outcome, plan_run, task_spec
+from client.fleet import (
+    Fleet,
+    SimConfig,
+    SimError,
+    SimNode,
+    for_each,
+    load_nodes,
+    place,
+    save_nodes,
+)
 from node.wire.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
 from node.wire.rpc_client import AsyncRPCClient
 
 REPORT_BATCH = 200
+LIST_CONCURRENCY = 16  # alloc.list calls in flight while reloading after a reset
 # Nomad's update defaults (seconds), for service groups without an update block.
 UPDATE_DEFAULTS = {"MinHealthyTime": 10.0, "HealthyDeadline": 300.0}
 RPC_TIMEOUT = 15.0
 STREAM_HEARTBEAT = 5.0
 TERMINAL = ("complete", "failed", "lost")
 SERVER_TERMINAL = ("stop", "evict")
-
-
-class SimError(Exception):
-    """The simulation cannot start (no server answers, bad arguments)."""
-
-
-@dataclass
-class SimConfig:
-    servers: list[str]
-    nodes: int = 1
-    cpu: int = 4000
-    memory_mb: int = 8192
-    disk_mb: int = 0
-    datacenter: str = "dc1"
-    node_class: str = "sim"
-    name_prefix: str = ""
-    token: str | None = None
-    report_interval: float = 0.1
-    seed: int | None = None
-    verbose: bool = False
-    state_file: str = ""  # keeps node ids across restarts, as a Nomad client's data dir does
-
-
-@dataclass
-class SimNode:
-    id: str
-    name: str
-
-    def register_args(self, cfg: SimConfig) -> dict[str, Any]:
-        return {
-            "node": {
-                "ID": self.id,
-                "Name": self.name,
-                "Datacenter": cfg.datacenter,
-                "NodeClass": cfg.node_class,
-                "Attributes": {
-                    "driver.sim": "1",
-                    "kernel.name": "linux",
-                    "cpu.arch": "amd64",
-                    "unique.hostname": self.name,
-                },
-                "Resources": {"CPU": cfg.cpu, "MemoryMB": cfg.memory_mb, "DiskMB": cfg.disk_mb},
-                "Status": "ready",
-                "SchedulingEligibility": "eligible",
-            }
-        }
 
 
 @dataclass
@@ -120,8 +86,6 @@ class Run:
 
 @dataclass
 class SimStats:
-    registered: int = 0
-    heartbeats: int = 0
     started: int = 0
     completed: int = 0
     failed: int = 0
@@ -140,32 +104,60 @@ class SimClient:
         if not cfg.servers:
             raise SimError("--servers needs at least one server RPC address")
         self.cfg = cfg
+        if cfg.racks and not cfg.clusters:
+            cfg.clusters = 1  # racks are numbered inside a cluster
         self.restored = load_nodes(cfg.state_file)[: cfg.nodes] if cfg.state_file else []
         prefix = cfg.name_prefix or f"sim-{uuid.uuid4().hex[:6]}"
         fresh = (SimNode(str(uuid.uuid4()), f"{prefix}-{i}") for i in range(len(self.restored), cfg.nodes))
-        self.nodes = {n.id: n for n in [*self.restored, *fresh]}
+        nodes = [*self.restored, *fresh]
+        place(nodes, cfg.clusters, cfg.racks)
+        self.nodes = {n.id: n for n in nodes}
         if cfg.state_file:
-            save_nodes(cfg.state_file, list(self.nodes.values()))
-        self.rpc = AsyncRPCClient(cfg.servers, token=cfg.token, timeout=RPC_TIMEOUT)
+            save_nodes(cfg.state_file, nodes)
+        self.fleet = Fleet(cfg, AsyncRPCClient(cfg.servers, token=cfg.token, timeout=RPC_TIMEOUT), self.nodes,
+                           error=self._error, say=self.say)
+        self._beating: asyncio.Task[None] | None = None
         self.rng = random.Random(cfg.seed)
         self.runs: dict[str, Run] = {}
         self.done: set[str] = set()  # allocs this client ran to an end (late records are ignored)
         self.pending: dict[str, dict[str, Any]] = {}  # alloc id -> update to report
         self.jobs: dict[tuple[str, int], dict[str, Any]] = {}
-        self.ttl = 10.0
         self.stats = SimStats()
         self.index = 0
         self.stop_event = asyncio.Event()
 
+    @property
+    def rpc(self) -> AsyncRPCClient:
+        """The one connection pool of this client (its fleet's: registration and heartbeats use it too)."""
+        return self.fleet.rpc
+
+    @rpc.setter
+    def rpc(self, rpc: AsyncRPCClient) -> None:
+        self.fleet.rpc = rpc
+
     # -- lifecycle ----------------------------------------------------------------
+    def _heartbeats(self) -> asyncio.Task[None]:
+        """The heartbeat loop, started once: before registration ends, since chunks beat as they are registered."""
+        if self._beating is None:
+            self._beating = asyncio.create_task(self.fleet.heartbeats(), name="heartbeats")
+        return self._beating
+
+    async def register(self) -> None:
+        """Register every node, heartbeating each chunk as soon as it is in (see ``client.fleet``)."""
+        self._heartbeats()
+        await self.fleet.register_all()
+        self.index = max(self.index, self.fleet.index)
+
     async def run(self) -> None:
-        if not self.stats.registered:
-            await self.register(list(self.nodes.values()))
+        if not self.fleet.stats.registered:
+            await self.register()
         tasks = [
-            asyncio.create_task(self._heartbeats(), name="heartbeats"),
+            self._heartbeats(),
             asyncio.create_task(self._follow(), name="following allocations"),
             asyncio.create_task(self._reporter(), name="status reports"),
         ]
+        if self.cfg.status_interval > 0:
+            tasks.append(asyncio.create_task(self._status_lines(), name="status lines"))
         stop = asyncio.create_task(self.stop_event.wait())
         crashed: asyncio.Task[Any] | None = None
         try:
@@ -194,36 +186,15 @@ class SimClient:
                 traceback.print_exception(exc, file=sys.stderr)
             raise SimError(f"the client's {crashed.get_name()} loop stopped: {exc!r}")
 
-    async def register(self, nodes: list[SimNode]) -> None:
-        sem = asyncio.Semaphore(16)
-
-        async def one(node: SimNode) -> int:
-            async with sem:
-                out = await self.rpc.call("node.register", node.register_args(self.cfg))
-                return int(out.get("Index", 0))
-
-        indexes = await asyncio.gather(*(one(n) for n in nodes))
-        self.stats.registered += len(nodes)
-        self.index = max([self.index, *indexes])
-
     def say(self, message: str) -> None:
         if self.cfg.verbose:
             print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
-    # -- heartbeats -----------------------------------------------------------------
-    async def _heartbeats(self) -> None:
+    async def _status_lines(self) -> None:
+        """A line now and then: at 10,000 nodes, per-node lines say nothing, one summary does."""
         while True:
-            try:
-                out = await self.rpc.call("node.heartbeat", {"node_ids": sorted(self.nodes)}, timeout=max(2.0, self.ttl / 2))
-                self.stats.heartbeats += 1
-                self.ttl = float(out.get("HeartbeatTTL") or self.ttl)
-                unknown = [self.nodes[i] for i in out.get("Unknown") or [] if i in self.nodes]
-                if unknown:
-                    self.say(f"re-registering {len(unknown)} node(s) the servers do not know")
-                    await self.register(unknown)
-            except RPCError as exc:
-                self._error("heartbeat", exc.message)
-            await asyncio.sleep(max(0.05, self.ttl / 3))
+            await asyncio.sleep(self.cfg.status_interval)
+            print(f"{time.strftime('%H:%M:%S')} status: {self.fleet.status()} allocs_running={len(self.runs)}", flush=True)
 
     def _error(self, what: str, message: str) -> None:
         """Remember an error the client will retry past, and print it when it is new.
@@ -276,17 +247,27 @@ class SimClient:
             backoff = min(backoff * 2, 1.0)
 
     async def _load_allocs(self) -> None:
-        """Run what the servers place on our nodes, stop what they no longer do; follow on from there."""
+        """Run what the servers place on our nodes, stop what they no longer do; follow on from there.
+
+        One ``alloc.list`` per node, a bounded number in flight; the answers
+        are applied in node order once all are in, so a failure changes nothing.
+        """
+        answers: dict[str, dict[str, Any]] = {}
+
+        async def one(node_id: str) -> None:
+            answers[node_id] = await self.rpc.call("alloc.list", {"node_id": node_id})
+
+        await for_each(sorted(self.nodes), LIST_CONCURRENCY, one)
         index = self.index
-        for node_id in sorted(self.nodes):
-            out = await self.rpc.call("alloc.list", {"node_id": node_id})
+        seen: set[str] = set()
+        for node_id in sorted(answers):
+            out = answers[node_id]
             index = max(index, int(out.get("index", 0)), int(out.get("applied_index", 0)))
-            seen = set()
             for alloc in out.get("data") or []:
                 seen.add(alloc["ID"])
                 self.on_alloc(_snake_alloc(alloc))
-            for run in [r for r in self.runs.values() if r.node_id == node_id and r.alloc_id not in seen]:
-                self._stop(run, quiet=True)
+        for run in [r for r in self.runs.values() if r.alloc_id not in seen]:
+            self._stop(run, quiet=True)
         self.index = index
 
     def on_record(self, record: list[Any]) -> None:
@@ -495,30 +476,6 @@ def _health_time(group: dict[str, Any], block: str, key: str) -> float:
     return UPDATE_DEFAULTS[key] if value is None else float(value) / 1e9
 
 
-def load_nodes(path: str) -> list[SimNode]:
-    """The nodes a state file recorded; none if it does not exist yet."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as exc:
-        raise SimError(f"cannot read the client state file {path}: {exc}; delete it to start with new nodes") from None
-    try:
-        return [SimNode(str(n["id"]), str(n["name"])) for n in data["nodes"]]
-    except (KeyError, TypeError) as exc:
-        raise SimError(f"client state file {path} is not one this client wrote ({exc!r}); "
-                       "delete it to start with new nodes") from None
-
-
-def save_nodes(path: str, nodes: list[SimNode]) -> None:
-    """Write the state file atomically: a crash leaves the old file or the new one."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"nodes": [{"id": n.id, "name": n.name} for n in nodes]}, f, indent=1)
-    os.replace(tmp, path)
-
-
 def _snake_alloc(alloc: dict[str, Any]) -> dict[str, Any]:
     """The few fields of a Nomad-JSON alloc that ``on_alloc`` reads, in wire names."""
     return {
@@ -542,14 +499,16 @@ async def _main(cfg: SimConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sim.stop_event.set)
     try:
-        await sim.register(list(sim.nodes.values()))
+        await sim.register()
     except RPCError as exc:
         print(f"Error: could not register nodes: {exc.message}", file=sys.stderr, flush=True)
         await sim.rpc.close()
         return 1
+    took = sim.fleet.stats.register_seconds
+    topology = f", {cfg.clusters} cluster(s) x {cfg.racks} rack(s)" if cfg.clusters else ""
     print(
-        f"Simulating {len(sim.nodes)} node(s) in {cfg.datacenter} ({cfg.cpu} MHz, {cfg.memory_mb} MB each) "
-        f"against {','.join(cfg.servers)}",
+        f"Simulating {len(sim.nodes)} node(s) in {cfg.datacenter} ({cfg.cpu} MHz, {cfg.memory_mb} MB each{topology}) "
+        f"against {','.join(cfg.servers)}; registered in {took:.1f}s ({len(sim.nodes) / max(took, 1e-9):.0f}/s)",
         flush=True,
     )
     for node in sim.nodes.values():

@@ -378,6 +378,14 @@ job_interval = "2s"
 job_threshold = "3s"
 deployment_interval = "2s"
 deployment_threshold = "3s"
+
+# Heartbeats as short as before TTLs grew with the cluster (10-20 s with
+# jitter at 10 s minimum, plus a 5-minute hold after an election): the
+# client-kill fault expects a dead client's nodes down within 30 s, even
+# right after the kill fault moved leadership.
+[scheduler]
+min_heartbeat_ttl = "5s"
+failover_heartbeat_ttl = "10s"
 """
 
 

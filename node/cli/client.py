@@ -31,15 +31,27 @@ def client_group() -> None:
 @click.option("--verbose", is_flag=True, help="Print each allocation's start and end.")
 @click.option("--state-file", default="", help="Keep the node IDs in this file: a restart resumes the same nodes "
               "and their allocations instead of registering new ones.")
+@click.option("--clusters", type=click.IntRange(0, 10_000), default=0, show_default=True,
+              help="Spread the nodes over N clusters (attribute meta.cluster = c0, c1, ...); 0: no topology.")
+@click.option("--racks", type=click.IntRange(0, 10_000), default=0, show_default=True,
+              help="Racks per cluster (attribute meta.rack = c<i>-r<j>).")
+@click.option("--heartbeat-batch", type=click.IntRange(1, 10_000), default=500, show_default=True,
+              help="Node IDs per heartbeat call.")
+@click.option("--register-concurrency", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="Registrations in flight at once.")
+@click.option("--status-interval", type=click.FloatRange(0), default=60.0, show_default=True,
+              help="Seconds between status lines (heartbeat calls, TTLs, errors); 0: none.")
 def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str, name_prefix: str, token: str | None,
-               seed: int | None, verbose: bool, state_file: str) -> None:
+               seed: int | None, verbose: bool, state_file: str, clusters: int, racks: int, heartbeat_batch: int,
+               register_concurrency: int, status_interval: float) -> None:
     """Simulate NODES client nodes in one process (as Nomad's nodesim) until Ctrl-C or SIGTERM.
 
-    Registers the nodes, heartbeats them, runs the allocations placed on
-    them with the sim driver (Config: run_for, exit_code, fail_rate) and
-    reports their status. Killing this process is a client crash: its
-    nodes go down after their heartbeat TTL and their allocations are
-    replaced elsewhere.
+    Registers the nodes, heartbeats them in batches spread over the TTL
+    the leader grants (tens of thousands of nodes per process), runs the
+    allocations placed on them with the sim driver (Config: run_for,
+    exit_code, fail_rate) and reports their status. Killing this process
+    is a client crash: its nodes go down after their heartbeat TTL and
+    their allocations are replaced elsewhere.
     """
     from client.sim import SimConfig, run_sim
 
@@ -48,4 +60,5 @@ def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str,
         fail("--servers needs at least one host:port")
     sys.exit(run_sim(SimConfig(servers=addresses, nodes=nodes, cpu=cpu, memory_mb=memory, datacenter=datacenter,
                                name_prefix=name_prefix, token=token, seed=seed, verbose=verbose,
-                               state_file=state_file)))
+                               state_file=state_file, clusters=clusters, racks=racks, heartbeat_batch=heartbeat_batch,
+                               register_concurrency=register_concurrency, status_interval=status_interval)))

@@ -56,8 +56,10 @@ Example (``/etc/caravan/s1.toml``)::
     enabled = true                        # false: no broker, workers, heartbeat TTLs or deployment
                                           # watcher (tests that drive evals and allocs by hand)
     workers = 2                           # scheduler workers on the leader (0: evals wait, as Nomad's num_schedulers = 0)
-    heartbeat_ttl = "10s"                 # clients heartbeat within this; told to them
-    heartbeat_grace = "10s"               # a node is marked down after ttl + grace
+    min_heartbeat_ttl = "10s"             # the TTL granted is max(this, nodes / max_heartbeats_per_second)
+    max_heartbeats_per_second = 50        #   plus up to as much again at random (Nomad's), told to clients
+    heartbeat_grace = "10s"               # a node is marked down after its granted TTL + grace
+    failover_heartbeat_ttl = "5m"         # a new leader waits this (+ grace) for a node's first heartbeat
     eval_delivery_limit = 3               # deliveries before an eval is failed
     eval_nack_timeout = "60s"             # an unacked eval is redelivered after this
     eval_nack_delay = "1s"                # first redelivery delay (later ones: eval_nack_delay_later)
@@ -142,12 +144,19 @@ class GCConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The leader's scheduling loops (seconds, counts); Nomad's defaults."""
+    """The leader's scheduling loops (seconds, counts); Nomad's defaults.
+
+    Heartbeats: a node's TTL grows with the cluster so the leader hears at
+    most ``max_heartbeats_per_second`` beats (``node.core.heartbeats``); a
+    new leader gives every node ``failover_heartbeat_ttl`` to find it.
+    """
 
     enabled: bool = True
     workers: int = 2
-    heartbeat_ttl: float = 10.0
+    min_heartbeat_ttl: float = 10.0
+    max_heartbeats_per_second: float = 50.0
     heartbeat_grace: float = 10.0
+    failover_heartbeat_ttl: float = 300.0
     eval_delivery_limit: int = 3
     eval_nack_timeout: float = 60.0
     eval_nack_delay: float = 1.0
@@ -441,6 +450,8 @@ class _Parser:
     def scheduler(self, table: Any) -> SchedulerConfig:
         if not isinstance(table, dict):
             raise ConfigError("[scheduler] must be a table")
+        if "heartbeat_ttl" in table:
+            raise ConfigError("scheduler.heartbeat_ttl is now min_heartbeat_ttl (the TTL grows with the cluster); rename it")
         fields = {f.name: f for f in dataclasses.fields(SchedulerConfig)}
         _check_keys(table, tuple(fields), " in [scheduler]")
         values: dict[str, Any] = {}
@@ -456,6 +467,10 @@ class _Parser:
                 values[key] = value
             elif type(fields[key].default) is int:
                 values[key] = self.positive_int(value, name)
+            elif key == "max_heartbeats_per_second":
+                if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                    raise ConfigError(f"{name} must be a positive number of heartbeats a second, not {value!r}")
+                values[key] = float(value)
             else:
                 values[key] = self.duration(value, name, allow_zero=False)
         return SchedulerConfig(**values)

@@ -30,13 +30,21 @@ if TYPE_CHECKING:
 # -- nodes ---------------------------------------------------------------------------
 @method("node.register")
 async def node_register(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Register (or re-register) a node; as Nomad's Node.Register, it counts as a heartbeat.
+
+    The answer's ``HeartbeatTTL`` is the TTL granted (the write ran on the
+    leader: a follower forwards the whole request).
+    """
     try:
         node = codec.from_wire(Node, from_nomad(args.get("node")), "Node")
     except CodecError as exc:
         raise bad(f"invalid node: {exc}") from None
     node.status = node.status if node.status in NODE_STATUSES else NODE_READY
     result = await server.write(ctx, Need.WRITE, m.NodeRegister(node=node))
-    return {"Index": result["index"], "NodeID": node.id}
+    answer = {"Index": result["index"], "NodeID": node.id}
+    if node.status != NODE_DOWN:
+        answer["HeartbeatTTL"] = server.heartbeats.grant((node.id,), server.config.scheduler)
+    return answer
 
 
 @method("node.status")
@@ -55,12 +63,13 @@ async def node_status(server: ServerAPI, ctx: RequestContext, args: dict[str, An
     node = await server.local(lambda r: r.node(node_id))
     if node is None:
         raise RPCError(NOT_FOUND, f"node {node_id} not found; register it first")
-    if node.status == new:
-        server.heartbeats.beat(node_id)
-        return {"Index": node.modify_index, "NodeID": node_id}
-    result = await server.write(ctx, Need.WRITE, m.NodeUpdateStatus(node_id=node_id, status=new))
-    server.heartbeats.beat(node_id)
-    return {"Index": result["index"], "NodeID": node_id}
+    index = node.modify_index
+    if node.status != new:
+        index = (await server.write(ctx, Need.WRITE, m.NodeUpdateStatus(node_id=node_id, status=new)))["index"]
+    if new == NODE_DOWN:
+        server.heartbeats.forget(node_id)  # down already: nothing to expire
+        return {"Index": index, "NodeID": node_id}
+    return {"Index": index, "NodeID": node_id, "HeartbeatTTL": server.heartbeats.grant((node_id,), server.config.scheduler)}
 
 
 @method("node.eligibility")
@@ -94,7 +103,11 @@ async def node_heartbeat(server: ServerAPI, ctx: RequestContext, args: dict[str,
     """Heartbeat many nodes at once: {node_ids: [...]} -> {HeartbeatTTL, Unknown, Index}.
 
     Served by the leader (followers forward), since only the leader keeps
-    TTLs. A node that was marked down and heartbeats again is marked ready.
+    TTLs. ``HeartbeatTTL`` is the TTL granted to every node of the call
+    (``node.core.heartbeats``: it grows with the cluster, with jitter);
+    the leader marks a node down once that TTL plus the grace has passed
+    without another beat. A node that was marked down and heartbeats again
+    is marked ready.
     """
 
     ids = args.get("node_ids")
@@ -106,21 +119,17 @@ async def node_heartbeat(server: ServerAPI, ctx: RequestContext, args: dict[str,
     with server.fsm.read() as reader:
         nodes = {node_id: reader.node(node_id) for node_id in ids}
         index = reader.table_index("nodes")
-    unknown, revive = [], []
-    for node_id, node in nodes.items():
-        if node is None:
-            unknown.append(node_id)
-        elif node.status == NODE_DOWN:
-            revive.append(node_id)
-        else:
-            server.heartbeats.beat(node_id)
-    for node_id in revive:
+    unknown = [node_id for node_id, node in nodes.items() if node is None]
+    down = [node_id for node_id, node in nodes.items() if node is not None and node.status == NODE_DOWN]
+    # Granted before the revivals commit: a down node with a deadline is still
+    # down to the monitor, and one that is revived has its deadline already.
+    ttl = server.heartbeats.grant([node_id for node_id, node in nodes.items() if node is not None], server.config.scheduler)
+    for node_id in down:
         result = await server.propose(
             m.NodeUpdateStatus(node_id=node_id, status=NODE_READY, status_description="node heartbeat received")
         )
         index = max(index, result["index"])
-        server.heartbeats.beat(node_id)
-    return {"HeartbeatTTL": server.config.scheduler.heartbeat_ttl, "Unknown": unknown, "Index": index}
+    return {"HeartbeatTTL": ttl, "Unknown": unknown, "Index": index}
 
 
 def _drain_spec(args: dict[str, Any]) -> DrainStrategy | None:

@@ -1,36 +1,52 @@
-"""Node heartbeats: TTLs on the leader, ``node.heartbeat`` for clients, node evals.
+"""Node heartbeats on the leader: the monitor that marks silent nodes down, and node evals.
 
-Clients heartbeat each of their nodes within ``heartbeat_ttl`` (the answer
-tells them the TTL). The leader remembers the last heartbeat per node in
-memory (``ServerAPI.heartbeat``); a node silent for ``ttl + grace`` is marked
-down in one entry together with a ``node-update`` evaluation for every job
-that has live allocs on it, so the scheduler marks those allocs lost and
-replaces them — no window in which the node is down but nobody is asked to
-act. A node that heartbeats while down is marked ready again.
+Clients heartbeat each node within the TTL the leader granted it
+(``node.core.heartbeats``: it grows with the cluster, so the leader hears
+at most ``max_heartbeats_per_second`` beats, with jitter so expiries are
+spread). Each node has its own deadline, granted TTL + ``heartbeat_grace``;
+a node past it is marked down in one entry together with a ``node-update``
+evaluation for every job that has live allocs on it, so the scheduler marks
+those allocs lost and replaces them — no window in which the node is down
+but nobody is asked to act. A node that heartbeats while down is marked
+ready again.
 
-The TTLs live only on the leader: a new leader starts every node with a
-fresh TTL (it cannot know how long a node was silent before it took over),
-which is also what happens to a node it has not heard from yet.
+The deadlines live only on the leader, and a new leader cannot know how
+long a node was silent before it took over: as Nomad's
+``initializeHeartbeatTimers``, it gives every live node
+``failover_heartbeat_ttl`` (+ grace) to find it, so clients that are busy
+failing over are not marked down by the thousand. A node's first heartbeat
+to the new leader replaces that with its granted TTL.
+
+The monitor is a leader-only loop and stops as soon as this server is not
+the leader: a mark-down refused as ``not_leader`` ends it (one line in the
+log, not one per node), and other failures are retried with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsm import codec
 from fsm import messages as m
 from fsm.store import StateReader
 from fsm.structs import NODE_DOWN, Evaluation, Job
+from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
 from node.leader.shims import NodeView, RaftApplier, StateReads
-from node.wire.errors import RPCError
+from node.wire.errors import NOT_LEADER, RPCError
 from scheduler.evals import new_eval
 
 TRIGGER_NODE_UPDATE = "node-update"
 TRIGGER_NODE_DRAIN = "node-drain"
+SWEEP_INTERVAL = 5.0  # seconds between checks for nodes without a deadline, and for gone ones
+MARK_CONCURRENCY = 32  # mark-down entries in flight at once
+RETRY_FIRST = 0.5  # seconds before a failed mark-down is retried, doubling per failure in a row
+RETRY_MAX = 30.0
+RETRY_LOG_EVERY = 30.0  # seconds between log lines about mark-downs that keep failing
 
 
 def jobs_on_node(reader: StateReader, node_id: str) -> list[Job]:
@@ -79,7 +95,7 @@ def eval_chunks(evals: list[Evaluation], budget: int, most: int | None = None) -
 
 
 class HeartbeatMonitor:
-    """Marks nodes down when their TTL (plus grace) runs out; leader only."""
+    """Marks a node down once its own deadline passes; leader only, and stops when leadership is lost."""
 
     def __init__(
         self,
@@ -88,62 +104,145 @@ class HeartbeatMonitor:
         heartbeats: Heartbeats,
         nodes: Mapping[str, NodeView],
         *,
-        ttl: float,
-        grace: float,
+        config: SchedulerConfig,
+        is_leader: Callable[[], bool],
         max_entry_bytes: int,
         log: Any,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
         self.raft = raft
         self.heartbeats = heartbeats
         self.nodes = nodes  # the lifecycle's live view, kept current from the journal
-        self.ttl = ttl
-        self.grace = grace
+        self.config = config
+        self.is_leader = is_leader
         self.max_entry_bytes = max_entry_bytes
+        self.clock = clock
         self.marking: set[str] = set()
+        self.stopped = False
         self.log = log.bind(component="heartbeat")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._limit = asyncio.Semaphore(MARK_CONCURRENCY)
+        self._rng = random.Random()
+        self._failures = 0  # mark-downs failed in a row
+        self._unlogged = 0  # failures since the last line about them
+        self._logged_at = -float("inf")
+        self._swept_at = -float("inf")
 
-    def last(self, node_id: str) -> float | None:
-        return self.heartbeats.last(node_id)
+    @property
+    def interval(self) -> float:
+        """Seconds between passes: a fraction of the shortest TTL, so no node is marked down much late."""
+        return max(0.05, min(1.0, self.config.min_heartbeat_ttl / 4))
+
+    def start_term(self, now: float) -> int:
+        """Give every live node the failover TTL (+ grace) to reach this new leader; returns how many.
+
+        Never less than the longest TTL the old leader could have granted in
+        a cluster this size: a node told to come back in 20 minutes (100,000
+        nodes at 50 a second) is not late after 5. A node that heartbeat
+        this term already keeps the later deadline; its next heartbeat sets
+        its granted TTL as usual.
+        """
+        live = [node_id for node_id, view in self.nodes.items() if view.status != NODE_DOWN]
+        cfg = self.config
+        until = now + max(cfg.failover_heartbeat_ttl + cfg.heartbeat_grace, self.heartbeats.longest(cfg, len(live)))
+        for node_id in live:
+            self.heartbeats.hold(node_id, until)
+        self._swept_at = now
+        return len(live)
+
+    def sweep(self, now: float) -> None:
+        """Drop deadlines of nodes that are down or gone; give one to a live node that has none.
+
+        A node gets a deadline from the heartbeat endpoints; one written to
+        the log some other way (or revived while a sweep ran) would never
+        expire without this. It gets the longest TTL it could have been granted.
+        """
+        for node_id in self.heartbeats:
+            view = self.nodes.get(node_id)
+            if view is None or view.status == NODE_DOWN:
+                self.heartbeats.forget(node_id)
+        for node_id, view in self.nodes.items():
+            if view.status != NODE_DOWN and node_id not in self.marking and self.heartbeats.deadline(node_id) is None:
+                self.heartbeats.set(node_id, now + self.heartbeats.longest(self.config))
+        self._swept_at = now
 
     def expired(self, now: float) -> list[str]:
-        """Nodes past ttl + grace; nodes never heard of in this term get a fresh TTL."""
+        """Live nodes past their deadline (they leave the table; a failed mark-down re-arms one)."""
+        if now - self._swept_at >= SWEEP_INTERVAL:
+            self.sweep(now)
         out = []
-        for node_id, view in sorted(self.nodes.items()):
-            if view.status == NODE_DOWN or node_id in self.marking:
-                continue
-            last = self.last(node_id)
-            if last is None:
-                self.heartbeats.beat(node_id)
-                continue
-            if now - last > self.ttl + self.grace:
+        for node_id in self.heartbeats.due(now):
+            view = self.nodes.get(node_id)
+            if view is not None and view.status != NODE_DOWN and node_id not in self.marking:
                 out.append(node_id)
         return out
 
     async def run(self) -> None:
-        interval = max(0.05, min(1.0, self.ttl / 4))
-        while True:
-            await asyncio.sleep(interval)
-            for node_id in self.expired(time.monotonic()):
-                self.marking.add(node_id)
-                asyncio.ensure_future(self._mark_down(node_id))
+        held = self.start_term(self.clock())
+        self.log.info("heartbeat monitor started", nodes_held=held, failover_ttl_s=self.config.failover_heartbeat_ttl)
+        try:
+            while not self.stopped:
+                await asyncio.sleep(self.interval)
+                if not self.is_leader():
+                    self._stop()
+                    break
+                for node_id in self.expired(self.clock()):
+                    self.marking.add(node_id)
+                    task = asyncio.ensure_future(self._mark_down(node_id))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            # Mark-downs in flight are not children of the lifecycle's task group: end them with the loop.
+            for task in list(self._tasks):
+                task.cancel()
+
+    def _stop(self) -> None:
+        """Leadership is lost: one line, then nothing more is tried (the next leader starts afresh)."""
+        if not self.stopped:
+            self.stopped = True
+            self.log.info("heartbeat monitor stopped: this server is not the leader", marking=len(self.marking))
 
     async def _mark_down(self, node_id: str) -> None:
         try:
-            evals = await self.state.local(lambda r: node_down_evals(r, node_id))
-            # A node running many jobs needs more evals than one raft entry holds:
-            # the entry carries those that fit, and the leader's tail gives every
-            # other job on the node its eval when it sees the node go down.
-            chunks = eval_chunks(evals, self.max_entry_bytes // 2)
-            evals = chunks[0] if chunks else []
-            await self.raft.propose(
-                m.NodeUpdateStatus(node_id=node_id, status=NODE_DOWN, status_description="node heartbeat missed", evals=evals)
-            )
+            async with self._limit:
+                if self.stopped or self.heartbeats.deadline(node_id) is not None:
+                    return  # leadership lost, or the node heartbeat while it waited
+                if not self.is_leader():
+                    self._stop()
+                    return
+                evals = await self.state.local(lambda r: node_down_evals(r, node_id))
+                # A node running many jobs needs more evals than one raft entry holds:
+                # the entry carries those that fit, and the leader's tail gives every
+                # other job on the node its eval when it sees the node go down.
+                chunks = eval_chunks(evals, self.max_entry_bytes // 2)
+                evals = chunks[0] if chunks else []
+                await self.raft.propose(
+                    m.NodeUpdateStatus(node_id=node_id, status=NODE_DOWN, status_description="node heartbeat missed", evals=evals)
+                )
             self.log.info("node missed its heartbeat; marked down", node=node_id, evals=len(evals))
+            if self._failures:
+                self.log.info("marking nodes down works again", failed_in_a_row=self._failures)
+                self._failures = 0
         except RPCError as exc:
-            self.log.warning("could not mark node down; retrying", node=node_id, error=str(exc))
-            self.heartbeats.forget(node_id)  # a fresh TTL before the next try
+            if exc.code == NOT_LEADER or not self.is_leader():
+                self._stop()
+            else:
+                self._retry_later(node_id, exc)
         finally:
             self.marking.discard(node_id)
 
-
+    def _retry_later(self, node_id: str, exc: RPCError) -> None:
+        """Try ``node_id`` again after a backoff that doubles with each failure in a row; log now and then."""
+        self._failures += 1
+        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** min(self._failures - 1, 16)) * (0.5 + self._rng.random() / 2)
+        now = self.clock()
+        self.heartbeats.set(node_id, now + delay)
+        if now - self._logged_at < RETRY_LOG_EVERY:
+            self._unlogged += 1
+            return
+        self.log.warning(
+            "could not mark node down; retrying with backoff",
+            node=node_id, error=str(exc), failed_in_a_row=self._failures, not_logged=self._unlogged, retry_in_s=round(delay, 2),
+        )
+        self._logged_at, self._unlogged = now, 0

@@ -21,11 +21,14 @@ from tests.fsm.support import Harness
 REPO = Path(__file__).resolve().parents[2]
 
 # Short TTLs so a dead client is noticed within seconds, with enough slack
-# that a loaded test machine does not mark live nodes down.
+# that a loaded test machine does not mark live nodes down. The failover TTL
+# is as short: an election in the middle of a test must not hold a dead
+# client's nodes up for Nomad's 5 minutes.
 LIFECYCLE_CONFIG = """
 [scheduler]
-heartbeat_ttl = "2s"
+min_heartbeat_ttl = "2s"
 heartbeat_grace = "2s"
+failover_heartbeat_ttl = "2s"
 eval_nack_delay = "200ms"
 eval_nack_delay_later = "1s"
 """
@@ -124,9 +127,10 @@ class Env:
         self.sims = []
 
 
-def _env(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Env]:
+def cluster_env(tmp_path_factory: pytest.TempPathFactory, name: str, config: str = LIFECYCLE_CONFIG) -> Iterator[Env]:
+    """A three-server cluster with ``config`` as its extra server config, torn down with its clients."""
     tmp = tmp_path_factory.mktemp(name)
-    cluster = cl.up(str(tmp / "cluster"), 3, extra_config=LIFECYCLE_CONFIG, timeout=60)
+    cluster = cl.up(str(tmp / "cluster"), 3, extra_config=config, timeout=60)
     env = Env(cluster, tmp)
     try:
         yield env
@@ -138,7 +142,7 @@ def _env(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Env]:
 @pytest.fixture(scope="module")
 def lifecycle_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     """A three-server cluster with one simulated client of three nodes."""
-    gen = _env(tmp_path_factory, "lifecycle")
+    gen = cluster_env(tmp_path_factory, "lifecycle")
     env = next(gen)
     try:
         env.start_sim(3, "main")
@@ -150,4 +154,4 @@ def lifecycle_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 @pytest.fixture
 def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     """A cluster of its own (for tests that kill servers)."""
-    yield from _env(tmp_path_factory, "lifecycle-fresh")
+    yield from cluster_env(tmp_path_factory, "lifecycle-fresh")
