@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http clean jepsen
+.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement clean jepsen
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -44,7 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-bench: bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http
+bench: bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement
 
 bench-fsm: $(STAMP)
 	$(BIN)/python -m tests.bench.fsm_bench
@@ -69,6 +69,13 @@ bench-lifecycle: $(STAMP)
 
 bench-http: $(STAMP)
 	$(BIN)/python -m tests.bench.http_bench
+
+# Placement at Protean's scale (issue 36), about ten minutes on 2 cores: packing
+# density, latency/throughput at 1,000-30,000 simulated nodes, C1M at home.
+# Parts and sizes by flags, e.g. PLACEMENT_ARGS="--only density --vms 2000".
+PLACEMENT_ARGS ?=
+bench-placement: $(STAMP)
+	$(BIN)/python -m tests.bench.placement_bench $(PLACEMENT_ARGS)
 
 clean:
 	rm -rf $(VENV) .caravan .pytest_cache .hypothesis
