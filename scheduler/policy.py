@@ -41,18 +41,16 @@ from fsm.scheduler_config import (
     config_problem,
     default_preference,
 )
-from fsm.structs import Node
 from scheduler.errors import SchedulerError
-from scheduler.feasibility import VALIDATION_RULES, Ask, PlacementContext, ValidationRule
-from scheduler.ranking import (
+from scheduler.feasibility import VALIDATION_RULES, ValidationRule
+from scheduler.preferences import (
     AvoidPreviousNode,
     BestFit,
     JobAntiAffinity,
     PreferEmptierClusters,
     PreferenceRule,
     PreferNonEmptyMachines,
-    Request,
-    bucket,
+    WorstFit,
 )
 
 __all__ = [
@@ -92,22 +90,6 @@ class PolicyError(SchedulerError):
     """A policy that cannot be used; ``str()`` is one line that says what to change."""
 
 
-class WorstFit(PreferenceRule):
-    """Spread: the node left emptiest after placement scores highest, quantized (Nomad's ``spread`` algorithm).
-
-    BestFit's mirror image (``1 - utilization``), with the same buckets, so
-    that the later rules (job anti-affinity) still break ties between nodes
-    about as empty. It lives beside the policy rather than in ``ranking``
-    because only a configured policy ever selects it.
-    """
-
-    name = "worst-fit"
-
-    def __init__(self, buckets: int = DEFAULT_BUCKETS) -> None:
-        self.buckets = max(1, buckets)
-
-    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return bucket(1.0 - ask.resources.utilization(node.resources, ctx.used(node.id)), self.buckets)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsm.scheduler_config import (
+    DEFAULT_BUCKETS,
+)
 from fsm.structs import Node
 from scheduler.feasibility import Ask, PlacementContext
 
-DEFAULT_BUCKETS = 3  # Protean's production choice
 #: The node attribute naming a node's cluster (``${meta.cluster}`` in constraints); nodes without
 #: one form the cluster "". ``scheduler.policy.CLUSTER_ATTRIBUTE`` names the same attribute.
 CLUSTER_ATTRIBUTE = "meta.cluster"
@@ -136,3 +138,20 @@ def bucket(value: float, buckets: int) -> int:
 def rank_key(node: Node, request: Request, ctx: PlacementContext, rules: tuple[PreferenceRule, ...], tiebreak: float) -> tuple:
     """The node's strict-priority score for ``request``: compare tuples, higher wins."""
     return tuple(rule.score(node, request.ask, ctx, request) for rule in rules) + (tiebreak,)
+
+
+class WorstFit(PreferenceRule):
+    """Spread: the node left emptiest after placement scores highest, quantized (Nomad's ``spread`` algorithm).
+
+    BestFit's mirror image (``1 - utilization``), with the same buckets, so
+    that the later rules (job anti-affinity) still break ties between nodes
+    about as empty. Only a configured policy selects it (``spread``).
+    """
+
+    name = "worst-fit"
+
+    def __init__(self, buckets: int = DEFAULT_BUCKETS) -> None:
+        self.buckets = max(1, buckets)
+
+    def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
+        return bucket(1.0 - ask.resources.utilization(node.resources, ctx.used(node.id)), self.buckets)
