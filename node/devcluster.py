@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -86,11 +87,36 @@ class Cluster:
                    nodes=[ClusterNode(**n) for n in data["nodes"]])
 
 
+#: Where local servers listen when the kernel's ephemeral range cannot be read (Linux's default
+#: range starts at 32768).
+LISTEN_PORTS = (10000, 32768)
+
+
+def listen_port_range() -> tuple[int, int]:
+    """[low, high) for listening ports: below the kernel's ephemeral range.
+
+    A port the kernel handed out (bind to port 0) comes from the ephemeral
+    range, where any outgoing connection may take it as its source port
+    while the server that listened on it is stopped; the restarted server
+    then cannot bind its old address. Ports below the range are only ever
+    taken by someone listening on them.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return LISTEN_PORTS
+    return (LISTEN_PORTS[0], low) if low - LISTEN_PORTS[0] >= 1000 else LISTEN_PORTS
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel says is free on ``host`` now (it may be taken again before use)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free on ``host`` now, outside the ephemeral range (it may be taken again before use)."""
+    low, high = listen_port_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        if port_is_free(host, port):
+            return port
+    raise ClusterError(f"no free port between {low} and {high} on {host}; stop some servers and retry")
 
 
 def port_is_free(host: str, port: int) -> bool:
