@@ -406,6 +406,21 @@ def _await_nodes_down(testbed: Testbed, timeout: float) -> bool:
                         timeout)
 
 
+READY_NODE_WAIT = 15.0  # seconds the drain fault looks for a ready node in the servers' stale views
+
+
+def _ready_nodes(testbed: Testbed, timeout: float) -> list[str]:
+    """The nodes a drain may take, from the first stale view that has any (none within ``timeout``: [])."""
+    seen: list[str] = []
+
+    def has_ready(nodes: list[dict[str, Any]]) -> bool:
+        seen[:] = sorted(n["ID"] for n in nodes if n["Status"] == "ready" and not n.get("Drain"))
+        return bool(seen)
+
+    _await_stale(testbed, "node.list", {}, has_ready, timeout)
+    return seen
+
+
 class Drain(Fault):
     name = "drain"
 
@@ -413,11 +428,12 @@ class Drain(Fault):
         return _without_client_sim(testbed)
 
     def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+        # A stale view: a running server may not have applied the newest nodes yet (its leader
+        # was just paused before telling it the commit index), so look again for a while.
+        ready = _ready_nodes(testbed, READY_NODE_WAIT)
+        if not ready:
+            raise TestbedError(f"no ready node to drain within {READY_NODE_WAIT:g}s")
         with RPCClient(testbed.running_addresses(), timeout=5.0) as client:
-            nodes = client.call("node.list", {"stale": True})["data"]
-            ready = sorted(n["ID"] for n in nodes if n["Status"] == "ready" and not n.get("Drain"))
-            if not ready:
-                raise TestbedError("no ready node to drain")
             node_id = rng.choice(ready)
             deadline = rng.choice([-1, 0, 2, 5, 10])  # seconds; -1: force, 0: none
             ignore_system = rng.random() < 0.3
