@@ -35,20 +35,17 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fsm.structs import CLUSTER_ATTRIBUTE, RACK_ATTRIBUTE
 from node.wire.errors import RPCError
+from node.wire.messages import MAX_HEARTBEAT_IDS
 from node.wire.rpc_client import AsyncRPCClient
 
-# The server's MAX_HEARTBEAT_IDS (node/endpoints/nodes.py): a client may import only node.wire,
-# so the number is repeated here and a test holds the two equal.
-MAX_HEARTBEAT_IDS = 10_000
 BEAT_FRACTION = 0.7  # of the granted TTL, before a chunk beats again
 BEAT_MARGIN = 1.0  # seconds: and at least this long before its TTL runs out
 DEFAULT_TTL = 10.0  # until a server grants one (Nomad's min_heartbeat_ttl)
 RETRY_FIRST = 0.25  # seconds before a failed heartbeat is sent again, doubling up to RETRY_MAX
 RETRY_MAX = 4.0
 RPC_TIMEOUT = 15.0
-CLUSTER_ATTRIBUTE = "meta.cluster"  # scheduler/policy.py's names; the client cannot import them
-RACK_ATTRIBUTE = "meta.rack"
 T = TypeVar("T")
 
 

@@ -388,6 +388,13 @@ class DrainStrategy(Record):
         return self.deadline < 0 or (self.force_deadline > 0 and now >= self.force_deadline)
 
 
+#: Node attributes that place a node in the topology, as Nomad clients set ``meta``: clients
+#: set them at registration, constraints read them as ``${meta.cluster}`` / ``${meta.rack}``,
+#: and the scheduler's cluster rules group nodes by the first ("" when a node names none).
+CLUSTER_ATTRIBUTE = "meta.cluster"
+RACK_ATTRIBUTE = "meta.rack"
+
+
 class Node(Record):
     id: str
     name: str = ""

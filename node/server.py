@@ -62,29 +62,8 @@ from node.wire.rpc_client import AsyncRPCClient
 from raft import errors as raft_errors
 from raft.node import RaftNode
 
-# How long a request waits for a leader to be elected before it fails with
-# no_leader (Nomad's RPCHoldTimeout): long enough to ride through an election,
-# short enough that the answer comes before the client's own timeout.
-# Leader-side coalescing: while this many raft entries of writes are in flight,
-# new writes wait and go out together as one Batch entry (fsm/messages.py).
 #: Seconds a cancelled leader loop may take to end before it is reported.
 LEADER_LOOP_STOP_WARN = 10.0
-# Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
-
-
-
-
-#: TEST ONLY -- a deliberate bug for jepsen_like's snapshot-lag must-fail run
-#: (tests/jepsen/test_snapshot_lag.py): with ``=1`` in a server's environment,
-#: it keeps its store when raft hands it a dump (a follower's snapshot install)
-#: and only tells raft the dump's position, so the entries the dump covered
-#: are never applied there and its digest diverges. Never set it elsewhere.
-#: TEST ONLY -- jepsen_like's clock nemesis: with ``=NAME`` in a server's
-#: environment, its wall clock (``time.time`` / ``time.time_ns``, which every
-#: wall-time read in the server goes through) runs ahead or behind by the
-#: nanoseconds written in ``<data_dir>/NAME``; the server writes the offset it
-#: applied to ``<data_dir>/NAME.ack``. Monotonic clocks (pysyncobj's timers,
-#: asyncio, heartbeat TTLs) are untouched. Never set it outside the harness.
 
 
 # Coroutines that run only while this server leads: started when it wins,
@@ -426,12 +405,6 @@ class Server:
         return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
 
 
-
-
-
-
-
-
     async def write(self, ctx: RequestContext, need: Need, body: Any) -> dict[str, Any]:
         """Put ``body`` on the log through the leader; returns {index, value, duplicate}.
 
@@ -536,17 +509,6 @@ class Server:
         return {"Leader": self.rpc_of_raft.get(raft_target, raft_target)}
 
 
-
-
-
-
-
-
-# Young-generation size between cyclic collections (CPython's default: 700).
-
-
-
-
 def run_server(config: ServerConfig) -> int:
     """Entry point of ``caravan agent``: run until a signal; return the exit code."""
     # The RPC loop and pysyncobj's tick thread hand work to each other on every
@@ -562,5 +524,3 @@ def run_server(config: ServerConfig) -> int:
         print(f"caravan agent: cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
-
-

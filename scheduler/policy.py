@@ -57,11 +57,9 @@ __all__ = [
     "ALGORITHMS",
     "BINPACK",
     "BUCKETED",
-    "CLUSTER_ATTRIBUTE",
     "DEFAULT_POLICY",
     "MAX_BUCKETS",
     "PREFERENCE_NAMES",
-    "RACK_ATTRIBUTE",
     "REQUIRED_VALIDATION",
     "SPREAD",
     "VALIDATION_BY_NAME",
@@ -74,10 +72,6 @@ __all__ = [
     "with_algorithm",
 ]
 
-#: Node attributes that place a node in the topology (``${meta.cluster}`` and ``${meta.rack}``
-#: in constraints): the client sets them at registration, as Nomad clients set ``meta``.
-CLUSTER_ATTRIBUTE = "meta.cluster"
-RACK_ATTRIBUTE = "meta.rack"
 
 #: Nomad's two scheduler algorithms, as ``operator scheduler set-config -scheduler-algorithm`` names them.
 BINPACK, SPREAD = "binpack", "spread"
@@ -88,8 +82,6 @@ VALIDATION_BY_NAME: dict[str, ValidationRule] = {rule.name: rule for rule in VAL
 
 class PolicyError(SchedulerError):
     """A policy that cannot be used; ``str()`` is one line that says what to change."""
-
-
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,8 @@ from dataclasses import dataclass
 from fsm.scheduler_config import (
     DEFAULT_BUCKETS,
 )
-from fsm.structs import Node
+from fsm.structs import CLUSTER_ATTRIBUTE, Node
 from scheduler.feasibility import Ask, PlacementContext
-
-#: The node attribute naming a node's cluster (``${meta.cluster}`` in constraints); nodes without
-#: one form the cluster "". ``scheduler.policy.CLUSTER_ATTRIBUTE`` names the same attribute.
-CLUSTER_ATTRIBUTE = "meta.cluster"
 
 
 def cluster_of(node: Node) -> str:

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from node.core.context import RequestContext
     from node.core.heartbeats import Heartbeats
     from node.core.rpc_server import RPCServer
-    from node.core.stream import Hub
     from node.wire.rpc_client import AsyncRPCClient
     from raft.node import RaftNode
 
@@ -51,9 +50,6 @@ class ServerAPI(Protocol):
     executor: concurrent.futures.ThreadPoolExecutor
     cluster_id: str
     heartbeats: Heartbeats
-
-    def hub(self) -> Hub:
-        """This server's journal hub (made on first use, on the server's loop)."""
 
     def status(self) -> dict[str, Any]:
         """This server's raft and membership status, in the shape ``status`` answers."""

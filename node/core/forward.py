@@ -28,17 +28,12 @@ from node.wire.errors import (
 )
 
 READ_WAIT_MAX = 300.0
-
-
 FORWARD_ATTEMPT = 1.0  # seconds one forwarding attempt may take before leadership is looked up again
-
-
+# How long a request waits for a leader to be elected before it fails with
+# no_leader (Nomad's RPCHoldTimeout): long enough to ride through an election,
+# short enough that the answer comes before the client's own timeout.
 NO_LEADER_HOLD = 5.0
-
-
 RETRY_FORWARD = frozenset({NOT_LEADER, NO_LEADER, UNAVAILABLE, TIMEOUT, UNKNOWN_OUTCOME})
-
-
 FORWARDED = "forwarded"  # a request's marker that a follower already forwarded it
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+# Young-generation size between cyclic collections (CPython's default: 700).
 GC_YOUNG_THRESHOLD = 20_000
 
 

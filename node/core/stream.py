@@ -386,23 +386,3 @@ class Subscription:
 
 def grouped(items: list[Item]) -> Item:
     return items[0] if len(items) == 1 else {"batches": items}
-
-
-
-
-# -- the RPC method ------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

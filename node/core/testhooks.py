@@ -16,9 +16,20 @@ import structlog
 
 from node.core.config import ServerConfig
 
+#: TEST ONLY -- a deliberate bug for jepsen_like's snapshot-lag must-fail run
+#: (tests/jepsen/test_snapshot_lag.py): with ``=1`` in a server's environment,
+#: it keeps its store when raft hands it a dump (a follower's snapshot install)
+#: and only tells raft the dump's position, so the entries the dump covered
+#: are never applied there and its digest diverges. Never set it elsewhere.
 UNSAFE_SKIP_SNAPSHOT_RESTORE_ENV = "CARAVAN_UNSAFE_SKIP_SNAPSHOT_RESTORE"
 
 
+#: TEST ONLY -- jepsen_like's clock nemesis: with ``=NAME`` in a server's
+#: environment, its wall clock (``time.time`` / ``time.time_ns``, which every
+#: wall-time read in the server goes through) runs ahead or behind by the
+#: nanoseconds written in ``<data_dir>/NAME``; the server writes the offset it
+#: applied to ``<data_dir>/NAME.ack``. Monotonic clocks (pysyncobj's timers,
+#: asyncio, heartbeat TTLs) are untouched. Never set it outside the harness.
 UNSAFE_WALL_CLOCK_FILE_ENV = "CARAVAN_UNSAFE_WALL_CLOCK_FILE"
 
 

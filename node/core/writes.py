@@ -31,14 +31,12 @@ from raft import errors as raft_errors
 from raft.node import RaftNode, encoded_entry_size
 
 WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before its outcome is unknown
+# Leader-side coalescing: while this many raft entries of writes are in flight,
+# new writes wait and go out together as one Batch entry (fsm/messages.py).
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
-
-
+# Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
 BATCH_OVERHEAD = 256
-
-
 ITEM_OVERHEAD = 16
-
 
 
 def entry_size(body: Any) -> int:

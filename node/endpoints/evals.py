@@ -32,6 +32,3 @@ async def eval_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]
 
     return await server.read(ctx, args, ("evals",), evals)
 
-
-# A prefix lookup reads at most this many objects, so that it stays a point
-# read (served on the loop, see ServerAPI.read) however short the prefix.

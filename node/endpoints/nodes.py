@@ -22,6 +22,7 @@ from node.core.context import RequestContext
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
 from node.spec.nomadjson import from_nomad, to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
+from node.wire.messages import MAX_HEARTBEAT_IDS
 
 if TYPE_CHECKING:
     from node.core.api import ServerAPI
@@ -94,8 +95,6 @@ async def node_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any])
 async def node_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     return await server.read(ctx, args, ("nodes",), lambda r: [to_nomad(n) for n in r.nodes()])
 
-
-MAX_HEARTBEAT_IDS = 10_000
 
 
 @method("node.heartbeat")

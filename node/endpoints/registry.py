@@ -75,6 +75,8 @@ def found(obj: Any, what: str) -> Any:
     return to_nomad(obj)
 
 
+# A prefix lookup reads at most this many objects, so that it stays a point
+# read (served on the loop, see ServerAPI.read) however short the prefix.
 PREFIX_MATCH_LIMIT = 20
 
 

@@ -206,11 +206,6 @@ def _next_steps(reader: StateReader, job: Job, candidates: list[Allocation]) -> 
     return out
 
 
-# -- the RPC ---------------------------------------------------------------------------------
-
-
-
-
 # -- the leader task ---------------------------------------------------------------------------
 class Drainer:
     """Runs ``look`` whenever a draining node or its allocs change, and at least every second."""
@@ -271,4 +266,3 @@ class Drainer:
             await self.raft.propose(m.AllocDesiredTransition(allocs=batch, evals=batch_evals))
         self.log.info("allocs marked for migration", allocs=sum(len(v) for v in found.marks.values()),
                       jobs=len(found.marks))
-

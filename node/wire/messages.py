@@ -13,6 +13,8 @@ from node.wire.errors import INTERNAL, UNAVAILABLE, RPCError
 from node.wire.framing import ConnectionLost, unpack_body
 from node.wire.retry import describe
 
+#: Node IDs one ``node.heartbeat`` call may carry: the server refuses more, clients chunk to it.
+MAX_HEARTBEAT_IDS = 10_000
 STREAM_END: Any = object()  # what ``stream_item`` returns for a stream's final answer
 
 
