@@ -23,6 +23,7 @@ from fsm.apply.deployments import (
 from fsm.apply.evals import eval_upsert
 from fsm.apply.jobs import job_deregister, job_register
 from fsm.apply.nodes import (
+    node_batch_update_status,
     node_register,
     node_update_drain,
     node_update_eligibility,
@@ -66,6 +67,7 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.DEPLOYMENT_PROMOTE: deployment_promote,
     MessageType.NODE_REGISTER: node_register,
     MessageType.NODE_UPDATE_STATUS: node_update_status,
+    MessageType.NODE_BATCH_UPDATE_STATUS: node_batch_update_status,
     MessageType.NODE_UPDATE_ELIGIBILITY: node_update_eligibility,
     MessageType.NODE_UPDATE_DRAIN: node_update_drain,
     MessageType.NODE_REAP: node_reap,

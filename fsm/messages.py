@@ -63,6 +63,7 @@ class MessageType(IntEnum):
     DEPLOYMENT_PROMOTE = 22
     NODE_UPDATE_DRAIN = 23
     SCHEDULER_CONFIG_SET = 24
+    NODE_BATCH_UPDATE_STATUS = 25
 
 
 class Reap(CompactRecord):
@@ -174,6 +175,22 @@ class NodeUpdateStatus(CompactRecord):
     evals: list[Evaluation] = field(default_factory=list)
 
 
+class NodeBatchUpdateStatus(CompactRecord):
+    """Several nodes to one status in one entry: the heartbeat monitor's mark-downs.
+
+    A leader that finds 2,000 nodes silent writes a few of these, not 2,000
+    entries, and ``evals`` holds one eval per job with live allocs on any of
+    them (not one per node per job). A node that is gone, or already has
+    ``status``, is skipped: the leader decided on a view that a later entry
+    may have changed, and the others still go down.
+    """
+
+    node_ids: list[str] = field(default_factory=list)
+    status: str = ""
+    status_description: str = ""
+    evals: list[Evaluation] = field(default_factory=list)
+
+
 class NodeUpdateEligibility(CompactRecord):
     node_id: str
     eligibility: str
@@ -263,6 +280,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.DEPLOYMENT_PROMOTE: DeploymentPromote,
     MessageType.NODE_REGISTER: NodeRegister,
     MessageType.NODE_UPDATE_STATUS: NodeUpdateStatus,
+    MessageType.NODE_BATCH_UPDATE_STATUS: NodeBatchUpdateStatus,
     MessageType.NODE_UPDATE_ELIGIBILITY: NodeUpdateEligibility,
     MessageType.NODE_UPDATE_DRAIN: NodeUpdateDrain,
     MessageType.NODE_REAP: NodeReap,

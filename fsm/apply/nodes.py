@@ -43,6 +43,34 @@ def node_update_status(w: StateWriter, msg: m.NodeUpdateStatus) -> dict[str, Any
     return {"node_id": node.id, "eval_ids": upsert_evals(w, msg.evals)}
 
 
+def node_batch_update_status(w: StateWriter, msg: m.NodeBatchUpdateStatus) -> dict[str, Any]:
+    """Many nodes to one status (the heartbeat monitor's batched mark-downs), with one eval per job.
+
+    Nodes that are gone or already have the status are skipped and named in
+    the answer; the rest change, each with its own journal record, so caches
+    and the leader's tail see exactly what one entry per node would show.
+    """
+    if not msg.node_ids:
+        raise bad("a batch status update names no nodes")
+    if len(set(msg.node_ids)) != len(msg.node_ids):
+        raise bad("a batch status update names a node more than once")
+    for node_id in msg.node_ids:
+        check_node_status(node_id, msg.status)
+    changed: list[str] = []
+    skipped: list[str] = []
+    for node_id in msg.node_ids:
+        node = w.node(node_id)
+        if node is None or node.status == msg.status:
+            skipped.append(node_id)
+            continue
+        old = copy_record(node)
+        node.status = msg.status
+        node.status_description = msg.status_description
+        w.put_node(node, old, "NodeStatusUpdate")
+        changed.append(node_id)
+    return {"node_ids": changed, "skipped": skipped, "eval_ids": upsert_evals(w, msg.evals)}
+
+
 def node_update_eligibility(w: StateWriter, msg: m.NodeUpdateEligibility) -> dict[str, Any]:
     """Open or close a node to new placements; a draining node cannot be opened."""
     check_eligibility(msg.node_id, msg.eligibility)

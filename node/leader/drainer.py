@@ -49,7 +49,7 @@ from fsm.structs import (
     Node,
 )
 from node.core.wakeup import wait_event
-from node.leader.heartbeat import TRIGGER_NODE_DRAIN
+from node.leader.nodeevals import TRIGGER_NODE_DRAIN
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import CONFLICT, RPCError
 from scheduler.evals import new_eval

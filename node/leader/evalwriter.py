@@ -11,7 +11,7 @@ from typing import Any
 from fsm import messages as m
 from fsm.store import StateReader
 from fsm.structs import EVAL_FAILED, EVAL_TERMINAL, SECOND, Evaluation
-from node.leader.heartbeat import eval_chunks
+from node.leader.nodeevals import eval_chunks
 from node.leader.shims import RaftApplier, StateReads
 from scheduler.evals import new_eval
 

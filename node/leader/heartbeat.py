@@ -3,12 +3,15 @@
 Clients heartbeat each node within the TTL the leader granted it
 (``node.core.heartbeats``: it grows with the cluster, so the leader hears
 at most ``max_heartbeats_per_second`` beats, with jitter so expiries are
-spread). Each node has its own deadline, granted TTL + ``heartbeat_grace``;
-a node past it is marked down in one entry together with a ``node-update``
-evaluation for every job that has live allocs on it, so the scheduler marks
-those allocs lost and replaces them — no window in which the node is down
-but nobody is asked to act. A node that heartbeats while down is marked
-ready again.
+spread). Each node has its own deadline, granted TTL + ``heartbeat_grace``.
+Each pass marks the nodes past theirs down together, in as few
+``NodeBatchUpdateStatus`` entries as the entry size allows, each carrying
+one ``node-update`` evaluation for every job with live allocs on its nodes
+(``node.leader.nodeevals.down_batches``), so the scheduler marks those
+allocs lost and replaces them — no window in which a node is down but
+nobody is asked to act, and no storm of one entry per node and one eval per
+node per job when a rack or a fleet goes silent. A node that heartbeats
+while down is marked ready again.
 
 The deadlines live only on the leader, and a new leader cannot know how
 long a node was silent before it took over: as Nomad's
@@ -19,7 +22,8 @@ to the new leader replaces that with its granted TTL.
 
 The monitor is a leader-only loop and stops as soon as this server is not
 the leader: a mark-down refused as ``not_leader`` ends it (one line in the
-log, not one per node), and other failures are retried with backoff.
+log, not one per node), and other failures are retried with backoff. One
+line is logged per batch, not per node.
 """
 
 from __future__ import annotations
@@ -30,68 +34,20 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fsm import codec
 from fsm import messages as m
-from fsm.store import StateReader
-from fsm.structs import NODE_DOWN, Evaluation, Job
+from fsm.structs import NODE_DOWN
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
+from node.leader.nodeevals import down_batches
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import NOT_LEADER, RPCError
-from scheduler.evals import new_eval
 
-TRIGGER_NODE_UPDATE = "node-update"
-TRIGGER_NODE_DRAIN = "node-drain"
 SWEEP_INTERVAL = 5.0  # seconds between checks for nodes without a deadline, and for gone ones
-MARK_CONCURRENCY = 32  # mark-down entries in flight at once
+MARK_CONCURRENCY = 4  # mark-down passes in flight at once
 RETRY_FIRST = 0.5  # seconds before a failed mark-down is retried, doubling per failure in a row
 RETRY_MAX = 30.0
 RETRY_LOG_EVERY = 30.0  # seconds between log lines about mark-downs that keep failing
-
-
-def jobs_on_node(reader: StateReader, node_id: str) -> list[Job]:
-    """Jobs with live allocs on ``node_id``."""
-    ids = sorted({a.job_id for a in reader.allocs_by_node(node_id, terminal=False)})
-    return [j for j in map(reader.job, ids) if j is not None]
-
-
-def system_jobs(reader: StateReader) -> list[Job]:
-    return [j for j in reader.jobs() if j.type == "system" and not j.stop]
-
-
-def node_down_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
-    """One eval per job with live allocs on the node (their allocs are now lost)."""
-    return [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in jobs_on_node(reader, node_id)]
-
-
-def node_up_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
-    """One eval per system job: a node that became usable should run them."""
-    return [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in system_jobs(reader)]
-
-
-def node_drain_evals(reader: StateReader, node_id: str) -> list[Evaluation]:
-    return [new_eval(j, TRIGGER_NODE_DRAIN, node_id=node_id) for j in jobs_on_node(reader, node_id)]
-
-
-def eval_chunks(evals: list[Evaluation], budget: int, most: int | None = None) -> list[list[Evaluation]]:
-    """``evals`` in runs (of at most ``most``) whose encoded sizes add up to at most ``budget`` bytes.
-
-    What one raft entry can carry: a node or a leader with more to say than
-    one entry holds writes several (an eval larger than the budget goes alone).
-    """
-    chunks: list[list[Evaluation]] = []
-    run: list[Evaluation] = []
-    used = 0
-    for ev in evals:
-        size = len(codec.encode(ev))
-        if run and (used + size > budget or (most is not None and len(run) >= most)):
-            chunks.append(run)
-            run, used = [], 0
-        run.append(ev)
-        used += size
-    if run:
-        chunks.append(run)
-    return chunks
+LOGGED_IDS = 10  # node ids named in a batch's log line
 
 
 class HeartbeatMonitor:
@@ -187,9 +143,10 @@ class HeartbeatMonitor:
                 if not self.is_leader():
                     self._stop()
                     break
-                for node_id in self.expired(self.clock()):
-                    self.marking.add(node_id)
-                    task = asyncio.ensure_future(self._mark_down(node_id))
+                expired = self.expired(self.clock())
+                if expired:
+                    self.marking.update(expired)
+                    task = asyncio.ensure_future(self._mark_down(expired))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
         finally:
@@ -203,46 +160,55 @@ class HeartbeatMonitor:
             self.stopped = True
             self.log.info("heartbeat monitor stopped: this server is not the leader", marking=len(self.marking))
 
-    async def _mark_down(self, node_id: str) -> None:
+    async def _mark_down(self, node_ids: list[str]) -> None:
+        """Mark one pass's expired nodes down in batched entries; those that beat meanwhile stay up."""
         try:
             async with self._limit:
-                if self.stopped or self.heartbeats.deadline(node_id) is not None:
-                    return  # leadership lost, or the node heartbeat while it waited
+                if self.stopped:
+                    return
                 if not self.is_leader():
                     self._stop()
                     return
-                evals = await self.state.local(lambda r: node_down_evals(r, node_id))
-                # A node running many jobs needs more evals than one raft entry holds:
-                # the entry carries those that fit, and the leader's tail gives every
-                # other job on the node its eval when it sees the node go down.
-                chunks = eval_chunks(evals, self.max_entry_bytes // 2)
-                evals = chunks[0] if chunks else []
-                await self.raft.propose(
-                    m.NodeUpdateStatus(node_id=node_id, status=NODE_DOWN, status_description="node heartbeat missed", evals=evals)
-                )
-            self.log.info("node missed its heartbeat; marked down", node=node_id, evals=len(evals))
-            if self._failures:
-                self.log.info("marking nodes down works again", failed_in_a_row=self._failures)
-                self._failures = 0
-        except RPCError as exc:
-            if exc.code == NOT_LEADER or not self.is_leader():
-                self._stop()
-            else:
-                self._retry_later(node_id, exc)
+                todo = [n for n in node_ids if self.heartbeats.deadline(n) is None]
+                if not todo:
+                    return
+                budget = self.max_entry_bytes // 2
+                batches = await self.state.local(lambda r: down_batches(r, todo, budget=budget))
+                for i, msg in enumerate(batches):
+                    try:
+                        await self.raft.propose(msg)
+                    except RPCError as exc:
+                        if exc.code == NOT_LEADER or not self.is_leader():
+                            self._stop()
+                        else:
+                            self._retry_later([n for b in batches[i:] for n in b.node_ids], exc)
+                        return
+                    self._marked(msg)
         finally:
-            self.marking.discard(node_id)
+            self.marking.difference_update(node_ids)
 
-    def _retry_later(self, node_id: str, exc: RPCError) -> None:
-        """Try ``node_id`` again after a backoff that doubles with each failure in a row; log now and then."""
+    def _marked(self, msg: m.NodeBatchUpdateStatus) -> None:
+        self.log.info(
+            "nodes missed their heartbeat; marked down",
+            nodes=len(msg.node_ids), evals=len(msg.evals), node_ids=msg.node_ids[:LOGGED_IDS],
+        )
+        if self._failures:
+            self.log.info("marking nodes down works again", failed_in_a_row=self._failures)
+            self._failures = 0
+
+    def _retry_later(self, node_ids: list[str], exc: RPCError) -> None:
+        """Try ``node_ids`` again after a backoff that doubles with each failure in a row; log now and then."""
         self._failures += 1
-        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** min(self._failures - 1, 16)) * (0.5 + self._rng.random() / 2)
+        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** min(self._failures - 1, 16))
         now = self.clock()
-        self.heartbeats.set(node_id, now + delay)
+        for node_id in node_ids:  # spread, so the retries do not all come due in one pass
+            self.heartbeats.set(node_id, now + delay * (0.5 + self._rng.random() / 2))
         if now - self._logged_at < RETRY_LOG_EVERY:
             self._unlogged += 1
             return
         self.log.warning(
             "could not mark node down; retrying with backoff",
-            node=node_id, error=str(exc), failed_in_a_row=self._failures, not_logged=self._unlogged, retry_in_s=round(delay, 2),
+            nodes=len(node_ids), error=str(exc), failed_in_a_row=self._failures, not_logged=self._unlogged,
+            retry_in_s=round(delay, 2),
         )
         self._logged_at, self._unlogged = now, 0

@@ -64,7 +64,8 @@ from node.leader.broker import BlockedEvals, EvalBroker
 from node.leader.deployments import DeploymentWatcher
 from node.leader.drainer import Drainer
 from node.leader.evalwriter import EvalWriter
-from node.leader.heartbeat import HeartbeatMonitor, node_down_evals, node_up_evals
+from node.leader.heartbeat import HeartbeatMonitor
+from node.leader.nodeevals import node_down_evals, node_up_evals
 from node.leader.placement import keep_fresh
 from node.leader.plan_apply import PlanApplier
 from node.leader.shims import NodeView

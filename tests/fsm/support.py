@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsm import codec
@@ -201,6 +201,14 @@ class Harness:
 
     def dump(self) -> dict[str, dict[bytes, bytes]]:
         return dump(self.fsm)
+
+    def clone(self) -> Harness:
+        """A second FSM in a new directory holding this one's state, at the same index and time."""
+        self.fsm.close()
+        path = tempfile.mkdtemp(prefix="caravan-fsm-")
+        shutil.copytree(self.path, path, dirs_exist_ok=True)
+        self.fsm = self._open()
+        return replace(self, path=path, entries=list(self.entries))
 
     def reopen(self) -> None:
         self.fsm.close()
@@ -542,6 +550,9 @@ def sample_bodies() -> list[Any]:
         m.EvalReap(evals=[m.Reap("e2", 6)], allocs=[m.Reap("b1", 8)]),
         m.NodeUpdateEligibility(node_id="n2", eligibility="ineligible", drain=True),
         m.NodeUpdateStatus(node_id="n2", status="down", evals=[make_eval("e4", "web")]),
+        m.NodeBatchUpdateStatus(node_ids=["n1", "n2", "n9"], status="down", evals=[make_eval("e6", "web")]),
+        m.NodeBatchUpdateStatus(node_ids=["n1"], status="ready"),
+        m.NodeBatchUpdateStatus(node_ids=["n1", "n1"], status="down"),  # bad_request
         m.PlanApply(allocs_to_stop=[m.AllocStop(id="a2", client_status="lost")]),
         m.NodeReap(nodes=[m.Reap("n2", 16)]),
         m.JobDeregister(job_id="etl", eval=make_eval("e5", "etl", status="complete")),

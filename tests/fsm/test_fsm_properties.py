@@ -720,6 +720,10 @@ class FSMMachine(RuleBasedStateMachine):
     def node_status(self, node_id: str, status: str, evals: list[Evaluation], skew: int) -> None:
         self.submit(m.NodeUpdateStatus(node_id=node_id, status=status, evals=evals), skew)
 
+    @rule(node_ids=st.lists(NODE_ID, max_size=4), status=NODE_STATUS, evals=EVAL_LISTS, skew=st.integers(-5, 60))
+    def node_batch_status(self, node_ids: list[str], status: str, evals: list[Evaluation], skew: int) -> None:
+        self.submit(m.NodeBatchUpdateStatus(node_ids=node_ids, status=status, evals=evals), skew)
+
     @rule(
         node_id=NODE_ID,
         eligibility=ELIGIBILITY,

@@ -25,7 +25,7 @@ from fsm.structs import (
     TaskState,
     UpdateStrategy,
 )
-from node.leader.heartbeat import eval_chunks
+from node.leader.nodeevals import eval_chunks
 from scheduler import feasibility as fz
 from scheduler import reschedule as rs
 from scheduler.feasibility import PlacementContext, ask_for, constraint_met

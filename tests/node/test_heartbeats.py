@@ -149,9 +149,19 @@ class Raft:
         return {"index": len(self.proposed), "value": None}
 
 
+class NoAllocs:
+    """A state with the nodes only: no allocs, so no jobs to evaluate."""
+
+    def allocs_by_node(self, node_id: str, terminal: bool = True) -> list[Any]:
+        return []
+
+    def job(self, job_id: str) -> None:
+        return None
+
+
 class State:
     async def local(self, fn: Any) -> Any:
-        return []  # no jobs on any node
+        return fn(NoAllocs())
 
     def state_now(self) -> int:
         return 0
@@ -248,7 +258,17 @@ def test_an_expired_node_is_marked_down_once() -> None:
     cfg = replace(CFG, min_heartbeat_ttl=0.2, failover_heartbeat_ttl=0.01, heartbeat_grace=0.01)
     mon, _, _, raft, _, _ = _monitor(cfg, time.monotonic, a=NODE_READY)
     _run_until(mon, lambda: raft.proposed, "node a marked down")
-    assert [(b.node_id, b.status) for b in raft.proposed] == [("a", NODE_DOWN)]
+    assert [(b.node_ids, b.status) for b in raft.proposed] == [(["a"], NODE_DOWN)]
+
+
+def test_nodes_that_expire_together_go_down_in_one_entry_not_one_each() -> None:
+    cfg = replace(CFG, min_heartbeat_ttl=0.2, failover_heartbeat_ttl=0.01, heartbeat_grace=0.01,
+                  max_heartbeats_per_second=10_000)
+    views = {f"n{i:03}": NODE_READY for i in range(300)}
+    mon, _, _, raft, log, _ = _monitor(cfg, time.monotonic, **views)
+    _run_until(mon, lambda: raft.proposed, "the silent nodes marked down")
+    assert [sorted(b.node_ids) for b in raft.proposed] == [sorted(views)]
+    assert log.lines.count(("info", "nodes missed their heartbeat; marked down")) == 1
 
 
 def test_losing_leadership_stops_the_monitor_with_one_line_and_no_retry() -> None:
@@ -279,19 +299,19 @@ def test_other_failures_are_retried_with_backoff_and_logged_now_and_then() -> No
     async def scenario() -> None:
         delays = []
         for _ in range(8):
-            await mon._mark_down("a")  # noqa: SLF001 - one attempt at a time
+            await mon._mark_down(["a"])  # noqa: SLF001 - one attempt at a time
             delays.append(hb.deadline("a") - clock.now)  # type: ignore[operator]
             hb.forget("a")
-        await mon._mark_down("b")  # noqa: SLF001
+        await mon._mark_down(["b"])  # noqa: SLF001
         assert delays[-1] > delays[0] and max(delays) <= 30.0
         assert [line for line in log.lines if line[0] == "warning"] == [("warning", "could not mark node down; retrying with backoff")]
         clock.now += RETRY_LOG_EVERY
         hb.forget("a")
-        await mon._mark_down("a")  # noqa: SLF001
+        await mon._mark_down(["a"])  # noqa: SLF001
         assert len([line for line in log.lines if line[0] == "warning"]) == 2
         raft.fail = None
         hb.forget("a")
-        await mon._mark_down("a")  # noqa: SLF001
+        await mon._mark_down(["a"])  # noqa: SLF001
         assert ("info", "marking nodes down works again") in log.lines and mon._failures == 0  # noqa: SLF001
 
     asyncio.run(scenario())
@@ -300,7 +320,7 @@ def test_other_failures_are_retried_with_backoff_and_logged_now_and_then() -> No
 def test_a_node_that_beats_while_its_mark_down_waits_is_left_up() -> None:
     mon, hb, _, raft, _, _ = _monitor(a=NODE_READY)
     hb.grant(["a"], CFG)
-    asyncio.run(mon._mark_down("a"))  # noqa: SLF001
+    asyncio.run(mon._mark_down(["a"]))  # noqa: SLF001
     assert raft.proposed == []
 
 

@@ -144,6 +144,9 @@ _node_register = st.builds(
     small_text,
 )
 _node_status = st.builds(m.NodeUpdateStatus, node_id=ids(NODES), status=ids(NODE_STATUSES))
+_node_batch_status = st.builds(
+    m.NodeBatchUpdateStatus, node_ids=st.lists(ids(NODES), min_size=1, max_size=3, unique=True), status=ids(NODE_STATUSES)
+)
 _deployment = st.builds(
     lambda did, jid: m.DeploymentUpsert(deployment=Deployment(id=did, job_id=jid)),
     ids(DEPLOYMENTS),
@@ -185,6 +188,7 @@ payloads = st.one_of(
     _node_register,
     _node_register,
     _node_status,
+    _node_batch_status,
     _deployment,
     _tokens,
     _eval_reap,
