@@ -12,6 +12,19 @@ else applied. Client callbacks for successful entries are *deferred* until
 right after that commit, so a caller that sees ``(result, index)`` can read
 the state at ``index`` from LMDB immediately (a barrier read depends on this).
 
+A tick applies everything committed, which can take seconds (a backlog
+after a restart, a run of large entries). pysyncobj sends nothing while it
+applies, and checks a follower's election deadline at the start of the next
+tick, before it reads the leader's messages that came meanwhile: a busy
+cluster held elections under its own load (16 in 25 s during a mass
+node-down). So the apply goes in slices of ``APPLY_SLICE`` entries, and
+once it has run ``KEEPALIVE_AFTER`` seconds it shows it is alive between
+slices: a leader sends its append_entries (heartbeats) to the followers, a
+follower pushes its election deadline out by a fresh timeout, as if it had
+just heard from the leader (it had: it is applying what the leader sent).
+Neither touches safety; a leader that died meanwhile is noticed one
+election timeout later.
+
 Defect 5 (shared/reference/pysyncobj.md): an exception in the replicated
 method wedges pysyncobj, so anything the target raises stops the node
 (raft/events.py) -- a failure that is not a deterministic error result must
@@ -22,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -52,6 +66,9 @@ class ApplyTarget(Protocol):
     @property
     def applied_index(self) -> int: ...
 
+
+APPLY_SLICE = 4  # entries applied between checks of how long the tick has been applying
+KEEPALIVE_AFTER = 0.1  # seconds of applying after which the tick shows it is alive, and again each time
 
 #: ``callback(result, index, error)``: exactly one of (result/index) or error is set.
 SubmitCallback = Callable[[Any, "int | None", "RaftError | None"], None]
@@ -115,10 +132,33 @@ class ApplyPath(ReplicaBase):
         then release their callbacks -- before the tick goes on to send
         append_entries, take new commands and compact, so callers see results
         as early as with raw pysyncobj."""
-        need_send = SyncObj._SyncObj__applyLogEntries(self)
+        need_send = False
+        commit = self._SyncObj__raftCommitIndex
+        alive_at = time.monotonic()
+        while self.raftLastApplied < commit:
+            before = self.raftLastApplied
+            # pysyncobj applies up to its commit index: show it a slice at a time.
+            self._SyncObj__raftCommitIndex = min(commit, before + APPLY_SLICE)
+            try:
+                need_send = SyncObj._SyncObj__applyLogEntries(self) or need_send
+            finally:
+                self._SyncObj__raftCommitIndex = commit
+            if self.raftLastApplied == before:
+                break  # entries not in the log (compacted away): nothing more to apply here
+            if time.monotonic() - alive_at >= KEEPALIVE_AFTER:
+                self.keep_alive()
+                alive_at = time.monotonic()
         if self.commit_pending():
             self.fire_deferred()
         return need_send
+
+    def keep_alive(self) -> None:
+        """Tick thread, deep in a long apply: a leader heartbeats its followers; a follower waits longer."""
+        if self._isLeader():
+            self._SyncObj__sendAppendEntries()
+        elif self._getLeader() is not None:
+            deadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
+            self._SyncObj__raftElectionDeadline = max(self._SyncObj__raftElectionDeadline, deadline)
 
     def fire_deferred(self) -> None:
         """Tick thread, after a commit: run the callbacks of the committed entries."""

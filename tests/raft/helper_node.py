@@ -28,6 +28,7 @@ import structlog
 from raft import RaftConfig, RaftError, RaftNode
 
 AUTHKEY = b"caravan-raft-tests"
+SLOW_APPLY = 0.06  # seconds a SLOW entry's apply takes
 _BE = struct.Struct(">Q")
 
 
@@ -35,7 +36,9 @@ class LogFSM:
     """Apply target: entry bytes stored at their raft index in LMDB.
 
     Entries starting with ``BOOM`` raise when ``boom`` is set (defect 5
-    test: a non-deterministic failure on one node only).
+    test: a non-deterministic failure on one node only). Entries starting
+    with ``SLOW`` hold the tick thread for ``SLOW_APPLY`` seconds each, as a
+    large entry's apply does (a mass node-down, a big plan).
     """
 
     def __init__(self, path: str, fsync: bool, boom: bool) -> None:
@@ -61,6 +64,8 @@ class LogFSM:
             return None  # journal replay after restart: already applied
         if self.boom and entry.startswith(b"BOOM"):
             raise OSError("simulated disk failure while applying")
+        if entry.startswith(b"SLOW"):
+            time.sleep(SLOW_APPLY)
         if self._txn is None:
             self._txn = self.env.begin(write=True)
         self._txn.put(_BE.pack(index), entry, db=self.log_db)

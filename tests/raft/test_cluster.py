@@ -338,3 +338,21 @@ def test_cut_off_leader_with_a_long_uncommitted_tail_catches_up(cluster: Any) ->
     assert tail.done is not None and not tail.acks, tail.done
     st = c.status(new)
     print(f"leader catch-up stats: {st['catchup']}; ex-leader: {c.status(old)['catchup']}")
+
+
+def test_a_long_apply_does_not_cost_the_leader_its_leadership(cluster: Any) -> None:
+    """A tick that applies for seconds (40 entries of 60 ms) still shows every node the leader is alive.
+
+    pysyncobj applies everything committed in one tick, and checks a
+    follower's election deadline at the start of the next one, before it
+    reads the leader's messages that arrived meanwhile; the leader sends
+    nothing while it applies. Without keep-alives during the apply, the
+    followers time out and the cluster holds an election under its own load.
+    """
+    c = cluster(n=3)
+    leader = c.wait_leader()
+    terms = {i: c.status(i)["term"] for i in range(c.n)}
+    run_load(c, leader, n=40, window=40, size=64, tag="SLOW")
+    assert c.wait_leader(timeout=30) == leader
+    assert {i: c.status(i)["term"] for i in range(c.n)} == terms, "an election happened during the long apply"
+    assert converge(c, list(range(c.n)), leader) > 40
