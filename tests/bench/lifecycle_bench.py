@@ -4,7 +4,7 @@
 
 Measured in one run, on the same machine:
 
-* raw write throughput: small writes (a node re-registration) pipelined
+* raw write throughput: small writes (a node re-registration) pipelined to the leader
   through the RPC write path, ``--window`` in flight — the baseline;
 * one batch job of ``--allocs`` allocations on ``--nodes`` simulated nodes
   (one ``caravan client sim`` process): placements/s from the register call
@@ -165,10 +165,12 @@ def main() -> None:
         sim = start_sim(addresses, a.nodes, directory)
         with RPCClient(addresses, timeout=60) as client:
             wait_nodes(client, a.nodes)
-            raw = asyncio.run(raw_writes(addresses, a.raw, a.window))
-
             # The leader's own journal: an eval's record appears there when its plan committed.
             leader = cl.wait_for_leader(addresses)["Leader"]
+            # Raw writes go to the leader: through whichever follower is listed first, the
+            # figure measured forwarding and moved with the election's outcome, run to run.
+            raw = asyncio.run(raw_writes([leader], a.raw, a.window))
+
             watch = EvalWatch(leader, client.call("node.list", {})["applied_index"])
 
             # Phase 1: one batch job of --allocs allocations.
