@@ -378,6 +378,39 @@ class StateReader:
                 h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
         return h.hexdigest()
 
+    # -- list pages ----------------------------------------------------------
+    def scan_range(self, db: str, start: bytes, origin: bytes = b"", reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """Rows of ``db`` whose key starts with ``start``, lazily, from ``origin`` (inclusive) on.
+
+        A list page reads only until it is full, then resumes at the next
+        page's first key (``origin``), so no read copies out a whole table.
+        ``reverse`` walks down from ``origin`` (or from the range's end).
+        """
+        cursor = self.txn.cursor(db=self.dbs[db])
+        if not reverse:
+            if not cursor.set_range(max(start, origin)):
+                return
+            rows = cursor.iternext()
+        else:
+            upper = start.rstrip(b"\xff")
+            upper = upper[:-1] + bytes([upper[-1] + 1]) if upper else b""
+            seek = origin if origin and (not upper or origin < upper) else upper
+            if seek and origin and origin < start:
+                return
+            positioned = cursor.set_range(seek) if seek else False
+            if positioned and cursor.key() != origin:
+                positioned = cursor.prev()
+            elif not positioned:
+                positioned = cursor.last()
+            if not positioned:
+                return
+            rows = cursor.iterprev()
+        for k, v in rows:
+            if not k.startswith(start):
+                return
+            yield k, v
+
+
 
 def job_key(job_id: str) -> bytes:
     return job_id.encode()

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from node.cli.common import TTL, blocking_options, client_options, emit, kv, make_ctx, rows, when
+from node.cli.common import TTL, blocking_options, client_options, emit, kv, make_ctx, when
+from node.cli.paging import emit_list, list_options
 
 
 @click.group("acl")
@@ -55,11 +56,15 @@ def acl_token_create(name: str, kind: str, policies: tuple[str, ...], ttl: int, 
 
 
 @acl_token.command("list")
+@list_options
 @blocking_options
 @client_options
-def acl_token_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+def acl_token_list(filter_expr: str | None, per_page: int | None, page_token: str | None,
+                   address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """ACL tokens, every page as it arrives."""
     c = make_ctx(address, token, as_json, stale)
-    emit(c, c.read("acl.token.list"), lambda d: rows(d, [("Name", "Name"), ("Type", "Type"), ("Accessor ID", "AccessorID"), ("Policies", "Policies")]))
+    columns = [("Name", "Name"), ("Type", "Type"), ("Accessor ID", "AccessorID"), ("Policies", "Policies")]
+    emit_list(c, "acl.token.list", {}, columns, filter_expr=filter_expr, per_page=per_page, page_token=page_token)
 
 
 @acl_token.command("info")

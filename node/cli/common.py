@@ -63,14 +63,18 @@ class Ctx:
 
     def read(self, method: str, args: dict[str, Any] | None = None) -> Any:
         """A read; the command's first read honours --index/--wait (a blocking query)."""
+        return self.read_answer(method, args)["data"]
+
+    def read_answer(self, method: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A read's whole answer (data, index, a list's next_token); the first honours --index/--wait."""
         args = dict(args or {})
         block = _take_blocking()
         if block is None:
-            return self.call(method, args)["data"]
+            return self.call(method, args)
         min_index, wait = block
         out = self.call(method, {**args, "min_index": min_index, "wait": wait}, timeout=wait + BLOCKING_SLACK)
         click.echo(f"Index: {out['index']}", err=True)  # what to pass as --index next time
-        return out["data"]
+        return out
 
 
 def make_ctx(address: str, token: str | None, as_json: bool, stale: bool = False) -> Ctx:
@@ -209,7 +213,7 @@ def emit(c: Ctx, data: Any, table: Callable[[Any], str]) -> None:
 
 def rows(items: Iterable[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     """A plain table: one row per item, ``columns`` as (header, key)."""
-    body = [[_cell(item.get(key)) for _, key in columns] for item in items]
+    body = [[cell(item.get(key)) for _, key in columns] for item in items]
     if not body:
         return "No results"
     return tabulate(body, headers=[h for h, _ in columns], tablefmt="plain")
@@ -217,10 +221,11 @@ def rows(items: Iterable[dict[str, Any]], columns: list[tuple[str, str]]) -> str
 
 def kv(item: dict[str, Any], fields: list[tuple[str, str]]) -> str:
     """One object as label/value lines, ``fields`` as (label, key)."""
-    return tabulate([[label, _cell(item.get(key))] for label, key in fields], tablefmt="plain")
+    return tabulate([[label, cell(item.get(key))] for label, key in fields], tablefmt="plain")
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as a table cell: bools as Go prints them, lists comma-joined, None as nothing."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

@@ -18,6 +18,7 @@ from node.cli.common import (
     when,
 )
 from node.cli.monitor import monitor_unless_detached
+from node.cli.paging import emit_list, list_options
 
 
 @click.group()
@@ -27,13 +28,16 @@ def deployment() -> None:
 
 @deployment.command("list")
 @click.option("--job", "job_id", default=None)
+@list_options
 @blocking_options
 @client_options
-def deployment_list(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+def deployment_list(job_id: str | None, filter_expr: str | None, per_page: int | None, page_token: str | None,
+                    address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Deployments (of one job), every page as it arrives."""
     c = make_ctx(address, token, as_json, stale)
-    data = c.read("deployment.list", {"job_id": job_id} if job_id else {})
-    emit(c, data, lambda d: rows([{**x, "ID": short(x["ID"])} for x in d],
-                                 [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status")]))
+    columns = [("ID", "ID"), ("Job ID", "JobID"), ("Job Version", "JobVersion"), ("Status", "Status")]
+    emit_list(c, "deployment.list", {"job_id": job_id} if job_id else {}, columns, lambda x: {**x, "ID": short(x["ID"])},
+              filter_expr=filter_expr, per_page=per_page, page_token=page_token)
 
 
 @deployment.command("status")

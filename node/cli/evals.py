@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
-from node.cli.common import blocking_options, client_options, emit, kv, make_ctx, rows, short, when
+from node.cli.common import blocking_options, client_options, emit, kv, make_ctx, short, when
 from node.cli.monitor import placement_failures
+from node.cli.paging import emit_list, list_options
 
 
 @click.group("eval")
@@ -17,13 +18,16 @@ def eval_() -> None:
 
 @eval_.command("list")
 @click.option("--job", "job_id", default=None)
+@list_options
 @blocking_options
 @client_options
-def eval_list(job_id: str | None, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+def eval_list(job_id: str | None, filter_expr: str | None, per_page: int | None, page_token: str | None,
+              address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Evaluations (of one job), every page as it arrives."""
     c = make_ctx(address, token, as_json, stale)
-    data = c.read("eval.list", {"job_id": job_id} if job_id else {})
-    emit(c, data, lambda d: rows([{**e, "ID": short(e["ID"])} for e in d],
-                                 [("ID", "ID"), ("Priority", "Priority"), ("Triggered By", "TriggeredBy"), ("Job ID", "JobID"), ("Status", "Status")]))
+    columns = [("ID", "ID"), ("Priority", "Priority"), ("Triggered By", "TriggeredBy"), ("Job ID", "JobID"), ("Status", "Status")]
+    emit_list(c, "eval.list", {"job_id": job_id} if job_id else {}, columns, lambda e: {**e, "ID": short(e["ID"])},
+              filter_expr=filter_expr, per_page=per_page, page_token=page_token)
 
 
 @eval_.command("status")

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from node.cli.allocs import alloc_rows
+from node.cli.allocs import ALLOC_COLUMNS, alloc_row
 from node.cli.common import (
     Ctx,
     blocking_options,
@@ -29,6 +29,7 @@ from node.cli.common import (
 )
 from node.cli.deployments import deployed_rows
 from node.cli.monitor import monitor_unless_detached
+from node.cli.paging import emit_list, every_item, list_options
 
 
 @click.group()
@@ -124,6 +125,22 @@ def job_validate(spec: str) -> None:
     click.echo(f'Job validation successful: {job.type} job "{job.id}" ({groups})')
 
 
+JOB_COLUMNS = [("ID", "ID"), ("Type", "Type"), ("Priority", "Priority"), ("Status", "Status"), ("Version", "Version")]
+
+
+@job.command("list")
+@click.option("--prefix", default="", help="Only jobs whose ID starts with this.")
+@list_options
+@blocking_options
+@client_options
+def job_list(prefix: str, filter_expr: str | None, per_page: int | None, page_token: str | None,
+             address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Jobs, every page as it arrives."""
+    c = make_ctx(address, token, as_json, stale)
+    emit_list(c, "job.list", {"prefix": prefix} if prefix else {}, JOB_COLUMNS,
+              filter_expr=filter_expr, per_page=per_page, page_token=page_token)
+
+
 @job.command("status")
 @click.argument("job_id", required=False)
 @blocking_options
@@ -132,8 +149,7 @@ def job_status(job_id: str | None, address: str, token: str | None, as_json: boo
     """List jobs, or show one job with its allocations."""
     c = make_ctx(address, token, as_json, stale)
     if job_id is None:
-        jobs = c.read("job.list")
-        emit(c, jobs, lambda d: rows(d, [("ID", "ID"), ("Type", "Type"), ("Priority", "Priority"), ("Status", "Status"), ("Version", "Version")]))
+        emit_list(c, "job.list", {}, JOB_COLUMNS)
         return
     data = c.read("job.get", {"job_id": job_id})
     if as_json:
@@ -150,7 +166,7 @@ def _print_job_details(c: Ctx, job_id: str) -> None:
     groups = [{"Group": g, **s} for g, s in sorted(summary.get("Summary", {}).items())]
     click.echo("\nSummary")
     click.echo(rows(groups, [(k, k) for k in ("Group", "Queued", "Starting", "Running", "Failed", "Complete", "Lost")]))
-    deployments = c.read("deployment.list", {"job_id": job_id})
+    deployments = list(every_item(c, "deployment.list", {"job_id": job_id}))
     if deployments:
         latest = max(deployments, key=lambda d: d.get("CreateIndex", 0))
         click.echo("\nLatest Deployment")
@@ -158,9 +174,8 @@ def _print_job_details(c: Ctx, job_id: str) -> None:
                       [("ID", "ID"), ("Status", "Status"), ("Description", "StatusDescription")]))
         click.echo("\nDeployed")
         click.echo(deployed_rows(latest))
-    allocs = c.read("alloc.list", {"job_id": job_id})
     click.echo("\nAllocations")
-    click.echo(alloc_rows(allocs))
+    emit_list(c, "alloc.list", {"job_id": job_id}, ALLOC_COLUMNS, alloc_row)
 
 
 @job.command("stop")

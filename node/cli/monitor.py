@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from node.cli.common import BLOCKING_SLACK, Ctx, short
+from node.cli.paging import every_item
 
 MONITOR_WAIT = 30.0  # seconds per blocking read while monitoring an evaluation
 
@@ -51,7 +52,7 @@ def monitor_eval(c: Ctx, eval_id: str, index: int = 0) -> int:
 
 def _report_finished(c: Ctx, ev: dict[str, Any], eval_id: str, status: str) -> int:
     """What a finished evaluation did: its allocations, deployment and failures; the exit code."""
-    allocs = c.call("alloc.list", {"job_id": ev["JobID"]})["data"]
+    allocs = list(every_item(c, "alloc.list", {"job_id": ev["JobID"]}))
     for a in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
         if a.get("EvalID") == eval_id:
             # As Nomad's monitor: an alloc older than the eval was updated in place by it.

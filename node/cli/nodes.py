@@ -20,10 +20,10 @@ from node.cli.common import (
     emit,
     kv,
     make_ctx,
-    rows,
     short,
     when,
 )
+from node.cli.paging import emit_list, every_item, list_options
 from node.wire.errors import RPCError
 
 DRAIN_POLL = 0.5  # seconds between looks while monitoring a drain
@@ -35,13 +35,17 @@ def node() -> None:
 
 
 @node.command("list")
+@list_options
 @blocking_options
 @client_options
-def node_list(address: str, token: str | None, as_json: bool, stale: bool) -> None:
+def node_list(filter_expr: str | None, per_page: int | None, page_token: str | None,
+              address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Client nodes, every page as it arrives."""
     c = make_ctx(address, token, as_json, stale)
-    emit(c, c.read("node.list"), lambda d: rows([{**n, "ID": short(n["ID"])} for n in d],
-                                                [("ID", "ID"), ("DC", "Datacenter"), ("Name", "Name"), ("Class", "NodeClass"),
-                                                 ("Drain", "Drain"), ("Eligibility", "SchedulingEligibility"), ("Status", "Status")]))
+    columns = [("ID", "ID"), ("DC", "Datacenter"), ("Name", "Name"), ("Class", "NodeClass"),
+               ("Drain", "Drain"), ("Eligibility", "SchedulingEligibility"), ("Status", "Status")]
+    emit_list(c, "node.list", {}, columns, lambda n: {**n, "ID": short(n["ID"])},
+              filter_expr=filter_expr, per_page=per_page, page_token=page_token)
 
 
 @node.command("status")
@@ -187,7 +191,7 @@ def monitor_drain(c: Ctx, node_id: str, *, just_set: bool) -> int:
             if node.get("Status") == "down" and not down:
                 click.echo(f'{_stamp()}: Node "{node_id}" down')
             down = node.get("Status") == "down"
-            allocs = c.call("alloc.list", {"node_id": node_id})["data"]
+            allocs = list(every_item(c, "alloc.list", {"node_id": node_id}))
             moving = _report_allocs(c, allocs, seen, job_types, ignore_system)
             if strategy is None and not complete:
                 complete = True

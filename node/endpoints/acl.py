@@ -11,6 +11,8 @@ from fsm.store import StateReader
 from fsm.structs import SECOND, TOKEN_CLIENT, TOKEN_MANAGEMENT, ACLToken
 from node.core.acl import POLICIES, Need, hash_secret, new_secret
 from node.core.context import RequestContext
+from node.core.paging import table_rows
+from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, bad, id_arg, method
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, TOKEN_HINT, RPCError
@@ -87,7 +89,9 @@ async def _created_token_view(server: ServerAPI, token: ACLToken, secret: str) -
 
 @method("acl.token.list")
 async def acl_token_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    return await server.read(ctx, args, ("acl_tokens",), lambda r: [_token_view(t) for t in r.tokens()], need=Need.MANAGEMENT)
+    """A page of tokens in accessor id order; the filter sees what the list shows (no secret hash)."""
+    rows = lambda r, req: table_rows(r, "acl_tokens", req)  # noqa: E731
+    return await list_page(server, ctx, args, ("acl_tokens",), rows, view=_token_view, need=Need.MANAGEMENT)
 
 
 @method("acl.token.get")

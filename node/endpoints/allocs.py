@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fsm import codec
@@ -10,8 +11,10 @@ from fsm.errors import CodecError
 from fsm.store import StateReader
 from node.core.acl import Need
 from node.core.context import RequestContext
+from node.core.paging import PageRequest, Row, index_rows, table_rows
+from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
-from node.spec.nomadjson import from_nomad, to_nomad
+from node.spec.nomadjson import from_nomad
 
 if TYPE_CHECKING:
     from node.core.api import ServerAPI
@@ -28,19 +31,21 @@ async def alloc_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]
 
 @method("alloc.list")
 async def alloc_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """A page of allocations: one job's (``job_id``), one node's (``node_id``), or all by id (``prefix``).
+
+    A node's are in its index's order, live ones first; the others in id order.
+    """
     job_id = arg(args, "job_id", required=False)
     node_id = arg(args, "node_id", required=False)
 
-    def allocs(r: StateReader) -> Any:
+    def rows(r: StateReader, req: PageRequest) -> Iterator[Row]:
         if job_id:
-            rows = r.allocs_by_job(job_id)
-        elif node_id:
-            rows = r.allocs_by_node(node_id)
-        else:
-            rows = r.allocs(arg(args, "prefix", required=False, default=""))
-        return [to_nomad(a) for a in rows]
+            return index_rows(r, "allocs_by_job", job_id, r.alloc, req)
+        if node_id:
+            return index_rows(r, "allocs_by_node", node_id, r.alloc, req)
+        return table_rows(r, "allocs", req)
 
-    return await server.read(ctx, args, ("allocs",), allocs)
+    return await list_page(server, ctx, args, ("allocs",), rows)
 
 
 @method("alloc.update")

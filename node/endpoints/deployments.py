@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fsm.store import StateReader
 from fsm.structs import Deployment
 from node.core.acl import Need
 from node.core.context import RequestContext
+from node.core.paging import PageRequest, Row, index_rows, table_rows
+from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, by_prefix, found, id_arg, method
 from node.leader.deployments import (
     Decision,
@@ -17,7 +19,6 @@ from node.leader.deployments import (
     pause_or_resume,
     promote_by_user,
 )
-from node.spec.nomadjson import to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
 
 if TYPE_CHECKING:
@@ -39,13 +40,15 @@ async def deployment_get(server: ServerAPI, ctx: RequestContext, args: dict[str,
 
 @method("deployment.list")
 async def deployment_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """A page of deployments: one job's (``job_id``), or all by id (``prefix``)."""
     job_id = arg(args, "job_id", required=False)
 
-    def deployments(r: StateReader) -> Any:
-        rows = r.deployments_by_job(job_id) if job_id else r.deployments()
-        return [to_nomad(d) for d in rows]
+    def rows(r: StateReader, req: PageRequest) -> Iterator[Row]:
+        if job_id:
+            return index_rows(r, "deployments_by_job", job_id, r.deployment, req)
+        return table_rows(r, "deployments", req)
 
-    return await server.read(ctx, args, ("deployments",), deployments)
+    return await list_page(server, ctx, args, ("deployments",), rows)
 
 
 async def _operate(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fsm.store import StateReader
 from node.core.context import RequestContext
+from node.core.paging import PageRequest, Row, index_rows, table_rows
+from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, by_prefix, found, id_arg, method
-from node.spec.nomadjson import to_nomad
 
 if TYPE_CHECKING:
     from node.core.api import ServerAPI
@@ -24,11 +26,11 @@ async def eval_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any])
 
 @method("eval.list")
 async def eval_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """A page of evaluations: one job's (``job_id``, in its index's order), or all by id (``prefix``)."""
     job_id = arg(args, "job_id", required=False)
 
-    def evals(r: StateReader) -> Any:
-        rows = r.evals_by_job(job_id) if job_id else r.evals(arg(args, "prefix", required=False, default=""))
-        return [to_nomad(e) for e in rows]
+    def rows(r: StateReader, req: PageRequest) -> Iterator[Row]:
+        return index_rows(r, "evals_by_job", job_id, r.eval, req) if job_id else table_rows(r, "evals", req)
 
-    return await server.read(ctx, args, ("evals",), evals)
+    return await list_page(server, ctx, args, ("evals",), rows)
 

@@ -15,6 +15,8 @@ from fsm.store import StateReader
 from fsm.structs import Job
 from node.core.acl import Need
 from node.core.context import RequestContext
+from node.core.paging import table_rows
+from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, bad, found, id_arg, method
 from node.spec.jobspec import JobSpecError, parse_job
 from node.spec.nomadjson import to_nomad
@@ -99,8 +101,8 @@ async def job_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) 
 
 @method("job.list")
 async def job_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    prefix = arg(args, "prefix", required=False, default="")
-    return await server.read(ctx, args, ("jobs",), lambda r: [to_nomad(j) for j in r.jobs(prefix)])
+    """A page of jobs in id order (``prefix``, ``per_page``, ``next_token``, ``filter``, ``reverse``)."""
+    return await list_page(server, ctx, args, ("jobs",), lambda r, req: table_rows(r, "jobs", req))
 
 
 @method("job.versions")

@@ -19,8 +19,10 @@ from fsm.structs import (
 from node.core.acl import Need
 from node.core.api import Forward
 from node.core.context import RequestContext
+from node.core.paging import table_rows
+from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
-from node.spec.nomadjson import from_nomad, to_nomad
+from node.spec.nomadjson import from_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
 from node.wire.messages import MAX_HEARTBEAT_IDS
 
@@ -93,8 +95,8 @@ async def node_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any])
 
 @method("node.list")
 async def node_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    return await server.read(ctx, args, ("nodes",), lambda r: [to_nomad(n) for n in r.nodes()])
-
+    """A page of nodes in id order (``prefix``, ``per_page``, ``next_token``, ``filter``, ``reverse``)."""
+    return await list_page(server, ctx, args, ("nodes",), lambda r, req: table_rows(r, "nodes", req))
 
 
 @method("node.heartbeat")

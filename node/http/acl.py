@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http.bridge import HTTPError, api_of
+from node.http.paging import list_reply
 from node.http.shapes import TOKEN_STUB, nomad_token, stub
 from node.http.translate import answer, bad, by_path, json_body, read, reply
 from node.spec.units import parse_duration
@@ -49,9 +50,10 @@ async def acl_bootstrap(request: web.Request) -> web.Response:
     return answer(nomad_token(out), index=out.get("CreateIndex"), request=request)
 
 
-async def acl_tokens(request: web.Request) -> web.Response:
-    data, index = await read(request, "acl.token.list")
-    return reply(request, [stub(nomad_token(t), TOKEN_STUB) for t in data], index)
+async def acl_tokens(request: web.Request) -> web.StreamResponse:
+    return await list_reply(
+        request, "acl.token.list", shape=lambda page: [stub(nomad_token(t), TOKEN_STUB) for t in page]
+    )
 
 
 def _ttl_of_duration(ttl: Any) -> int:

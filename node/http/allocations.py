@@ -6,30 +6,32 @@ request's stale / blocking options; allocation lists are Nomad's stubs.
 
 from __future__ import annotations
 
+import json
+
 from aiohttp import web
 
+from node.http.paging import and_filter, list_reply
 from node.http.shapes import alloc_stubs
-from node.http.translate import by_path, prefix_arg, read, read_reply, reply
+from node.http.translate import by_path, read, read_reply
 
 
-async def evals_list(request: web.Request) -> web.Response:
-    return await read_reply(request, "eval.list", {"prefix": prefix_arg(request)})
+async def evals_list(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "eval.list")
 
 
 async def eval_get(request: web.Request) -> web.Response:
     return await read_reply(request, "eval.get", by_path(request, "eval_id"))
 
 
-async def eval_allocations(request: web.Request) -> web.Response:
-    """The allocations one evaluation placed: its job's allocations, those with its EvalID."""
+async def eval_allocations(request: web.Request) -> web.StreamResponse:
+    """The allocations one evaluation placed: its job's allocations with its EvalID (filtered server side)."""
     ev, _ = await read(request, "eval.get", by_path(request, "eval_id"))
-    data, index = await read(request, "alloc.list", {"job_id": ev["JobID"]})
-    return reply(request, alloc_stubs([a for a in data if a.get("EvalID") == ev["ID"]]), index)
+    only = and_filter(request.query.get("filter"), f"EvalID == {json.dumps(ev['ID'])}")
+    return await list_reply(request, "alloc.list", {"job_id": ev["JobID"], "filter": only}, alloc_stubs)
 
 
-async def allocs_list(request: web.Request) -> web.Response:
-    data, index = await read(request, "alloc.list", {"prefix": prefix_arg(request)})
-    return reply(request, alloc_stubs(data), index)
+async def allocs_list(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "alloc.list", shape=alloc_stubs)
 
 
 async def alloc_get(request: web.Request) -> web.Response:

@@ -6,26 +6,25 @@ The bodies are checked here only as far as Nomad's HTTP layer checks them
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp import web
 
+from node.http.paging import and_filter, list_reply
 from node.http.shapes import alloc_stubs
 from node.http.translate import (
     bad,
     by_path,
     call_write,
-    id_prefixed,
     json_body,
     read,
     read_reply,
-    reply,
 )
 
 
-async def deployments_list(request: web.Request) -> web.Response:
-    data, index = await read(request, "deployment.list")
-    return reply(request, id_prefixed(request, data), index)
+async def deployments_list(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "deployment.list")
 
 
 async def deployment_get(request: web.Request) -> web.Response:
@@ -75,10 +74,8 @@ async def deployment_promote(request: web.Request) -> web.Response:
     return await call_write(request, "deployment.promote", args)
 
 
-async def deployment_allocations(request: web.Request) -> web.Response:
-    """The allocations one deployment made: its job's allocations, those with its DeploymentID."""
+async def deployment_allocations(request: web.Request) -> web.StreamResponse:
+    """The allocations one deployment made: its job's allocations with its DeploymentID (filtered server side)."""
     dep, _ = await read(request, "deployment.get", by_path(request, "deployment_id"))
-    data, index = await read(request, "alloc.list", {"job_id": dep["JobID"]})
-    return reply(
-        request, alloc_stubs([a for a in data if a.get("DeploymentID") == dep["ID"]]), index
-    )
+    only = and_filter(request.query.get("filter"), f"DeploymentID == {json.dumps(dep['ID'])}")
+    return await list_reply(request, "alloc.list", {"job_id": dep["JobID"], "filter": only}, alloc_stubs)

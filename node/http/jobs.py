@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http.bridge import api_of
+from node.http.paging import list_reply, read_all
 from node.http.shapes import JOB_STUB, alloc_stubs, nomad_job, stub
 from node.http.translate import (
     answer,
@@ -19,10 +20,8 @@ from node.http.translate import (
     by_path,
     call_write,
     json_body,
-    prefix_arg,
     query_bool,
     read,
-    read_reply,
     reply,
     write_reply,
 )
@@ -31,17 +30,20 @@ from node.spec.jobspec import JobSpecError, parse_job
 from node.spec.nomadjson import to_nomad
 
 
-async def jobs_list(request: web.Request) -> web.Response:
+async def jobs_list(request: web.Request) -> web.StreamResponse:
     """Job stubs; ``?meta`` adds each job's Meta, as Nomad's ``-meta`` listing does."""
-    data, index = await read(request, "job.list", {"prefix": prefix_arg(request)})
     with_meta = query_bool(request, "meta")
-    stubs = []
-    for job in data:
-        job_stub = stub(nomad_job(job), JOB_STUB)
-        if with_meta:
-            job_stub["Meta"] = job.get("Meta") or {}
-        stubs.append(job_stub)
-    return reply(request, stubs, index)
+
+    def stubs(page: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for job in page:
+            job_stub = stub(nomad_job(job), JOB_STUB)
+            if with_meta:
+                job_stub["Meta"] = job.get("Meta") or {}
+            out.append(job_stub)
+        return out
+
+    return await list_reply(request, "job.list", shape=stubs)
 
 
 def _register_args(body: Any, path_id: str | None) -> dict[str, Any]:
@@ -102,22 +104,21 @@ async def job_revert(request: web.Request) -> web.Response:
     return await call_write(request, "job.revert", args)
 
 
-async def job_allocations(request: web.Request) -> web.Response:
-    data, index = await read(request, "alloc.list", by_path(request, "job_id"))
-    return reply(request, alloc_stubs(data), index)
+async def job_allocations(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "alloc.list", by_path(request, "job_id"), alloc_stubs)
 
 
-async def job_evaluations(request: web.Request) -> web.Response:
-    return await read_reply(request, "eval.list", by_path(request, "job_id"))
+async def job_evaluations(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "eval.list", by_path(request, "job_id"))
 
 
-async def job_deployments(request: web.Request) -> web.Response:
-    return await read_reply(request, "deployment.list", by_path(request, "job_id"))
+async def job_deployments(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "deployment.list", by_path(request, "job_id"))
 
 
 async def job_latest_deployment(request: web.Request) -> web.Response:
     """The job's newest deployment, or ``null`` when it has none (as Nomad answers)."""
-    data, index = await read(request, "deployment.list", by_path(request, "job_id"))
+    data, index = await read_all(request, "deployment.list", by_path(request, "job_id"))
     latest = max(data, key=lambda d: d.get("CreateIndex", 0)) if data else None
     return reply(request, latest, index)
 

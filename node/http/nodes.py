@@ -8,31 +8,29 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from node.http.paging import list_reply
 from node.http.shapes import NODE_STUB, stub
 from node.http.translate import (
     bad,
     by_path,
     call_write,
-    id_prefixed,
     json_body,
     read,
     read_reply,
-    reply,
 )
 
 
-async def nodes_list(request: web.Request) -> web.Response:
-    data, index = await read(request, "node.list")
-    return reply(request, [stub(n, NODE_STUB) for n in id_prefixed(request, data)], index)
+async def nodes_list(request: web.Request) -> web.StreamResponse:
+    return await list_reply(request, "node.list", shape=lambda page: [stub(n, NODE_STUB) for n in page])
 
 
 async def node_get(request: web.Request) -> web.Response:
     return await read_reply(request, "node.get", by_path(request, "node_id"))
 
 
-async def node_allocations(request: web.Request) -> web.Response:
+async def node_allocations(request: web.Request) -> web.StreamResponse:
     node, _ = await read(request, "node.get", by_path(request, "node_id"))
-    return await read_reply(request, "alloc.list", {"node_id": node["ID"]})
+    return await list_reply(request, "alloc.list", {"node_id": node["ID"]})
 
 
 async def node_drain(request: web.Request) -> web.Response:

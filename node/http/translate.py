@@ -13,6 +13,8 @@ follows them alike:
   ``X-Nomad-LastContact``; ``?index=N&wait=5s`` blocks, ``?stale`` reads this
   server's local state. Booleans in queries parse as Go's ``strconv.ParseBool``;
   ``namespace`` and ``region`` are accepted and ignored (one of each).
+* Lists take ``per_page``, ``next_token``, ``filter``, ``reverse`` and ``prefix``
+  and answer ``X-Nomad-NextToken`` (``node.http.paging``).
 """
 
 from __future__ import annotations
@@ -132,17 +134,6 @@ def read_args(request: web.Request) -> dict[str, Any]:
         args["min_index"] = index
         args["wait"] = min(wait if wait is not None else DEFAULT_BLOCKING_WAIT, MAX_BLOCKING_WAIT)
     return args
-
-
-def prefix_arg(request: web.Request) -> str:
-    """``?prefix=``: empty means no filter."""
-    return request.query.get("prefix", "")
-
-
-def id_prefixed(request: web.Request, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``items`` whose ID starts with ``?prefix=``, for list RPCs that take no prefix."""
-    prefix = prefix_arg(request)
-    return [item for item in items if item.get("ID", "").startswith(prefix)]
 
 
 async def json_body(request: web.Request, *, required: bool = True) -> Any:

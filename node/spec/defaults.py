@@ -4,10 +4,13 @@ Defaults apply at two moments of a registration, and only here:
 
 * before reading, on the Nomad-shaped map: a job-level ``Update`` or
   ``Migrate`` block is every group's default (a group's own keys win), as
-  Nomad's ``Job.Canonicalize`` does;
+  Nomad's ``Job.Canonicalize`` does; each group's reschedule policy is its
+  own fields over the job-level ``Reschedule`` block over the job type's
+  defaults (``node.spec.reschedule.merge_policy``);
 * after reading, on the ``Job``: a missing name is the ID, a missing
-  reschedule policy is Nomad's for the job type, and a service group without
-  a migrate block gets Nomad's migrate strategy.
+  reschedule policy is Nomad's for the job type (a group the merge could not
+  reach), and a service group without a migrate block gets Nomad's migrate
+  strategy.
 
 The HCL reader merges job-level blocks and partial reschedule blocks with the
 same helpers, so a spec means the same whether it arrived as JSON or HCL.
@@ -18,32 +21,28 @@ from __future__ import annotations
 from typing import Any
 
 from fsm.record import copy_record
-from fsm.structs import HOUR, SECOND, Job, MigrateStrategy, ReschedulePolicy
-from node.spec.nomadjson import to_nomad
+from fsm.structs import Job, MigrateStrategy, ReschedulePolicy
+from node.spec.errors import JobSpecError
+from node.spec.reschedule import default_policy, merge_policy
 
 # The job-level blocks that are defaults for every group, in Nomad's spelling.
 JOB_LEVEL_BLOCKS = ("Update", "Migrate")
+# The job-level reschedule block (Nomad's ``Job.Reschedule``) and a group's own (``TaskGroup.ReschedulePolicy``).
+JOB_RESCHEDULE, GROUP_RESCHEDULE = "Reschedule", "ReschedulePolicy"
 
 
 def default_reschedule(job_type: str) -> ReschedulePolicy:
     """Nomad's defaults: batch 1 attempt in 24h, 5s constant; service unlimited, 30s exponential."""
-    if job_type == "batch":
-        return ReschedulePolicy(
-            attempts=1, interval=24 * HOUR, delay=5 * SECOND, delay_function="constant", max_delay=HOUR, unlimited=False
-        )
-    return ReschedulePolicy()
-
-
-def nomad_reschedule_default(job_type: str) -> dict[str, Any]:
-    """``default_reschedule`` in Nomad's JSON shape, for filling a partial HCL ``reschedule`` block."""
-    return to_nomad(default_reschedule(job_type))
+    return default_policy(job_type)
 
 
 def spread_job_blocks(spec: dict[str, Any]) -> dict[str, Any]:
-    """Nomad's ``Job.Update`` and ``Job.Migrate`` are every group's defaults (a group's own keys win).
+    """Nomad's ``Job.Update`` and ``Job.Migrate`` are every group's defaults (a group's own keys win),
+    and each group's reschedule policy is merged over ``Job.Reschedule`` and the type's defaults.
 
     Returns a new map; the caller's spec is left as it was.
     """
+    spec = spread_reschedule(spec)
     for block in JOB_LEVEL_BLOCKS:
         block_defaults = spec.get(block)
         if not isinstance(block_defaults, dict):
@@ -53,6 +52,28 @@ def spread_job_blocks(spec: dict[str, Any]) -> dict[str, Any]:
         if isinstance(groups, list):
             spec["TaskGroups"] = [with_group_default(g, block, block_defaults) for g in groups]
     return spec
+
+
+def spread_reschedule(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec without ``Reschedule``, each group with its merged ``ReschedulePolicy`` (Nomad's canonicalisation)."""
+    job_level = spec.get(JOB_RESCHEDULE)
+    if job_level is not None and not isinstance(job_level, dict):
+        raise JobSpecError(f"Job.{JOB_RESCHEDULE}: expected map, got {type(job_level).__name__}")
+    groups = spec.get("TaskGroups")
+    spec = {k: v for k, v in spec.items() if k != JOB_RESCHEDULE}
+    if isinstance(groups, list):
+        job_type = spec.get("Type", "service")
+        job_type = job_type if isinstance(job_type, str) else "service"  # a bad type: the reader names it
+        spec["TaskGroups"] = [_with_reschedule(g, job_type, job_level) for g in groups]
+    return spec
+
+
+def _with_reschedule(group: Any, job_type: str, job_level: dict[str, Any] | None) -> Any:
+    """One group with its merged policy; a malformed group is left for the reader to name."""
+    if not isinstance(group, dict):
+        return group
+    merged = merge_policy(job_type, job_level, group.get(GROUP_RESCHEDULE))
+    return group if merged is None else {**group, GROUP_RESCHEDULE: merged}
 
 
 def with_group_default(group: Any, block: str, block_defaults: dict[str, Any]) -> Any:

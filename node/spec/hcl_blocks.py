@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.spec.defaults import nomad_reschedule_default, with_group_default
+from node.spec.defaults import with_group_default
 from node.spec.hcl_text import BLOCK_MARK, Path, block_list
 from node.spec.hcl_values import BlockHandler, HCLValues
+from node.spec.reschedule import merge_policy
 
 # The constraint attributes that name both the operand and the right-hand target.
 _SHORTHAND_RTARGET = ("version", "semver", "regexp", "set_contains", "set_contains_any", "set_contains_all")
@@ -225,12 +226,16 @@ def _with_job_defaults(
     groups: list[dict[str, Any]], group_defaults: dict[str, dict[str, Any]], job_type: str
 ) -> list[dict[str, Any]]:
     """Each group with the job-level blocks as defaults under its own, field by field, as Nomad's
-    canonicalisation does; a partial reschedule block gets the rest from Nomad's defaults for the type."""
+    canonicalisation does; a reschedule block (the group's or the job's) is merged over the type's
+    defaults by ``merge_policy``, the one merge the JSON path uses too."""
     out = []
+    job_reschedule = group_defaults.get("ReschedulePolicy")
     for group in groups:
         for block, block_defaults in group_defaults.items():
-            group = with_group_default(group, block, block_defaults)
-        if "ReschedulePolicy" in group:
-            group = with_group_default(group, "ReschedulePolicy", nomad_reschedule_default(job_type))
+            if block != "ReschedulePolicy":
+                group = with_group_default(group, block, block_defaults)
+        if job_reschedule is not None or "ReschedulePolicy" in group:
+            merged = merge_policy(job_type, job_reschedule, group.get("ReschedulePolicy"))
+            group = group if merged is None else {**group, "ReschedulePolicy": merged}
         out.append(group)
     return out

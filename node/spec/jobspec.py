@@ -6,7 +6,8 @@ into API JSON by ``node.spec.hcl``). ``parse_job`` is the whole path, each
 step in its own module:
 
 1. ``reader.decode_spec``: JSON text or a map, wrapped or bare -> the job map;
-2. ``defaults.spread_job_blocks``: job-level Update/Migrate -> each group's;
+2. ``defaults.spread_job_blocks``: job-level Update/Migrate -> each group's, and each
+   group's reschedule policy merged over Job.Reschedule and the type's defaults;
 3. ``reader.read_job``: the map -> a ``Job`` and the warnings for fields
    Caravan ignores (in one pass when it can, by ``onepass``);
 4. ``defaults.fill_defaults``: name, reschedule policy, migrate strategy;

@@ -80,3 +80,36 @@ def parse_size(value: int | str) -> int:
         if match:
             return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
     raise ValueError(f'expected a size like "4MiB" or a number of bytes, got {value!r}')
+
+
+def go_duration(ns: int) -> str:
+    """Nanoseconds as Go's ``time.Duration.String`` prints them ("1h0m0s", "1m30s", "1.5s", "500ms", "0s").
+
+    Nomad's messages print durations this way; an operator comparing ours
+    with Nomad's (or pasting one back into a spec) sees the same text.
+    """
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= size:
+                return sign + _fraction(ns, size) + unit
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    seconds = _fraction(rest, 1_000_000_000) + "s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{seconds}"
+    if minutes:
+        return f"{sign}{minutes}m{seconds}"
+    return sign + seconds
+
+
+def _fraction(value: int, size: int) -> str:
+    """``value / size`` in decimal, trailing zeros of the fraction dropped (as Go's fmtFrac)."""
+    whole, frac = divmod(value, size)
+    if not frac:
+        return str(whole)
+    digits = len(str(size)) - 1
+    return f"{whole}.{frac:0{digits}d}".rstrip("0")

@@ -9,7 +9,8 @@ Two layers, in this order:
    rejected by apply, and the operator reads the very message apply would
    give. Their text lives in the FSM because the FSM must not import node.
 2. Nomad's rules for how the job will be scheduled and rolled out (a system
-   group's count, the reschedule policy, the update and migrate strategies).
+   group's count, the reschedule policy as ``node.spec.reschedule`` checks
+   it, the update and migrate strategies).
    A job breaking them cannot corrupt the state store, so apply does not
    repeat them; they are checked only here.
 
@@ -19,8 +20,9 @@ Every failure is a one-line ``JobSpecError`` naming the field.
 from __future__ import annotations
 
 from fsm.errors import ApplyRejected
-from fsm.structs import SECOND, Job, MigrateStrategy, ReschedulePolicy, UpdateStrategy
+from fsm.structs import Job, MigrateStrategy, ReschedulePolicy, UpdateStrategy
 from fsm.validate import check_job
+from node.spec import reschedule
 from node.spec.errors import JobSpecError
 
 
@@ -43,7 +45,7 @@ def _check_groups(job: Job) -> None:
         if job.type == "system" and group.count > 1:
             raise JobSpecError(f"{where}.Count: cannot exceed 1 with the system scheduler (0 switches the group off)")
         if group.reschedule_policy is not None:
-            _check_reschedule(group.reschedule_policy, f"{where}.ReschedulePolicy")
+            _check_reschedule(job, group.reschedule_policy, f"{where}.ReschedulePolicy")
         if group.update is not None:
             _check_update(group.update, f"{where}.Update")
         if group.migrate is not None:
@@ -53,16 +55,17 @@ def _check_groups(job: Job) -> None:
             _check_migrate(group.migrate, f"{where}.Migrate")
 
 
-def _check_reschedule(policy: ReschedulePolicy, where: str) -> None:
-    """Nomad's ReschedulePolicy.Validate: a known delay function, and delays the broker can honour."""
-    if policy.attempts > 0 and policy.unlimited:
-        raise JobSpecError(f"{where}: Attempts > 0 together with Unlimited is invalid; set one of them")
-    if policy.delay_function not in ("constant", "exponential", "fibonacci"):
-        raise JobSpecError(f"{where}.DelayFunction: must be constant, exponential or fibonacci")
-    if policy.delay < 5 * SECOND:
-        raise JobSpecError(f"{where}.Delay: must be at least 5s (5000000000 ns)")
-    if policy.attempts > 0 and policy.interval < 15 * SECOND:
-        raise JobSpecError(f"{where}.Interval: must be at least 15s (15000000000 ns)")
+def _check_reschedule(job: Job, policy: ReschedulePolicy, where: str) -> None:
+    """Nomad's ``Job.Validate`` for a group's policy: none for system jobs, else ``ReschedulePolicy.Validate``.
+
+    Every rule broken is named, in Nomad's words, on one line (Nomad lists
+    them as a multierror).
+    """
+    if job.type == "system":
+        raise JobSpecError(f"{where}: System or sysbatch jobs should not have a reschedule policy")
+    found = reschedule.problems(policy)
+    if found:
+        raise JobSpecError(f"{where}: " + "; ".join(found))
 
 
 def _check_update(update: UpdateStrategy, where: str) -> None:

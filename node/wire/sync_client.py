@@ -122,6 +122,26 @@ class RPCClient(ClientBase):
             self.remember(attempt.address, pinned=False)
             return result
 
+    def pages(self, method: str, args: dict[str, Any] | None = None, **kw: Any) -> Iterator[list[Any]]:
+        """The items of each page of a list ``method`` in turn, following ``next_token`` to the end.
+
+        A list answers one bounded page at a time (``node.core.paging``), so a
+        caller that wants a whole list reads it this way and never builds one
+        giant answer on the server. ``kw`` goes to ``call``.
+        """
+        call = dict(args or {})
+        while True:
+            out = self.call(method, call, **kw)
+            yield out["data"]
+            token = out.get("next_token") or ""
+            if not token:
+                return
+            call["next_token"] = token
+
+    def list_all(self, method: str, args: dict[str, Any] | None = None, **kw: Any) -> list[Any]:
+        """Every item of a list ``method``, page after page (for lists the caller can hold)."""
+        return [item for page in self.pages(method, args, **kw) for item in page]
+
     def _drive(
         self,
         steps: Plan,

@@ -135,7 +135,7 @@ def start_sim(addresses: list[str], nodes: int, directory: str) -> subprocess.Po
 def wait_nodes(client: RPCClient, nodes: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready = [n for n in client.call("node.list", {})["data"] if n["Status"] == "ready" and n["Name"].startswith("bench-")]
+        ready = [n for n in client.list_all("node.list", {}) if n["Status"] == "ready" and n["Name"].startswith("bench-")]
         if len(ready) >= nodes:
             return
         time.sleep(0.2)
@@ -179,7 +179,7 @@ def main() -> None:
             out = client.call("job.register", {"job": batch_spec("bench-one", a.allocs)})
             one_s = watch.wait([out["EvalID"]]) - t0
             ev = watch.done[out["EvalID"]][1]
-            placed = sum(1 for x in client.call("alloc.list", {"job_id": "bench-one"})["data"])
+            placed = len(client.list_all("alloc.list", {"job_id": "bench-one"}))
             to_running = wait_running(client, ["bench-one"], a.allocs) + one_s
             stats_one = client.call("scheduler.stats", {"reset": True})
 

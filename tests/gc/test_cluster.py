@@ -217,10 +217,10 @@ def converged(env: Env, gone_jobs: tuple[str, ...] | list[str] = ()) -> str:
     assert len({d for d, _ in digests.values()}) == 1, f"replicas diverged: {digests}"
     for node in env.cluster.nodes:
         with env.client(node.rpc_addr, timeout=30.0) as c:
-            jobs = {j["ID"] for j in c.call("job.list", {"stale": True})["data"]}
-            evals = {e["ID"]: e for e in c.call("eval.list", {"stale": True})["data"]}
-            allocs = c.call("alloc.list", {"stale": True})["data"]
-            deployments = c.call("deployment.list", {"stale": True})["data"]
+            jobs = {j["ID"] for j in c.list_all("job.list", {"stale": True})}
+            evals = {e["ID"]: e for e in c.list_all("eval.list", {"stale": True})}
+            allocs = c.list_all("alloc.list", {"stale": True})
+            deployments = c.list_all("deployment.list", {"stale": True})
             for a in allocs:
                 assert a["EvalID"] in evals, f"{node.id}: alloc {a['ID']} names missing eval {a['EvalID']}"
                 assert a["JobID"] in jobs, f"{node.id}: alloc {a['ID']} names missing job {a['JobID']}"
