@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from client.silence import Silence
 from fsm.structs import CLUSTER_ATTRIBUTE, RACK_ATTRIBUTE
 from node.wire.errors import RPCError
 from node.wire.messages import MAX_HEARTBEAT_IDS
@@ -45,6 +46,7 @@ BEAT_MARGIN = 1.0  # seconds: and at least this long before its TTL runs out
 DEFAULT_TTL = 10.0  # until a server grants one (Nomad's min_heartbeat_ttl)
 RETRY_FIRST = 0.25  # seconds before a failed heartbeat is sent again, doubling up to RETRY_MAX
 RETRY_MAX = 4.0
+SILENT_RECHECK = 0.25  # seconds: how soon a chunk whose nodes are all silenced looks again
 RPC_TIMEOUT = 15.0
 T = TypeVar("T")
 
@@ -177,8 +179,10 @@ class Fleet:
         *,
         error: Callable[[str, str], None],
         say: Callable[[str], None],
+        silence: Silence | None = None,
     ) -> None:
         self.cfg = cfg
+        self.silence = silence or Silence()  # nodes cut off from the servers: not heartbeated
         self.rpc = rpc
         self.nodes = nodes
         self.error = error
@@ -211,7 +215,8 @@ class Fleet:
         started = time.monotonic()
         for n, chunk in enumerate(self.chunks, 1):
             at = loop.time()
-            ttls = await self.register([self.nodes[i] for i in chunk.ids])
+            # A silenced node stays away (a restart during the cut); it registers again when back, if unknown.
+            ttls = await self.register([self.nodes[i] for i in chunk.ids if i not in self.silence])
             chunk.ttl = min(ttls, default=DEFAULT_TTL)  # every node of it was granted at least this
             chunk.due = at + next_beat(chunk.ttl)
             self.stats.registered += len(chunk.ids)
@@ -231,9 +236,13 @@ class Fleet:
         retry = RETRY_FIRST
         while True:
             await asyncio.sleep(max(0.0, chunk.due - loop.time()))
+            ids = [i for i in chunk.ids if i not in self.silence] if self.silence.ids else chunk.ids
+            if not ids:  # every node of the chunk is cut off: look again soon, so they come back promptly
+                chunk.due = loop.time() + SILENT_RECHECK
+                continue
             sent = loop.time()
             try:
-                out = await self.rpc.call("node.heartbeat", {"node_ids": chunk.ids}, timeout=beat_timeout(chunk.ttl))
+                out = await self.rpc.call("node.heartbeat", {"node_ids": ids}, timeout=beat_timeout(chunk.ttl))
             except RPCError as exc:
                 self.stats.heartbeat_errors += 1
                 self.error("heartbeat", exc.message)
@@ -242,7 +251,7 @@ class Fleet:
                 continue
             retry = RETRY_FIRST
             self.stats.heartbeats += 1
-            self.stats.beats += len(chunk.ids)
+            self.stats.beats += len(ids)
             chunk.ttl = float(out.get("HeartbeatTTL") or chunk.ttl)
             chunk.due = sent + next_beat(chunk.ttl)  # the server's deadline runs from before the answer
             unknown = [self.nodes[i] for i in out.get("Unknown") or [] if i in self.nodes]

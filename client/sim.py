@@ -39,6 +39,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ from client.fleet import (
     place,
     save_nodes,
 )
+from client.silence import POLL_INTERVAL, Silence
 from node.wire.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
 from node.wire.rpc_client import AsyncRPCClient
 
@@ -114,13 +116,19 @@ class SimClient:
         self.nodes = {n.id: n for n in nodes}
         if cfg.state_file:
             save_nodes(cfg.state_file, nodes)
+        # Nodes the fault harness cut off (client.silence); read before registering, so a
+        # restart during the cut does not bring them back.
+        self.silence = Silence.from_env()
+        self.silence.poll()
+        self.silence.acknowledge()
         self.fleet = Fleet(cfg, AsyncRPCClient(cfg.servers, token=cfg.token, timeout=RPC_TIMEOUT), self.nodes,
-                           error=self._error, say=self.say)
+                           error=self._error, say=self.say, silence=self.silence)
         self._beating: asyncio.Task[None] | None = None
         self.rng = random.Random(cfg.seed)
         self.runs: dict[str, Run] = {}
         self.done: set[str] = set()  # allocs this client ran to an end (late records are ignored)
         self.pending: dict[str, dict[str, Any]] = {}  # alloc id -> update to report
+        self.pending_node: dict[str, str] = {}  # alloc id -> its node, for each pending update
         self.jobs: dict[tuple[str, int], dict[str, Any]] = {}
         self.stats = SimStats()
         self.index = 0
@@ -158,6 +166,8 @@ class SimClient:
         ]
         if self.cfg.status_interval > 0:
             tasks.append(asyncio.create_task(self._status_lines(), name="status lines"))
+        if self.silence.path:
+            tasks.append(asyncio.create_task(self._watch_silence(), name="silence control"))
         stop = asyncio.create_task(self.stop_event.wait())
         crashed: asyncio.Task[Any] | None = None
         try:
@@ -207,6 +217,32 @@ class SimClient:
             print(f"{time.strftime('%H:%M:%S')} {line}; retrying", file=sys.stderr, flush=True)
         self.stats.errors.append(line)
 
+    async def _watch_silence(self) -> None:
+        """Apply the harness's changes to the silenced nodes (``client.silence``), and acknowledge each.
+
+        Heartbeats, reports and the journal's records follow the set at once;
+        nodes brought back then reload their allocs, since the records about
+        them while they were cut off were ignored.
+        """
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            change = self.silence.poll()
+            if change is None:
+                continue
+            silenced, restored = change
+            self.silence.acknowledge()
+            print(f"{time.strftime('%H:%M:%S')} silence: {len(silenced)} node(s) cut off, {len(restored)} back, "
+                  f"{len(self.silence.ids)} silenced (generation {self.silence.generation})", flush=True)
+            backoff = 0.05
+            while restored:
+                try:
+                    await self._load_allocs(restored)
+                    break
+                except RPCError as exc:
+                    self._error("reloading the allocations of nodes brought back", exc.message)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+
     # -- following allocations -----------------------------------------------------
     async def _follow(self) -> None:
         backoff = 0.05
@@ -246,18 +282,27 @@ class SimClient:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
-    async def _load_allocs(self) -> None:
-        """Run what the servers place on our nodes, stop what they no longer do; follow on from there.
+    async def _load_allocs(self, only: Iterable[str] | None = None) -> None:
+        """Run what the servers place on our nodes (or ``only`` these), stop what they no longer do.
 
         One ``alloc.list`` per node, a bounded number in flight; the answers
         are applied in node order once all are in, so a failure changes nothing.
+        Silenced nodes are left out: they hear nothing until they are back.
         """
         answers: dict[str, dict[str, Any]] = {}
+        nodes = {n for n in (self.nodes if only is None else only) if n in self.nodes and n not in self.silence}
 
         async def one(node_id: str) -> None:
-            answers[node_id] = await self.rpc.call("alloc.list", {"node_id": node_id})
+            # Every page (a list answers a bounded page and a next_token), kept as one answer.
+            args: dict[str, Any] = {"node_id": node_id}
+            out = await self.rpc.call("alloc.list", args)
+            data = list(out.get("data") or [])
+            while out.get("next_token"):
+                out = await self.rpc.call("alloc.list", {**args, "next_token": out["next_token"]})
+                data += out.get("data") or []
+            answers[node_id] = {**out, "data": data}
 
-        await for_each(sorted(self.nodes), LIST_CONCURRENCY, one)
+        await for_each(sorted(nodes), LIST_CONCURRENCY, one)
         index = self.index
         seen: set[str] = set()
         for node_id in sorted(answers):
@@ -266,7 +311,7 @@ class SimClient:
             for alloc in out.get("data") or []:
                 seen.add(alloc["ID"])
                 self.on_alloc(_snake_alloc(alloc))
-        for run in [r for r in self.runs.values() if r.alloc_id not in seen]:
+        for run in [r for r in self.runs.values() if r.node_id in nodes and r.alloc_id not in seen]:
             self._stop(run, quiet=True)
         self.index = index
 
@@ -277,15 +322,15 @@ class SimClient:
         if obj is None:  # garbage-collected
             self.done.discard(key)
             run = self.runs.get(key)
-            if run is not None:
+            if run is not None and run.node_id not in self.silence:
                 self._stop(run, quiet=True)
             return
         self.on_alloc(obj)
 
     def on_alloc(self, alloc: dict[str, Any]) -> None:
         """React to an allocation (wire shape) placed on, or changed on, one of our nodes."""
-        if alloc.get("node_id") not in self.nodes:
-            return
+        if alloc.get("node_id") not in self.nodes or alloc.get("node_id") in self.silence:
+            return  # not ours, or cut off: a silenced node hears of it when it is back
         alloc_id = alloc["id"]
         run = self.runs.get(alloc_id)
         server_terminal = alloc.get("desired_status") in SERVER_TERMINAL
@@ -297,7 +342,8 @@ class SimClient:
                 # Stopped before it ran here, or while this client was down:
                 # acknowledge the stop so the servers do not wait on it.
                 self.done.add(alloc_id)
-                self._merge(alloc_id, {"ClientStatus": "complete", "ClientDescription": "alloc stopped by the server"})
+                self._merge(alloc_id, {"ClientStatus": "complete", "ClientDescription": "alloc stopped by the server"},
+                            alloc["node_id"])
                 return
             run = Run(
                 alloc_id,
@@ -425,7 +471,7 @@ class SimClient:
                 await asyncio.sleep(left)
             if run.healthy_reported != run.deployment_id:
                 run.healthy_reported = run.deployment_id
-                self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": healthy, "Timestamp": time.time_ns()}})
+                self._merge(run.alloc_id, {"DeploymentStatus": {"Healthy": healthy, "Timestamp": time.time_ns()}}, run.node_id)
             run.moved.clear()
             await run.moved.wait()
             try:
@@ -442,9 +488,10 @@ class SimClient:
         if failed and run.deployment_id and run.healthy_reported != run.deployment_id:
             run.healthy_reported = run.deployment_id
             update["DeploymentStatus"] = {"Healthy": False, "Timestamp": time.time_ns()}
-        self._merge(run.alloc_id, update)
+        self._merge(run.alloc_id, update, run.node_id)
 
-    def _merge(self, alloc_id: str, update: dict[str, Any]) -> None:
+    def _merge(self, alloc_id: str, update: dict[str, Any], node_id: str) -> None:
+        self.pending_node[alloc_id] = node_id
         old = self.pending.get(alloc_id)
         self.pending[alloc_id] = {**(old or {}), **update, "ID": alloc_id}
         if "ClientStatus" not in self.pending[alloc_id]:
@@ -456,9 +503,16 @@ class SimClient:
             await self._flush()
 
     async def _flush(self) -> None:
+        """Report pending status changes, in batches; those of silenced nodes wait until they are back."""
         while self.pending:
-            ids = list(self.pending)[:REPORT_BATCH]
+            if self.silence.ids:
+                ids = [i for i in self.pending if self.pending_node.get(i) not in self.silence][:REPORT_BATCH]
+            else:
+                ids = list(self.pending)[:REPORT_BATCH]
+            if not ids:
+                return
             batch = [self.pending.pop(i) for i in ids]
+            nodes = {i: self.pending_node.pop(i, "") for i in ids}
             try:
                 await self.rpc.call("alloc.update", {"allocs": batch})
                 self.stats.reports += len(batch)
@@ -467,6 +521,7 @@ class SimClient:
                 self._error("alloc.update", exc.message)
                 for item in batch:  # put back unless something newer came meanwhile
                     self.pending.setdefault(item["ID"], item)
+                    self.pending_node.setdefault(item["ID"], nodes[item["ID"]])
                 return
 
 

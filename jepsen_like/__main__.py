@@ -58,9 +58,10 @@ run_options = [
     click.option("--nodes", type=int, default=3, show_default=True, help="servers (3 or 5)"),
     click.option("--time", "duration", type=float, default=60.0, show_default=True, help="seconds of faults and load"),
     click.option("--nemesis", default="kill,pause,partition", show_default=True,
-                 help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, none"),
+                 help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, client-kill, drain, "
+                      "clients (adds the failover workload), none"),
     click.option("--workload", default="register,set", show_default=True,
-                 help="comma list: register, set, lifecycle, journal"),
+                 help="comma list: register, set, lifecycle, journal, failover"),
     click.option("--register-clients", type=int, default=4, show_default=True),
     click.option("--set-clients", type=int, default=2, show_default=True),
     click.option("--op-timeout", type=float, default=5.0, show_default=True, help="seconds per client call"),

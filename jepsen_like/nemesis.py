@@ -31,6 +31,10 @@ Faults (``--nemesis`` names):
   ignoring system jobs; hold, wait (bounded) for the drain to complete, then
   end it and open the node again: the drainer's steps, its deadline and its
   completion meet leader changes and the other faults.
+* ``clients`` -- silence a seeded 20-50% of the simulated client's nodes
+  until the servers have marked them down and their allocs lost, then bring
+  them back (``jepsen_like.clients_fault``; listed in ``catalogue``, which
+  adds the ``failover`` workload its checker reads).
 * ``clock`` -- jump the leader's wall clock by a seeded offset (±0.5 s to
   ±1 day), then restore it; needs the servers' test-only wall-clock switch,
   which the runner turns on when this nemesis is enabled (``ClockJump``).
@@ -51,7 +55,7 @@ from typing import Any
 
 from jepsen_like.recorder import FaultLog
 from jepsen_like.testbed import Testbed, TestbedError
-from node.wire.errors import RPCError
+from node.wire.errors import NOT_FOUND, RPCError
 from node.wire.rpc_client import RPCClient
 
 
@@ -387,12 +391,14 @@ NODES_DOWN_WAIT = 30.0
 
 
 def _await_stale(testbed: Testbed, method: str, args: dict[str, Any], done: Callable[[Any], bool], timeout: float) -> bool:
-    """Whether ``done(data)`` held for a stale read of ``method`` (any server's view) within ``timeout``."""
+    """Whether ``done(data)`` held for a stale read of ``method`` (any server's view) within ``timeout``; a list is read whole."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with RPCClient(testbed.running_addresses(), timeout=2.0) as client:
-                if done(client.call(method, {**args, "stale": True})["data"]):
+                call = {**args, "stale": True}
+                data = client.list_all(method, call) if method.endswith(".list") else client.call(method, call)["data"]
+                if done(data):
                     return True
         except (RPCError, OSError):
             pass
@@ -401,9 +407,20 @@ def _await_stale(testbed: Testbed, method: str, args: dict[str, Any], done: Call
 
 
 def _await_nodes_down(testbed: Testbed, timeout: float) -> bool:
-    """Whether every node the servers know became ``down`` within ``timeout``."""
-    return _await_stale(testbed, "node.list", {}, lambda nodes: bool(nodes) and all(n["Status"] == "down" for n in nodes),
-                        timeout)
+    """Whether every node of the simulated client became ``down`` within ``timeout``.
+
+    A node no longer listed counts as down: a forced GC (the lifecycle
+    workload's) collects down nodes whose allocs are terminal, so all of
+    them could be gone before a look found them all down.
+    """
+    ours = set(testbed.client_sim_node_ids())
+
+    def down(nodes: list[dict[str, Any]]) -> bool:
+        if not ours:  # no state file to say which: every node the servers know
+            return bool(nodes) and all(n["Status"] == "down" for n in nodes)
+        return all(n["Status"] == "down" for n in nodes if n["ID"] in ours)
+
+    return _await_stale(testbed, "node.list", {}, down, timeout)
 
 
 READY_NODE_WAIT = 15.0  # seconds the drain fault looks for a ready node in the servers' stale views
@@ -477,7 +494,7 @@ def _left_on(testbed: Testbed, node_id: str) -> str:
     """The node's allocs that still run, as ``describe_left`` puts them; a failed read says so."""
     try:
         with RPCClient(testbed.running_addresses(), timeout=5.0) as client:
-            allocs = client.call("alloc.list", {"node_id": node_id, "stale": True})["data"]
+            allocs = client.list_all("alloc.list", {"node_id": node_id, "stale": True})
     except (RPCError, OSError) as exc:
         return f"could not list its allocs ({exc})"
     return describe_left(allocs)
@@ -514,7 +531,9 @@ def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:
             with RPCClient(testbed.running_addresses(), timeout=DRAIN_CALL_TIMEOUT) as client:
                 client.call("node.drain", {"node_id": node_id, "drain_spec": None, "mark_eligible": True})
             return
-        except (RPCError, OSError):
+        except (RPCError, OSError) as exc:
+            if isinstance(exc, RPCError) and exc.code == NOT_FOUND:
+                return  # down (client-kill) and collected by a forced GC meanwhile: no drain left to end
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)

@@ -39,6 +39,7 @@ FAULT_COLORS = {
     "clock": "#c49c3a",
     "client-kill": "#64b5cd",
     "drain": "#ccb974",
+    "clients": "#8c613c",
 }
 STATUS_COLORS = {"ok": "#4caf50", "fail": "#9e9e9e", "info": "#ff9800"}
 

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from jepsen_like import checkers
+from jepsen_like.catalogue import FAULTS, NEEDS_WORKLOAD, WORKLOADS
+from jepsen_like.failover_check import check_failover
 from jepsen_like.history import load_events
-from jepsen_like.nemesis import FAULTS, Nemesis, Timing
+from jepsen_like.nemesis import Nemesis, Timing
 from jepsen_like.recorder import (
     FAULTS_FILE,
     Clock,
@@ -47,7 +49,7 @@ from jepsen_like.recorder import (
     load_faults,
 )
 from jepsen_like.testbed import Testbed, TestbedError
-from jepsen_like.workloads import JOURNAL_FILE, WORKLOADS, Lane, RunContext, Workload
+from jepsen_like.workloads import JOURNAL_FILE, Lane, RunContext, Workload
 from node import devcluster as cl
 from node.wire.rpc_client import RPCClient
 
@@ -142,9 +144,45 @@ def _server_env(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def workload_names(options: RunOptions) -> list[str]:
+    """The workloads asked for, plus those an enabled nemesis's checker needs (``catalogue.NEEDS_WORKLOAD``)."""
+    names = list(options.workloads)
+    for nemesis in options.nemeses:
+        needed = NEEDS_WORKLOAD.get(nemesis)
+        if needed and needed not in names:
+            names.append(needed)
+    return names
+
+
+def merge_server_configs(configs: list[str]) -> str:
+    """Workloads' server configs as one TOML text: a table several of them set appears once, later keys winning.
+
+    Joined as they were, two workloads that both set ``[scheduler]`` keys
+    (lifecycle and failover) made a config the servers refuse. Only what
+    workload configs use is understood: top-level keys and ``[table]``
+    sections of one-line ``key = value`` entries; comments are dropped.
+    """
+    tables: dict[str, dict[str, str]] = {"": {}}
+    for text in configs:
+        table = ""
+        for line in text.splitlines():
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            if entry.startswith("[") and entry.endswith("]"):
+                table = entry[1:-1].strip()
+                tables.setdefault(table, {})
+                continue
+            tables.setdefault(table, {})[entry.partition("=")[0].strip()] = entry
+    lines = list(tables.pop("").values())
+    for table, entries in tables.items():
+        lines += ["", f"[{table}]", *entries.values()]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def _build_workloads(options: RunOptions) -> list[Workload]:
     built: list[Workload] = []
-    for name in options.workloads:
+    for name in workload_names(options):
         workload = WORKLOADS[name]()
         if name == "register":
             workload.lanes = options.register_lanes
@@ -210,7 +248,7 @@ def run(options: RunOptions, log: Any = print) -> int:
     clock_file = CLOCK_FILE if "clock" in options.nemeses else None
     env = options.server_env | ({UNSAFE_WALL_CLOCK_ENV: CLOCK_FILE} if clock_file else {})
     with _server_env(env):
-        extra = "\n".join(w.server_config for w in workloads if w.server_config)
+        extra = merge_server_configs([w.server_config for w in workloads if w.server_config])
         testbed = Testbed.create(
             out / "cluster", options.nodes, extra_config=extra,
             compaction_entries=compaction_entries(options), clock_file=clock_file,
@@ -397,6 +435,9 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
         results.append(checkers.check_gc(events["lifecycle"]))
     if "journal" in events:
         results.append(checkers.check_journal(out / JOURNAL_FILE))
+    if "failover" in events:
+        windows = ((meta.get("nemesis_stats") or {}).get("clients") or {}).get("windows") or []
+        results.append(check_failover(events["failover"], windows))
     convergence = None
     if (out / CONVERGENCE_FILE).exists():
         convergence = json.loads((out / CONVERGENCE_FILE).read_text())

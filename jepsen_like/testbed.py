@@ -33,6 +33,7 @@ addresses are the same in every config.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from client.silence import SILENCE_FILE_ENV, read_ack, write_json_atomically
 from jepsen_like.proxy import LinkProxies
 from node import devcluster as cl
 from node.wire.errors import RPCError
@@ -81,6 +83,8 @@ class Testbed:
     #: the file (in each server's data_dir) its wall-clock offset is read from, when the servers run
     #: with the test-only CARAVAN_UNSAFE_WALL_CLOCK_FILE switch (the clock nemesis); else None
     clock_file: str | None = None
+    #: generations of the simulated client's silence control file (``client.silence``), written so far
+    silence_generation: int = 0
 
     @classmethod
     def create(
@@ -213,7 +217,7 @@ class Testbed:
         self.client_sim_args = [
             "client", "sim", "--nodes", str(nodes),
             "--servers", ",".join(self.rpc_addresses), "--seed", str(seed), "--name-prefix", "sim",
-            "--state-file", str(self.directory / "client-sim-nodes.json")]
+            "--state-file", self.client_sim_state_file]
         self._spawn_client_sim()
 
     def kill_client_sim(self) -> None:
@@ -229,7 +233,57 @@ class Testbed:
         self._spawn_client_sim()
 
     def _spawn_client_sim(self) -> None:
-        self.client_sim = cl.launch(self.client_sim_args, self.directory / "client-sim.log")
+        # The client's test-only silence switch (the clients nemesis): launch() passes the
+        # harness's environment on, so set it around the start.
+        saved = os.environ.get(SILENCE_FILE_ENV)
+        os.environ[SILENCE_FILE_ENV] = self.silence_file
+        try:
+            self.client_sim = cl.launch(self.client_sim_args, self.directory / "client-sim.log")
+        finally:
+            if saved is None:
+                os.environ.pop(SILENCE_FILE_ENV, None)
+            else:
+                os.environ[SILENCE_FILE_ENV] = saved
+
+    @property
+    def client_sim_state_file(self) -> str:
+        """Where the simulated client keeps its node ids (so a restart brings the same nodes back)."""
+        return str(self.directory / "client-sim-nodes.json")
+
+    @property
+    def silence_file(self) -> str:
+        """The simulated client's silence control file (``client.silence``)."""
+        return str(self.directory / "client-sim-silence.json")
+
+    def client_sim_node_ids(self) -> list[str]:
+        """The simulated client's node ids, from its state file ([] before it wrote one)."""
+        try:
+            data = json.loads(Path(self.client_sim_state_file).read_text())
+            return [str(n["id"]) for n in data["nodes"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    def silence_client_nodes(self, node_ids: list[str], timeout: float = 5.0) -> bool:
+        """Cut exactly ``node_ids`` of the simulated client off the servers ([]: bring all back).
+
+        True once the client acknowledged; False if it did not within
+        ``timeout``, or at once if it is not running (killed by client-kill:
+        it reads the file when it starts again).
+        """
+        self.silence_generation += 1
+        generation = self.silence_generation
+        write_json_atomically(self.silence_file, {"generation": generation, "silenced": sorted(node_ids)})
+        deadline = time.monotonic() + timeout
+        while self.client_sim_running():
+            if read_ack(self.silence_file) == generation:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)  # polling the client's acknowledgement with a deadline
+        return False
+
+    def client_sim_running(self) -> bool:
+        return self.client_sim is not None and self.client_sim.poll() is None
 
     def _stop_client_sim(self) -> None:
         proc, self.client_sim = self.client_sim, None
@@ -256,6 +310,8 @@ class Testbed:
         """Undo every fault: continue paused servers, start dead ones, heal the network."""
         for name in list(self.paused):
             self.resume(name)
+        if self.silence_generation:
+            self.silence_client_nodes([], timeout=2.0)
         self.heal_network()
         for name in self.names:
             if not self.alive(name):

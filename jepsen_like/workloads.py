@@ -319,7 +319,7 @@ class SetWorkload(Workload):
         """Every element, bucket by bucket (each bucket read is linearizable)."""
         found: set[int] = set()
         for bucket in range(SET_BUCKETS):
-            rows = client.call("job.list", {"prefix": f"set{bucket:x}-"})["data"]
+            rows = client.list_all("job.list", {"prefix": f"set{bucket:x}-"})
             for row in rows:
                 element = set_element(row["ID"])
                 if element is not None:
@@ -484,14 +484,14 @@ class LifecycleWorkload(Workload):
         return out
 
     def observe(self, lane: Lane, client: RPCClient) -> None:
-        def shape(result: Any) -> dict[str, Any]:
-            return {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "") for j in result["data"]}
+        def shape(rows: list[dict[str, Any]]) -> dict[str, Any]:
+            return {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "") for j in rows}
 
         jobs: dict[str, Any] = {}
         lane.invoke({"f": "list"})
         try:
             for prefix in ("life-", "keep-"):
-                jobs.update(shape(client.call("job.list", {"prefix": prefix})))
+                jobs.update(shape(client.list_all("job.list", {"prefix": prefix})))
         except (RPCError, OSError) as err:
             lane.complete("fail", {"error": error_text(err)})
             return
@@ -567,7 +567,7 @@ class LifecycleWorkload(Workload):
         rescale replaces (cancels) it; either way the job keeps running.
         """
         try:
-            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
+            deployments = client.list_all("deployment.list", {"job_id": job_id})
         except (RPCError, OSError):
             return
         active = [d for d in deployments if d["Status"] in ("running", "paused")]
@@ -591,8 +591,8 @@ class LifecycleWorkload(Workload):
         not rescaled meanwhile, so the deadline is reached.
         """
         try:
-            deployments = client.call("deployment.list", {"job_id": job_id})["data"]
-            allocs = client.call("alloc.list", {"job_id": job_id})["data"]
+            deployments = client.list_all("deployment.list", {"job_id": job_id})
+            allocs = client.list_all("alloc.list", {"job_id": job_id})
         except (RPCError, OSError):
             return
         active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
@@ -617,11 +617,11 @@ class LifecycleWorkload(Workload):
                 lane.invoke({"f": "final"})
                 try:
                     jobs = {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "")
-                            for prefix in ("life-", "keep-") for j in client.call("job.list", {"prefix": prefix})["data"]}
-                    evals = [[e["ID"], e["JobID"], e["Status"]] for e in client.call("eval.list", {})["data"]]
+                            for prefix in ("life-", "keep-") for j in client.list_all("job.list", {"prefix": prefix})}
+                    evals = [[e["ID"], e["JobID"], e["Status"]] for e in client.list_all("eval.list", {})]
                     allocs = [[a["ID"], a["JobID"], a["ClientStatus"], a.get("NodeID", ""), a.get("DesiredStatus", "")]
-                              for a in client.call("alloc.list", {})["data"]]
-                    nodes = {n["ID"]: n.get("Status", "") for n in client.call("node.list", {})["data"]}
+                              for a in client.list_all("alloc.list", {})]
+                    nodes = {n["ID"]: n.get("Status", "") for n in client.list_all("node.list", {})}
                 except (RPCError, OSError) as err:
                     lane.complete("fail", {"error": error_text(err)})
                     ctx.stop.wait(0.5)
