@@ -7,8 +7,10 @@ refuse the same specs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ from node.cli.common import (
 from node.cli.deployments import deployed_rows
 from node.cli.monitor import monitor_unless_detached
 from node.cli.paging import emit_list, every_item, list_options
+from node.cli.progress import Reporter, interval, watching
+from node.wire.errors import RPCError
 
 
 @click.group()
@@ -89,7 +93,52 @@ def _follow_registration(c: Ctx, out: dict[str, Any], said: str, detach: bool) -
     if out.get("Warnings"):
         click.echo("Warnings:\n  " + out["Warnings"].replace("\n", "\n  "))
     click.echo(f"{said} at index {out['Index']} (job modify index {out['JobModifyIndex']})")
-    monitor_unless_detached(c, out, detach)
+    if detach or not out.get("EvalID"):
+        monitor_unless_detached(c, out, detach)
+        return
+    with _placement_progress(c, out["EvalID"]):
+        monitor_unless_detached(c, out, detach)
+
+
+@contextlib.contextmanager
+def _placement_progress(c: Ctx, eval_id: str) -> Iterator[None]:
+    """Allocations placed so far for the eval's job (its summary, polled on a connection of its own).
+
+    A large job takes the scheduler a while; the monitor's lines come only
+    when the evaluation finishes, so this counts placements meanwhile. If
+    the job cannot be read, the monitor runs without it.
+    """
+    try:
+        job_id = c.call("eval.get", {"eval_id": eval_id, "stale": True})["data"]["JobID"]
+        job = c.call("job.get", {"job_id": job_id, "stale": True})["data"]
+    except RPCError:
+        yield
+        return
+    wanted = sum(g.get("Count", 0) for g in job.get("TaskGroups") or [])
+    with Reporter("job run", unit="allocations", total=wanted or None) as progress, c.client() as watcher:
+
+        def poll() -> None:
+            summary = watcher.call("job.summary", {"job_id": job_id, "stale": True})["data"]
+            groups = summary.get("Summary", {}).values()
+            placed = sum(n for g in groups for k, n in g.items() if k != "Queued")
+            progress.update(min(placed, wanted) if wanted else placed)
+
+        with watching(poll, interval()):
+            try:
+                yield
+            except SystemExit:  # the monitor's exit status (2: not all placed) ends a finished run
+                _last_look(poll)
+                progress.close(ok=True)
+                raise
+            _last_look(poll)
+
+
+def _last_look(poll: Callable[[], None]) -> None:
+    """One more count when the monitor is done, so the closing line says where it ended."""
+    try:
+        poll()
+    except (RPCError, OSError):
+        pass
 
 
 @job.command("revert")

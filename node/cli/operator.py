@@ -11,14 +11,17 @@ what its flags say, and writes the whole of it back (as Nomad's does), with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from node.cli.common import Ctx, client_options, emit, fail, make_ctx, rows
+from node.cli.progress import FileReads, Reporter, interval, watching
 from node.wire.rpc_client import RPCClient
 from scheduler.policy import ALGORITHMS, PolicyError
 from scheduler.policy_json import (
@@ -78,18 +81,35 @@ def snapshot_save(file: str, address: str, token: str | None, as_json: bool, sta
     leader = c.call("status")["Leader"] or c.addresses[0]
     partial = partial_path(file)
     try:
-        with open(partial, "wb") as out, RPCClient([leader], token=token, timeout=60) as client:
-            for item in client.stream("operator.snapshot.save", {}):
-                if "chunk" in item:
-                    out.write(item["chunk"])
-            out.flush()
-            os.fsync(out.fileno())
-        info = inspect_file(partial)
+        with Reporter("snapshot save", unit="bytes") as progress:
+            _stream_snapshot(leader, token, partial, progress)
+            progress.say(f"verifying {partial}")
+            info = inspect_file(partial)
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
     os.replace(partial, file)
     emit(c, info.to_json() | {"Path": file}, lambda d: f"Saved snapshot of index {d['Index']} (term {d['Term']}, {d['Size']} bytes) to {file}")
+
+
+def _stream_snapshot(leader: str, token: str | None, partial: str, progress: Reporter) -> None:
+    """Write the leader's snapshot stream to ``partial``, counting bytes as they arrive.
+
+    The server sends no total ahead (it streams as it reads its store), so
+    the progress is bytes and rate; a watcher repeats the count while the
+    leader is still preparing the first chunk.
+    """
+    with (
+        open(partial, "wb") as out,
+        RPCClient([leader], token=token, timeout=60) as client,
+        watching(lambda: progress.update(progress.done), interval()),
+    ):
+        for item in client.stream("operator.snapshot.save", {}):
+            if "chunk" in item:
+                out.write(item["chunk"])
+                progress.advance(len(item["chunk"]))
+        out.flush()
+        os.fsync(out.fileno())
 
 
 @snapshot.command("inspect")
@@ -114,28 +134,70 @@ def snapshot_inspect(file: str, as_json: bool) -> None:
 @click.option("--keep-backup", is_flag=True, help="Keep the pre-restore data directories (local cluster).")
 def snapshot_restore(file: str, directory: str | None, config_file: str | None, keep_backup: bool) -> None:
     """Bring servers to FILE's state (servers are stopped while seeded; see node/snapshots.py)."""
-    from node import devcluster_restore as seeding
     from snapshot import SnapshotError
 
     if (directory is None) == (config_file is None):
         fail("give exactly one of --dir (a local cluster) or --config (one stopped server)")
     try:
-        if directory is not None:
-            out = seeding.restore_local_cluster(file, directory)
-            if not keep_backup:
-                seeding.clean_backups(out["backups"])
-            click.echo(f"Restored {directory} to index {out['index']}; servers restarted")
-        else:
-            from node.core.config import ConfigError, ServerConfig
-
-            try:
-                config = ServerConfig.load(config_file)
-            except ConfigError as exc:
-                fail(str(exc))
-            info = seeding.seed_server(file, str(config.data_dir), [s.raft_addr for s in config.servers])
-            click.echo(f"Seeded {config.node_id} ({config.data_dir}) at index {info['Index']}; start it with caravan agent")
+        with _restore_progress(file, directory):
+            message = _restore(file, directory, config_file, keep_backup)
     except SnapshotError as exc:
         fail(str(exc))
+    click.echo(message)
+
+
+def _restore(file: str, directory: str | None, config_file: str | None, keep_backup: bool) -> str:
+    """Seed the servers from FILE; what was done, in one line."""
+    from node import devcluster_restore as seeding
+
+    if directory is not None:
+        out = seeding.restore_local_cluster(file, directory)
+        if not keep_backup:
+            seeding.clean_backups(out["backups"])
+        return f"Restored {directory} to index {out['index']}; servers restarted"
+    from node.core.config import ConfigError, ServerConfig
+
+    try:
+        config = ServerConfig.load(config_file)
+    except ConfigError as exc:
+        fail(str(exc))
+    info = seeding.seed_server(file, str(config.data_dir), [s.raft_addr for s in config.servers])
+    return f"Seeded {config.node_id} ({config.data_dir}) at index {info['Index']}; start it with caravan agent"
+
+
+def _expected_passes(directory: str | None) -> int:
+    """How often a restore reads FILE: once to check it, then twice per server (verify, load)."""
+    from node import devcluster as cl
+
+    if directory is None:
+        return 2
+    try:
+        return 1 + 2 * len(cl.Cluster.load(directory).nodes)
+    except Exception:  # noqa: BLE001 - the restore itself says what is wrong with DIR
+        return 3
+
+
+@contextlib.contextmanager
+def _restore_progress(file: str, directory: str | None) -> Iterator[None]:
+    """Bytes of FILE read so far over every pass of the restore, observed from outside it.
+
+    The seeding code reports nothing while it runs (see ``FileReads``);
+    more passes than expected just extend the total.
+    """
+    if not os.path.isfile(file):
+        yield  # the restore refuses it with its own message
+        return
+    reads, passes = FileReads(file), _expected_passes(directory)
+    progress = Reporter("snapshot restore", unit="bytes", total=reads.size * passes)
+
+    def poll() -> None:
+        done = reads.total_read()
+        note = f"pass {min(reads.passes + 1, passes)} of {passes}"
+        progress.update(done, total=max(progress.total or 0, done), note=note)
+
+    with progress, watching(poll, min(interval(), 0.5)):
+        yield
+        progress.update(progress.total or 0)  # every pass finished, even those too quick to see
 
 
 @operator.group()

@@ -1,14 +1,20 @@
 """``caravan system gc`` and ``caravan debug``: maintenance and debugging aids.
 
 A forced GC can reap a large backlog, so it gets a long client timeout of
-its own instead of the usual one.
+its own instead of the usual one, and shows progress: the RPC answers only
+at the end, so the CLI counts what is left to collect (a dry run, which
+changes nothing) before and while the GC runs.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from node.cli.common import client_options, emit, fail, make_ctx, rows
+from node.cli.common import Ctx, client_options, emit, fail, make_ctx, rows
+from node.cli.progress import Reporter, interval, watching
+from node.wire.errors import RPCError
 from node.wire.rpc_client import RPCClient
 
 GC_TIMEOUT = 600.0  # a forced GC waits for every reap of a large backlog to commit
@@ -42,8 +48,11 @@ def system_gc(detach: bool, dry_run: bool, address: str, token: str | None, as_j
     if detach and dry_run:
         fail("--detach and --dry-run cannot be combined: a dry run writes nothing to wait for")
     c = make_ctx(address, token, as_json)
-    with RPCClient(c.addresses, token=c.token, timeout=GC_TIMEOUT) as client:
-        out = client.call("system.gc", {"detach": detach, "dry_run": dry_run})
+    if detach or dry_run:
+        with RPCClient(c.addresses, token=c.token, timeout=GC_TIMEOUT) as client:
+            out = client.call("system.gc", {"detach": detach, "dry_run": dry_run})
+    else:
+        out = _forced_gc_with_progress(c)
     if as_json:
         emit(c, out, str)
         return
@@ -62,3 +71,37 @@ def system_gc(detach: bool, dry_run: bool, address: str, token: str | None, as_j
         return
     click.echo(f"Garbage collected at index {out['Index']} ({out['Entries']} reap entries, {out['Skipped']} skipped):")
     click.echo(rows(counts, [("Kind", "Kind"), ("Count", "Count")]))
+
+
+def _collectable(client: RPCClient) -> int | None:
+    """How many objects a forced GC would remove now (a dry run); None when it cannot say."""
+    try:
+        out = client.call("system.gc", {"dry_run": True})
+    except RPCError:
+        return None
+    return sum(out.get("Collected", {}).values())
+
+
+def _forced_gc_with_progress(c: Ctx) -> dict[str, Any]:
+    """Run the forced GC, reporting objects collected so far on stderr.
+
+    Progress is the drop in the collectable count, polled by a watcher on
+    its own connection while the GC call waits; the answer's counts close it.
+    """
+    with RPCClient(c.addresses, token=c.token, timeout=GC_TIMEOUT) as client:
+        total = _collectable(client)
+        with Reporter("system gc", unit="objects", total=total or None) as progress:
+            with RPCClient(c.addresses, token=c.token, timeout=GC_TIMEOUT) as watcher:
+
+                def poll() -> None:
+                    left = _collectable(watcher)
+                    if total is not None and left is not None:
+                        progress.update(max(0, total - left))
+                    else:
+                        progress.update(progress.done)
+
+                with watching(poll, interval()):
+                    out = client.call("system.gc", {"detach": False, "dry_run": False})
+            collected = sum(out.get("Collected", {}).values())
+            progress.update(collected, total=max(total or 0, collected))
+    return out

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.http.bridge import HTTPError, api_of
+from node.http.bridge import HTTPError, api_of, caller_token
 from node.http.paging import list_reply
 from node.http.shapes import TOKEN_STUB, nomad_token, stub
 from node.http.translate import answer, bad, by_path, json_body, read, reply
@@ -137,8 +137,9 @@ async def acl_token_update(request: web.Request) -> web.Response:
 
 
 async def acl_token_self(request: web.Request) -> web.Response:
+    """The caller's own token; its SecretID is the one the caller sent (we keep only a hash)."""
     data, index = await read(request, "acl.token.self")
-    return reply(request, nomad_token(data), index)
+    return reply(request, nomad_token({**data, "SecretID": caller_token(request) or ""}), index)
 
 
 async def acl_token_get(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from node.core.metrics import METRICS, PROMETHEUS_CONTENT_TYPE
 from node.http.bridge import HTTPError, api_of
+from node.http.shapes import raft_server
 from node.http.translate import answer, bad
 
 # RPC methods that other engineers add; tried in order (the first registered wins).
@@ -24,13 +25,15 @@ RECONCILE_METHODS = (
 
 
 async def status_leader(request: web.Request) -> web.Response:
+    """The leader's address, as ``/v1/status/peers`` and the raft configuration list it ("" if none)."""
     out = await api_of(request).call(request, "status", {})
     return answer(out.get("Leader") or "")
 
 
 async def status_peers(request: web.Request) -> web.Response:
+    """Every server's address: the RPC one, the Address of each RaftServer (Nomad's peers)."""
     out = await api_of(request).call(request, "status", {})
-    return answer([s["RPCAddress"] for s in out.get("servers", [])])
+    return answer([raft_server(s)["Address"] for s in out.get("servers", [])])
 
 
 async def regions(request: web.Request) -> web.Response:
@@ -39,21 +42,15 @@ async def regions(request: web.Request) -> web.Response:
 
 
 async def raft_configuration(request: web.Request) -> web.Response:
+    """Nomad's RaftConfiguration; each server's Address agrees with the status routes'."""
     api = api_of(request)
     peers = await api.call(request, "operator.raft.peers", {})
     status = await api.call(request, "status", {})
-    servers = [
-        {
-            "ID": p["ID"],
-            "Node": p["ID"],
-            "Address": p["RaftAddress"],
-            "RPCAddress": p["RPCAddress"],
-            "Leader": p["Leader"],
-            "Voter": p["Voter"],
-            "RaftProtocol": "3",
-        }
-        for p in peers
-    ]
+    servers = []
+    for peer in peers:
+        server = raft_server(peer)
+        server["RPCAddress"] = peer["RPCAddress"]  # ours, kept for scripts that read it
+        servers.append(server)
     return answer({"Index": status.get("CommitIndex", 0), "Servers": servers}, request=request)
 
 

@@ -507,7 +507,13 @@ def sample_bodies() -> list[Any]:
     from fsm import messages as m
     from fsm.messages import encode_entry
     from fsm.scheduler_config import PreferenceSpec, SchedulerConfig
-    from fsm.structs import DeploymentStatus, DesiredTransition, TaskState
+    from fsm.structs import (
+        ACLNamespaceRule,
+        ACLPolicy,
+        DeploymentStatus,
+        DesiredTransition,
+        TaskState,
+    )
 
     job = make_job("web", count=2)
     batch = make_job("etl", type="batch")
@@ -577,6 +583,11 @@ def sample_bodies() -> list[Any]:
         m.SchedulerConfigSet(config=SchedulerConfig(preference=[PreferenceSpec("worst-fit", 5)]), cas_index=0),
         m.SchedulerConfigSet(config=SchedulerConfig(), cas_index=0),  # not updated: set since
         m.SchedulerConfigSet(config=SchedulerConfig(validation=["resources"])),  # bad_request
+        m.ACLPolicyUpsert(policies=[ACLPolicy(name="readers", node="read",
+                                              namespaces=[ACLNamespaceRule(name="default", policy="read")])]),
+        m.ACLPolicyUpsert(policies=[ACLPolicy(name="read")]),  # bad_request: a built-in name
+        m.ACLPolicyDelete(names=["readers"]),
+        m.ACLPolicyDelete(names=["readers"]),  # not_found
     ]
 
 

@@ -22,7 +22,10 @@ class _Script:
             self.last = next(self.states, self.last)
             return {"data": {"ID": "n1", "Status": "ready", "DrainStrategy": self.last}}
         assert method == "alloc.list"
-        return {"data": []}
+        return {"data": [], "next_token": ""}
+
+    def read_answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
+        return self.call(method, args)
 
 
 def test_monitoring_a_node_without_allocs_says_so_once_and_sees_the_drain_complete(
