@@ -23,7 +23,7 @@ from fsm import codec
 from fsm.scheduler_config import SchedulerConfig
 from node.core.metrics import METRICS
 from node.http.bridge import HTTPAPI, HTTPError, api_of, next_item
-from node.http.shapes import nomad_job, nomad_token
+from node.http.shapes import BY_TOPIC
 from node.http.translate import query_int
 from node.spec.nomadjson import to_nomad
 from node.wire.errors import RESET_REQUIRED, UNAVAILABLE, RPCError
@@ -49,14 +49,12 @@ def _payload_body(topic: str, key: str, obj: Any) -> dict[str, Any]:
     """An event's object in Nomad's shape; for a deletion (no body kept) just its id."""
     if obj is None:  # a deletion: the journal keeps no body, Nomad clients still get the id
         return {"AccessorID": key} if topic == "ACLToken" else {"ID": key}
+    if topic == "Operator":  # the scheduler configuration, in the shape its GET answers
+        return config_json(codec.from_wire(SchedulerConfig, obj))
+    shape = BY_TOPIC.get(topic)
     body = to_nomad(obj)
-    if topic == "Job":
-        body = nomad_job(body)
-    elif topic == "ACLToken":
-        body = nomad_token(body)
-    elif topic == "Operator":  # the scheduler configuration, in the shape its GET answers
-        body = config_json(codec.from_wire(SchedulerConfig, obj))
-    return body
+    # The shape a read of the object answers: field-complete, and without a node's secret hash.
+    return shape(body) if shape is not None else body
 
 
 def event_json(index: int, record: list[Any]) -> dict[str, Any]:
