@@ -65,7 +65,7 @@ class SimConfig:
     datacenter: str = "dc1"
     node_class: str = "sim"
     name_prefix: str = ""
-    token: str | None = None
+    token: str | None = None  # not sent: a client authenticates with its node secret, never an ACL token
     report_interval: float = 0.1
     seed: int | None = None
     verbose: bool = False
@@ -79,10 +79,18 @@ class SimConfig:
 
 @dataclass
 class SimNode:
+    """One simulated node; ``secret`` is its node secret (Nomad's SecretID), chosen by this client.
+
+    The servers keep only its hash and refuse this node's calls without it.
+    The nodes of one client process share one secret: the process is their
+    one client, and one secret lets a heartbeat call carry hundreds of nodes.
+    """
+
     id: str
     name: str
     cluster: str = ""
     rack: str = ""
+    secret: str = ""
 
     def register_args(self, cfg: SimConfig) -> dict[str, Any]:
         attributes = {"driver.sim": "1", "kernel.name": "linux", "cpu.arch": "amd64", "unique.hostname": self.name}
@@ -100,6 +108,7 @@ class SimNode:
                 "Resources": {"CPU": cfg.cpu, "MemoryMB": cfg.memory_mb, "DiskMB": cfg.disk_mb},
                 "Status": "ready",
                 "SchedulingEligibility": "eligible",
+                **({"SecretID": self.secret} if self.secret else {}),
             }
         }
 
@@ -282,7 +291,7 @@ def load_nodes(path: str) -> list[SimNode]:
     except (OSError, ValueError) as exc:
         raise SimError(f"cannot read the client state file {path}: {exc}; delete it to start with new nodes") from None
     try:
-        return [SimNode(str(n["id"]), str(n["name"])) for n in data["nodes"]]
+        return [SimNode(str(n["id"]), str(n["name"]), secret=str(n.get("secret", ""))) for n in data["nodes"]]
     except (KeyError, TypeError) as exc:
         raise SimError(f"client state file {path} is not one this client wrote ({exc!r}); "
                        "delete it to start with new nodes") from None
@@ -292,5 +301,8 @@ def save_nodes(path: str, nodes: list[SimNode]) -> None:
     """Write the state file atomically: a crash leaves the old file or the new one."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"nodes": [{"id": n.id, "name": n.name} for n in nodes]}, f, indent=1)
+        # The node secret too, as a Nomad client's data dir keeps it: a restarted
+        # client must present the same one to register its nodes again.
+        json.dump({"nodes": [{"id": n.id, "name": n.name, "secret": n.secret} for n in nodes]}, f, indent=1)
+    os.chmod(tmp, 0o600)
     os.replace(tmp, path)

@@ -110,8 +110,12 @@ class SimClient:
             cfg.clusters = 1  # racks are numbered inside a cluster
         self.restored = load_nodes(cfg.state_file)[: cfg.nodes] if cfg.state_file else []
         prefix = cfg.name_prefix or f"sim-{uuid.uuid4().hex[:6]}"
+        # One node secret for this client's nodes (see SimNode); restored nodes keep theirs.
+        self.secret = next((n.secret for n in self.restored if n.secret), "") or str(uuid.uuid4())
         fresh = (SimNode(str(uuid.uuid4()), f"{prefix}-{i}") for i in range(len(self.restored), cfg.nodes))
         nodes = [*self.restored, *fresh]
+        for node in nodes:
+            node.secret = node.secret or self.secret
         place(nodes, cfg.clusters, cfg.racks)
         self.nodes = {n.id: n for n in nodes}
         if cfg.state_file:
@@ -121,7 +125,7 @@ class SimClient:
         self.silence = Silence.from_env()
         self.silence.poll()
         self.silence.acknowledge()
-        self.fleet = Fleet(cfg, AsyncRPCClient(cfg.servers, token=cfg.token, timeout=RPC_TIMEOUT), self.nodes,
+        self.fleet = Fleet(cfg, AsyncRPCClient(cfg.servers, token=self.secret, timeout=RPC_TIMEOUT), self.nodes,
                            error=self._error, say=self.say, silence=self.silence)
         self._beating: asyncio.Task[None] | None = None
         self.rng = random.Random(cfg.seed)

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fsm import messages as m
-from fsm.apply.acl import acl_token_bootstrap, acl_token_delete, acl_token_upsert
+from fsm.apply.acl import (
+    acl_policy_delete,
+    acl_policy_upsert,
+    acl_token_bootstrap,
+    acl_token_delete,
+    acl_token_upsert,
+)
 from fsm.apply.allocs import alloc_client_update, alloc_desired_transition
 from fsm.apply.deployments import (
     deployment_promote,
@@ -78,5 +84,7 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.RECONCILE_SUMMARIES: reconcile_summaries,
     MessageType.BATCH: nested_batch,
     MessageType.SCHEDULER_CONFIG_SET: scheduler_config_set,
+    MessageType.ACL_POLICY_UPSERT: acl_policy_upsert,
+    MessageType.ACL_POLICY_DELETE: acl_policy_delete,
 }
 assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

@@ -22,6 +22,7 @@ from fsm.errors import CodecError
 from fsm.record import CompactRecord, field
 from fsm.scheduler_config import SchedulerConfig
 from fsm.structs import (
+    ACLPolicy,
     ACLToken,
     Allocation,
     Deployment,
@@ -64,6 +65,8 @@ class MessageType(IntEnum):
     NODE_UPDATE_DRAIN = 23
     SCHEDULER_CONFIG_SET = 24
     NODE_BATCH_UPDATE_STATUS = 25
+    ACL_POLICY_UPSERT = 26
+    ACL_POLICY_DELETE = 27
 
 
 class Reap(CompactRecord):
@@ -232,6 +235,18 @@ class ACLTokenDelete(CompactRecord):
     reaps: list[Reap] = field(default_factory=list)
 
 
+class ACLPolicyUpsert(CompactRecord):
+    """Create or replace ACL policies, already parsed and checked by the leader."""
+
+    policies: list[ACLPolicy] = field(default_factory=list)
+
+
+class ACLPolicyDelete(CompactRecord):
+    """Delete ACL policies by name; tokens that name them keep the name and lose its rules (as Nomad)."""
+
+    names: list[str] = field(default_factory=list)
+
+
 class Barrier(CompactRecord):
     pass
 
@@ -291,6 +306,8 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.RECONCILE_SUMMARIES: ReconcileSummaries,
     MessageType.BATCH: Batch,
     MessageType.SCHEDULER_CONFIG_SET: SchedulerConfigSet,
+    MessageType.ACL_POLICY_UPSERT: ACLPolicyUpsert,
+    MessageType.ACL_POLICY_DELETE: ACLPolicyDelete,
 }
 MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
 

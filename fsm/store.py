@@ -22,6 +22,7 @@ from fsm.keys import from_u64, key, key_at, last_part, prefix, u64
 from fsm.scheduler_config import CONFIG_KEY, CONFIG_TABLE, SchedulerConfig
 from fsm.structs import (
     EVAL_TERMINAL,
+    ACLPolicy,
     ACLToken,
     Allocation,
     Deployment,
@@ -44,6 +45,7 @@ TABLES = (
     "nodes",
     "acl_tokens",
     CONFIG_TABLE,
+    "acl_policies",
 )
 INDEXES = (
     "evals_by_job",
@@ -57,6 +59,7 @@ INDEXES = (
     "deployments_by_job",
     "acl_by_secret",
     "acl_by_expiry",
+    "nodes_by_secret",  # (node secret hash, node id): a client's node secret as a credential
 )
 SYSTEM = ("index", "meta", "gc_marks", "gc_mark_of", "journal", "requests", "requests_by_time")
 ALL_DBS = TABLES + INDEXES + SYSTEM
@@ -71,6 +74,7 @@ STRUCT_OF = {
     "nodes": Node,
     "acl_tokens": ACLToken,
     CONFIG_TABLE: SchedulerConfig,
+    "acl_policies": ACLPolicy,
 }
 
 META_APPLIED = b"applied_index"
@@ -311,6 +315,16 @@ class StateReader:
 
     def acl_bootstrap_index(self) -> int:
         return self.meta_int(META_ACL_BOOTSTRAP)
+
+    def acl_policy(self, name: str) -> ACLPolicy | None:
+        return self._get("acl_policies", name.encode(), ACLPolicy)
+
+    def acl_policies(self) -> list[ACLPolicy]:
+        return self._list("acl_policies")
+
+    def node_secret_known(self, secret_hash: str) -> bool:
+        """Whether some node registered with this secret (a client's credential for its reads)."""
+        return self._any("nodes_by_secret", prefix(secret_hash))
 
     # -- scheduler configuration -----------------------------------------
     def scheduler_config(self) -> SchedulerConfig:

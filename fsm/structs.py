@@ -412,6 +412,9 @@ class Node(Record):
     modify_index: int = 0
     create_time: int = 0
     modify_time: int = 0
+    # SHA-256 of the SecretID the client chose at registration (as Nomad's node
+    # secret); never the secret itself. Empty: registered without one (older callers).
+    secret_hash: str = ""
 
 
 class ACLToken(Record):
@@ -430,3 +433,33 @@ class ACLToken(Record):
 
     def expired(self, now: int) -> bool:
         return self.expiration_time != 0 and self.expiration_time <= now
+
+
+ACL_POLICY_WORDS = ("deny", "read", "write", "scale")  # a namespace's ``policy``
+ACL_LEVELS = ("deny", "read", "write")  # node, agent and operator ``policy``
+
+
+class ACLNamespaceRule(Record):
+    """One ``namespace "name" { policy = ..., capabilities = [...] }`` block; ``name`` may hold ``*`` globs."""
+
+    name: str
+    policy: str = ""
+    capabilities: list[str] = field(default_factory=list)
+
+
+class ACLPolicy(Record):
+    """A named ACL policy (Nomad's ACLPolicy): its rules as written, and as parsed by the leader.
+
+    The leader parses the HCL/JSON once, before the log; every server then
+    authorizes from the parsed fields, so no server parses on a request path.
+    """
+
+    name: str
+    description: str = ""
+    rules: str = ""
+    namespaces: list[ACLNamespaceRule] = field(default_factory=list)
+    node: str = ""  # "" (no rule), deny, read or write
+    agent: str = ""
+    operator: str = ""
+    create_index: int = 0
+    modify_index: int = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 import lmdb
 
-from fsm import codec
+from fsm import codec, errors, record
 from fsm.keys import SEP, from_u64, key, key_at, prefix, u64
 from fsm.store import StateReader, StateStore, keys_with_prefix
 from fsm.structs import (
@@ -522,6 +522,11 @@ class StateWriter(StateReader):
 
     # -- nodes -----------------------------------------------------------
     def put_node(self, node: Node, old: Node | None, event: str) -> None:
+        if old is not None and old.secret_hash and node.secret_hash not in ("", old.secret_hash):  # set once
+            raise errors.ApplyRejected("permission_denied", f"node {node.id}: wrong node secret; pass its first SecretID")
+        node.secret_hash = node.secret_hash or (old.secret_hash if old is not None else "")
+        if node.secret_hash and (old is None or not old.secret_hash):
+            self._link("nodes_by_secret", key(node.secret_hash, node.id))
         self._stamp(node, old)
         if old is None or old.status != node.status:
             node.status_updated_at = self.now
@@ -535,9 +540,13 @@ class StateWriter(StateReader):
         else:
             self.unmark(GC_NODE, node.id)
         raw = self._put("nodes", node.id.encode(), node)
+        if node.secret_hash:  # the journal never shows a node's secret, not even hashed (as tokens')
+            raw = codec.encode(record.replace(node, secret_hash=""))
         self.record_packed(TOPIC_NODE, event, node.id, raw)
 
     def delete_node(self, node: Node) -> None:
+        if node.secret_hash:
+            self._unlink("nodes_by_secret", key(node.secret_hash, node.id))
         self._delete("nodes", node.id.encode())
         self.unmark(GC_NODE, node.id)
         self.record(TOPIC_NODE, "NodeDeregistration", node.id, None)

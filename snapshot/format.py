@@ -99,6 +99,8 @@ TYPE_CODES: dict[str, int] = {
     "acl_tokens": 8,
     # Not ignorable: a reader that dropped it would schedule with another policy than its peers.
     "scheduler_config": 9,
+    # Not ignorable: a reader that dropped them would authorize differently from its peers.
+    "acl_policies": 10,
     # secondary indexes
     "evals_by_job": 32,
     "evals_by_status": 33,
@@ -111,6 +113,7 @@ TYPE_CODES: dict[str, int] = {
     "deployments_by_job": 40,
     "acl_by_secret": 41,
     "acl_by_expiry": 42,
+    "nodes_by_secret": 43,
     # system
     "index": 64,
     "meta": 65,

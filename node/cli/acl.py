@@ -1,4 +1,4 @@
-"""``caravan acl``: bootstrap and tokens.
+"""``caravan acl``: bootstrap, tokens and policies.
 
 A token's secret is printed only where the server returned it (create and
 bootstrap); the servers keep it hashed, so later reads cannot show it.
@@ -16,7 +16,7 @@ from node.cli.paging import emit_list, list_options
 
 @click.group("acl")
 def acl_group() -> None:
-    """ACL bootstrap and tokens."""
+    """ACL bootstrap, tokens and policies."""
 
 
 def _token_table(d: dict[str, Any]) -> str:
@@ -46,7 +46,8 @@ def acl_token() -> None:
 @acl_token.command("create")
 @click.option("--name", default="")
 @click.option("--type", "kind", type=click.Choice(["client", "management"]), default="client", show_default=True)
-@click.option("--policy", "policies", multiple=True, type=click.Choice(["read", "write"]))
+@click.option("--policy", "policies", multiple=True,
+              help="An ACL policy the token carries (repeat for more); read and write are built in.")
 @click.option("--ttl", "ttl", type=TTL, default="0", help="Expire after this long: a duration (30m, 24h) or seconds; 0: never.")
 @client_options
 def acl_token_create(name: str, kind: str, policies: tuple[str, ...], ttl: int, address: str, token: str | None, as_json: bool, stale: bool) -> None:
@@ -90,3 +91,59 @@ def acl_token_delete(accessor_id: str, address: str, token: str | None, as_json:
     c = make_ctx(address, token, as_json)
     out = c.call("acl.token.delete", {"accessor_id": accessor_id})
     emit(c, out, lambda d: f"Token {accessor_id} deleted at index {d['Index']}")
+
+
+@acl_group.group("policy")
+def acl_policy() -> None:
+    """Manage ACL policies: named rules that tokens carry (management token required)."""
+
+
+@acl_policy.command("apply")
+@click.option("--description", default="", help="What the policy is for.")
+@click.argument("name")
+@click.argument("rules_file", type=click.File("r"))
+@client_options
+def acl_policy_apply(description: str, name: str, rules_file: Any, address: str, token: str | None,
+                     as_json: bool, stale: bool) -> None:
+    """Create or replace policy NAME from RULES_FILE (Nomad's HCL or JSON rules; - reads stdin)."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("acl.policy.upsert", {"name": name, "description": description, "rules": rules_file.read()})
+    emit(c, out, lambda d: f"Successfully wrote {name!r} ACL policy (index {d['Index']})")
+
+
+@acl_policy.command("list")
+@list_options
+@blocking_options
+@client_options
+def acl_policy_list(filter_expr: str | None, per_page: int | None, page_token: str | None,
+                    address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """ACL policies, every page as it arrives."""
+    c = make_ctx(address, token, as_json, stale)
+    columns = [("Name", "Name"), ("Description", "Description")]
+    emit_list(c, "acl.policy.list", {}, columns, filter_expr=filter_expr, per_page=per_page, page_token=page_token)
+
+
+def _policy_table(d: dict[str, Any]) -> str:
+    head = kv(d, [("Name", "Name"), ("Description", "Description"), ("CreateIndex", "CreateIndex"),
+                  ("ModifyIndex", "ModifyIndex")])
+    return f"{head}\n\nRules\n\n{d.get('Rules', '').rstrip()}"
+
+
+@acl_policy.command("info")
+@click.argument("name")
+@blocking_options
+@client_options
+def acl_policy_info(name: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Policy NAME with its rules as written."""
+    c = make_ctx(address, token, as_json, stale)
+    emit(c, c.read("acl.policy.get", {"name": name}), _policy_table)
+
+
+@acl_policy.command("delete")
+@click.argument("name")
+@client_options
+def acl_policy_delete(name: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
+    """Delete policy NAME; tokens that name it lose its rules."""
+    c = make_ctx(address, token, as_json)
+    out = c.call("acl.policy.delete", {"name": name})
+    emit(c, out, lambda d: f"Successfully deleted {name!r} ACL policy (index {d['Index']})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,17 @@ from node.wire.errors import (
     TIMEOUT,
     RPCError,
 )
+
+#: The RPC method of the request this task serves: set when its context is made, so
+#: that the ACL check (``node.core.acl.authorize``) finds the method's row without
+#: every endpoint passing it. Each request runs in a task of its own (RPC server,
+#: HTTP API), and a task's context variables are its own.
+_METHOD: contextvars.ContextVar[str | None] = contextvars.ContextVar("caravan_rpc_method", default=None)
+
+
+def current_method() -> str | None:
+    """The RPC method of the request being served on this task, if any."""
+    return _METHOD.get()
 
 
 async def _wait(
@@ -105,6 +117,7 @@ class RequestContext:
         self._base_log = log
         self._log: Any = None
         self._transport = transport
+        _METHOD.set(method)
 
     def __repr__(self) -> str:  # never the token
         return f"RequestContext(request_id={self.request_id!r}, method={self.method!r}, peer={self.peer!r})"

@@ -1,4 +1,4 @@
-"""RPC methods for ACL tokens: bootstrap, create, list, read and delete."""
+"""RPC methods for ACL tokens (bootstrap, create, list, read, delete) and ACL policies (upsert, list, read, delete)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
 from fsm.store import StateReader
-from fsm.structs import SECOND, TOKEN_CLIENT, TOKEN_MANAGEMENT, ACLToken
+from fsm.structs import SECOND, TOKEN_CLIENT, TOKEN_MANAGEMENT, ACLPolicy, ACLToken
 from node.core.acl import POLICIES, Need, hash_secret, new_secret
+from node.core.acl_rules import PolicyRulesError, parse_rules
 from node.core.context import RequestContext
 from node.core.paging import table_rows
 from node.endpoints.listing import list_page
@@ -52,10 +53,15 @@ async def acl_token_create(server: ServerAPI, ctx: RequestContext, args: dict[st
     if kind not in (TOKEN_CLIENT, TOKEN_MANAGEMENT):
         raise bad("argument 'type' must be client or management")
     policies = args.get("policies") or []
-    if not isinstance(policies, list) or any(p not in POLICIES for p in policies):
-        raise bad(f"argument 'policies' must be a list of {', '.join(POLICIES)}")
+    if not isinstance(policies, list) or not all(isinstance(p, str) and p for p in policies):
+        raise bad("argument 'policies' must be a list of ACL policy names")
     if kind == TOKEN_CLIENT and not policies:
-        raise bad("a client token needs at least one policy (read or write)")
+        raise bad("a client token needs at least one policy: create one (caravan acl policy apply) and name it")
+    server.ensure_leader()
+    await server.authorize(ctx, Need.MANAGEMENT)  # before the lookup: no token, no word on what exists
+    missing = await server.local(lambda r: [p for p in policies if p not in POLICIES and r.acl_policy(p) is None])
+    if missing:
+        raise bad(f"ACL policy {missing[0]!r} does not exist; create it first (caravan acl policy apply)")
     ttl = arg(args, "ttl_seconds", int, required=False, default=0)
     if ttl < 0:
         raise bad("argument 'ttl_seconds' must be >= 0")
@@ -125,4 +131,60 @@ async def acl_token_self(server: ServerAPI, ctx: RequestContext, args: dict[str,
 async def acl_token_delete(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     accessor = id_arg(args, "accessor_id")
     result = await server.write(ctx, Need.MANAGEMENT, m.ACLTokenDelete(accessor_ids=[accessor]))
+    return {"Index": result["index"], "Deleted": result["value"]["deleted"]}
+
+
+# -- ACL policies -------------------------------------------------------------------------
+def _policy_view(policy: ACLPolicy) -> dict[str, Any]:
+    """Nomad's ACLPolicy: name, description, the rules as written, indexes."""
+    return {"Name": policy.name, "Description": policy.description, "Rules": policy.rules,
+            "CreateIndex": policy.create_index, "ModifyIndex": policy.modify_index}
+
+
+def _policy_stub(policy: ACLPolicy) -> dict[str, Any]:
+    """Nomad's ACLPolicyListStub: the rules are left out of lists."""
+    view = _policy_view(policy)
+    view.pop("Rules")
+    return view
+
+
+@method("acl.policy.upsert")
+async def acl_policy_upsert(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Create or replace a policy from its rules (HCL or JSON), parsed here, before the log."""
+    name = arg(args, "name")
+    description = arg(args, "description", required=False, default="")
+    rules = arg(args, "rules")
+    try:
+        policy = parse_rules(name, description, rules)
+    except PolicyRulesError as exc:
+        raise bad(f"ACL policy {name}: {exc}") from None
+    result = await server.write(ctx, Need.MANAGEMENT, m.ACLPolicyUpsert(policies=[policy]))
+    return {"Index": result["index"], "Name": name}
+
+
+@method("acl.policy.list")
+async def acl_policy_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """A page of policies in name order (stubs, without rules)."""
+    rows = lambda r, req: table_rows(r, "acl_policies", req)  # noqa: E731
+    return await list_page(server, ctx, args, ("acl_policies",), rows, view=_policy_stub, need=Need.MANAGEMENT)
+
+
+@method("acl.policy.get")
+async def acl_policy_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    name = arg(args, "name")
+
+    def get(r: StateReader) -> Any:
+        policy = r.acl_policy(name)
+        if policy is None:
+            raise RPCError(NOT_FOUND, f"ACL policy {name!r} not found")
+        return _policy_view(policy)
+
+    return await server.read(ctx, args, ("acl_policies",), get, need=Need.MANAGEMENT, point=True)
+
+
+@method("acl.policy.delete")
+async def acl_policy_delete(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Delete a policy; tokens naming it keep the name and lose its rules (as Nomad)."""
+    name = arg(args, "name")
+    result = await server.write(ctx, Need.MANAGEMENT, m.ACLPolicyDelete(names=[name]))
     return {"Index": result["index"], "Deleted": result["value"]["deleted"]}

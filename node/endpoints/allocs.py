@@ -9,7 +9,8 @@ from fsm import codec
 from fsm import messages as m
 from fsm.errors import CodecError
 from fsm.store import StateReader
-from node.core.acl import Need
+from fsm.structs import Node
+from node.core.acl import Need, check_node_secret, hash_secret
 from node.core.context import RequestContext
 from node.core.paging import PageRequest, Row, index_rows, table_rows
 from node.endpoints.listing import list_page
@@ -50,7 +51,12 @@ async def alloc_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any
 
 @method("alloc.update")
 async def alloc_update(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
-    """Client status updates (what Nomad's Node.UpdateAlloc carries)."""
+    """Client status updates (what Nomad's Node.UpdateAlloc carries).
+
+    The request's token is the node secret of the nodes the allocs run on
+    (as Nomad's client authenticates); allocs of nodes registered without a
+    secret need node:write. One wrong secret refuses the whole update.
+    """
     raw = args.get("allocs")
     if not isinstance(raw, list) or not raw:
         raise bad("argument 'allocs' must be a non-empty list of {ID, ClientStatus, ...}")
@@ -58,5 +64,24 @@ async def alloc_update(server: ServerAPI, ctx: RequestContext, args: dict[str, A
         states = [codec.from_wire(m.AllocClientState, from_nomad(a), f"allocs[{i}]") for i, a in enumerate(raw)]
     except CodecError as exc:
         raise bad(str(exc)) from None
-    result = await server.write(ctx, Need.WRITE, m.AllocClientUpdate(allocs=states))
+    server.ensure_leader()
+    await _check_alloc_nodes(server, ctx, {s.id for s in states})
+    result = await server.write(ctx, Need.NONE, m.AllocClientUpdate(allocs=states))
     return {"Index": result["index"], "Updated": result["value"]["updated"], "Ignored": result["value"]["ignored"]}
+
+
+async def _check_alloc_nodes(server: ServerAPI, ctx: RequestContext, alloc_ids: set[str]) -> None:
+    """Authenticate an update as the nodes its allocs run on; unknown allocs are the FSM's to ignore."""
+    hashed = hash_secret(ctx.token) if ctx.token else ""
+
+    def owners(r: StateReader) -> tuple[list[Node], bool]:
+        node_ids = {a.node_id for a in map(r.alloc, sorted(alloc_ids)) if a is not None}
+        nodes = [n for n in map(r.node, sorted(node_ids)) if n is not None]
+        return nodes, len(nodes) < len(node_ids)
+
+    nodes, orphans = await server.local(owners)
+    for node in nodes:
+        if node.secret_hash and node.secret_hash != hashed:
+            check_node_secret(node, ctx.token)  # raises, naming the node
+    if orphans or any(not n.secret_hash for n in nodes):
+        await server.authorize(ctx, Need.WRITE)

@@ -19,8 +19,10 @@ Arguments:
     ``"Topic"``, ``"Topic:Key"`` or ``"*"``. Topics: Job, Evaluation,
     Allocation, Deployment, Node, ACLToken, Operator (the scheduler
     configuration). A key matches the record's key
-    exactly (the object's id). With ACLs on, ACLToken needs a management
-    token; without one the default/``*`` subscription leaves it out.
+    exactly (the object's id). With ACLs on, each topic needs its capability
+    (``TOPIC_NEEDS``: ACLToken a management token); the default/``*``
+    subscription leaves out the topics the caller may not see. A client
+    node's secret reads the job topics.
 ``heartbeat`` (seconds, default 10)
     After this long without sending anything, the server sends a progress
     notification.
@@ -82,7 +84,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsm.topics import TOPIC_TOKEN
+from fsm.topics import (
+    TOPIC_ALLOC,
+    TOPIC_DEPLOYMENT,
+    TOPIC_EVAL,
+    TOPIC_JOB,
+    TOPIC_NODE,
+    TOPIC_OPERATOR,
+    TOPIC_TOKEN,
+)
 from node.core.acl import Need
 from node.core.context import RequestContext
 from node.core.hub import hub_of
@@ -142,28 +152,49 @@ def parse_args(args: dict[str, Any]) -> StreamArgs:
     return StreamArgs(index, flt, explicit, heartbeat, buffer, encoding, group)
 
 
-async def _allowed_filter(server: ServerAPI, ctx: RequestContext, flt: Filter, explicit: bool) -> Filter:
-    """Check the token; ACLToken events need management (dropped from a default subscription)."""
-    await server.authorize(ctx, Need.READ)
-    if flt.wants(TOPIC_TOKEN):
+#: What each topic needs, as in Nomad: the job topics read-job, Node node:read, the
+#: scheduler configuration operator:read, ACL objects management. A default or
+#: wildcard subscription quietly leaves out the topics the caller may not see.
+TOPIC_NEEDS = (
+    (TOPIC_JOB, Need.READ_JOB), (TOPIC_EVAL, Need.READ_JOB), (TOPIC_ALLOC, Need.READ_JOB),
+    (TOPIC_DEPLOYMENT, Need.READ_JOB), (TOPIC_NODE, Need.NODE_READ), (TOPIC_OPERATOR, Need.OPERATOR_READ),
+    (TOPIC_TOKEN, Need.MANAGEMENT),
+)
+
+
+async def _allowed_filter(server: ServerAPI, ctx: RequestContext, flt: Filter, explicit: bool) -> tuple[Filter, list[Need]]:
+    """The filter this caller may have, and the needs to recheck while it streams.
+
+    A caller allowed none of the topics it asked for is refused with the first denial.
+    """
+    needs: list[Need] = []
+    first: RPCError | None = None
+    for topic, need in TOPIC_NEEDS:
+        if not flt.wants(topic):
+            continue
         try:
-            await server.authorize(ctx, Need.MANAGEMENT)
+            if need not in needs:
+                await server.authorize(ctx, need)
+                needs.append(need)
         except RPCError as err:
             if err.code != PERMISSION_DENIED or explicit:
                 raise
-            flt = flt.without(TOPIC_TOKEN)
-    return flt
+            first = first or err
+            flt = flt.without(topic)
+    if not needs and first is not None:
+        raise first
+    return flt, needs
 
 
 @stream_method("event.stream")
 async def event_stream(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> AsyncIterator[Item]:
     """Stream journal batches after ``index`` (exclusive); see the module docstring."""
     a = parse_args(args)
-    flt = await _allowed_filter(server, ctx, a.filter, a.explicit)
-    need = Need.MANAGEMENT if flt.wants(TOPIC_TOKEN) else Need.READ
+    flt, needs = await _allowed_filter(server, ctx, a.filter, a.explicit)
 
     async def recheck() -> None:  # a revoked or expired token ends the stream
-        await server.authorize(ctx, need)
+        for need in needs:
+            await server.authorize(ctx, need)
 
     items = hub_of(server).subscribe(
         a.index, flt, heartbeat=a.heartbeat, buffer=a.buffer, encoding=a.encoding, group=a.group, recheck=recheck

@@ -16,13 +16,13 @@ from fsm.structs import (
     DrainStrategy,
     Node,
 )
-from node.core.acl import Need
+from node.core.acl import Need, check_node_secret, hash_secret
 from node.core.api import Forward
 from node.core.context import RequestContext
 from node.core.paging import table_rows
 from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
-from node.spec.nomadjson import from_nomad
+from node.spec.nomadjson import from_nomad, to_nomad
 from node.wire.errors import BAD_REQUEST, NOT_FOUND, RPCError
 from node.wire.messages import MAX_HEARTBEAT_IDS
 
@@ -35,15 +35,32 @@ if TYPE_CHECKING:
 async def node_register(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """Register (or re-register) a node; as Nomad's Node.Register, it counts as a heartbeat.
 
+    The client chooses the node's ``SecretID`` (as Nomad's client does) and
+    only its hash is stored; a node registered with one must present the
+    same one to register again, and is refused otherwise, ACLs on or off. A
+    registration without one (older callers) needs node:write once ACLs are on.
     The answer's ``HeartbeatTTL`` is the TTL granted (the write ran on the
     leader: a follower forwards the whole request).
     """
+    raw = args.get("node")
+    secret = None
+    if isinstance(raw, dict):
+        raw = dict(raw)
+        secret = raw.pop("SecretID", None)
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise bad("node SecretID must be a non-empty string")
     try:
-        node = codec.from_wire(Node, from_nomad(args.get("node")), "Node")
+        node = codec.from_wire(Node, from_nomad(raw), "Node")
     except CodecError as exc:
         raise bad(f"invalid node: {exc}") from None
     node.status = node.status if node.status in NODE_STATUSES else NODE_READY
-    result = await server.write(ctx, Need.WRITE, m.NodeRegister(node=node))
+    node.secret_hash = hash_secret(secret) if secret else ""
+    server.ensure_leader()
+    old = await server.local(lambda r: r.node(node.id))
+    if old is not None and old.secret_hash:
+        check_node_secret(old, secret)
+    need = Need.NONE if secret else Need.WRITE
+    result = await server.write(ctx, need, m.NodeRegister(node=node))
     answer = {"Index": result["index"], "NodeID": node.id}
     if node.status != NODE_DOWN:
         answer["HeartbeatTTL"] = server.heartbeats.grant((node.id,), server.config.scheduler)
@@ -54,6 +71,8 @@ async def node_register(server: ServerAPI, ctx: RequestContext, args: dict[str, 
 async def node_status(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """A heartbeat (status ready) or an operator marking a node down.
 
+    A heartbeat of a node with a secret needs that secret (the request's
+    token); marking a node down takes its secret or an operator's node:write.
     Served by the leader (a follower forwards it): heartbeat TTLs live only
     on the leader, and the leader's state already has a just-registered node.
     """
@@ -62,13 +81,18 @@ async def node_status(server: ServerAPI, ctx: RequestContext, args: dict[str, An
     if new not in (NODE_READY, NODE_DOWN):
         raise bad("argument 'status' must be ready or down")
     server.ensure_leader()
-    await server.authorize(ctx, Need.WRITE)
     node = await server.local(lambda r: r.node(node_id))
+    by_node = bool(node is not None and node.secret_hash and ctx.token and node.secret_hash == hash_secret(ctx.token))
+    if node is not None and node.secret_hash and new == NODE_READY:
+        check_node_secret(node, ctx.token)
+    elif not by_node:
+        await server.authorize(ctx, Need.WRITE)
     if node is None:
         raise RPCError(NOT_FOUND, f"node {node_id} not found; register it first")
     index = node.modify_index
     if node.status != new:
-        index = (await server.write(ctx, Need.WRITE, m.NodeUpdateStatus(node_id=node_id, status=new)))["index"]
+        entry = m.NodeUpdateStatus(node_id=node_id, status=new)
+        index = (await server.write(ctx, Need.NONE if by_node else Need.WRITE, entry))["index"]
     if new == NODE_DOWN:
         server.heartbeats.forget(node_id)  # down already: nothing to expire
         return {"Index": index, "NodeID": node_id}
@@ -89,14 +113,15 @@ async def node_eligibility(server: ServerAPI, ctx: RequestContext, args: dict[st
 async def node_get(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     node_id = id_arg(args, "node_id")
     return await server.read(
-        ctx, args, ("nodes",), lambda r: found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}"), point=True
+        ctx, args, ("nodes",), lambda r: _view(found(by_prefix(r.node, r.nodes, node_id), f"node {node_id}")), point=True
     )
 
 
 @method("node.list")
 async def node_list(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
     """A page of nodes in id order (``prefix``, ``per_page``, ``next_token``, ``filter``, ``reverse``)."""
-    return await list_page(server, ctx, args, ("nodes",), lambda r, req: table_rows(r, "nodes", req))
+    rows = lambda r, req: table_rows(r, "nodes", req)  # noqa: E731
+    return await list_page(server, ctx, args, ("nodes",), rows, view=lambda n: _view(to_nomad(n)))
 
 
 @method("node.heartbeat")
@@ -114,12 +139,12 @@ async def node_heartbeat(server: ServerAPI, ctx: RequestContext, args: dict[str,
     ids = args.get("node_ids")
     if not isinstance(ids, list) or not ids or len(ids) > MAX_HEARTBEAT_IDS or not all(isinstance(i, str) and i for i in ids):
         raise RPCError(BAD_REQUEST, f"argument 'node_ids' must be a non-empty list of at most {MAX_HEARTBEAT_IDS} node IDs")
-    await server.authorize(ctx, Need.WRITE)
     if not server.raft.is_leader:
         raise Forward(server.leader_rpc())
     with server.fsm.read() as reader:
         nodes = {node_id: reader.node(node_id) for node_id in ids}
         index = reader.table_index("nodes")
+    await _check_node_secrets(server, ctx, [n for n in nodes.values() if n is not None])
     unknown = [node_id for node_id, node in nodes.items() if node is None]
     down = [node_id for node_id, node in nodes.items() if node is not None and node.status == NODE_DOWN]
     # Granted before the revivals commit: a down node with a deadline is still
@@ -131,6 +156,27 @@ async def node_heartbeat(server: ServerAPI, ctx: RequestContext, args: dict[str,
         )
         index = max(index, result["index"])
     return {"HeartbeatTTL": ttl, "Unknown": unknown, "Index": index}
+
+
+async def _check_node_secrets(server: ServerAPI, ctx: RequestContext, nodes: list[Node]) -> None:
+    """Every node with a secret must have the request's token as its secret; the others need node:write.
+
+    All or nothing: one wrong secret refuses the whole call before it changes anything.
+    """
+    secured = [n for n in nodes if n.secret_hash]
+    if secured:
+        hashed = hash_secret(ctx.token) if ctx.token else ""
+        for node in secured:
+            if node.secret_hash != hashed:
+                check_node_secret(node, ctx.token)  # raises, naming the node
+    if len(secured) < len(nodes):
+        await server.authorize(ctx, Need.WRITE)
+
+
+def _view(node: dict[str, Any]) -> dict[str, Any]:
+    """A node as reads show it: never its secret, not even hashed."""
+    node.pop("SecretHash", None)
+    return node
 
 
 def _drain_spec(args: dict[str, Any]) -> DrainStrategy | None:

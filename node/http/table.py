@@ -15,6 +15,7 @@ from aiohttp import web
 
 from node.http import (
     acl,
+    acl_policies,
     allocations,
     deployments,
     events,
@@ -70,6 +71,10 @@ ROUTES: tuple[tuple[tuple[str, ...], str, Handler], ...] = (
     (GET, "/v1/acl/token/{accessor_id}", acl.acl_token_get),
     (WRITE, "/v1/acl/token/{accessor_id}", acl.acl_token_update),
     (DELETE, "/v1/acl/token/{accessor_id}", acl.acl_token_delete),
+    (GET, "/v1/acl/policies", acl_policies.acl_policies),
+    (GET, "/v1/acl/policy/{name}", acl_policies.acl_policy_get),
+    (WRITE, "/v1/acl/policy/{name}", acl_policies.acl_policy_upsert),
+    (DELETE, "/v1/acl/policy/{name}", acl_policies.acl_policy_delete),
     (GET, "/v1/status/leader", system.status_leader),
     (GET, "/v1/status/peers", system.status_peers),
     (GET, "/v1/regions", system.regions),

@@ -269,6 +269,9 @@ def expected_indexes(r: StateReader) -> dict[str, dict[bytes, bytes]]:
         out["acl_by_secret"][t.secret_hash.encode()] = t.accessor_id.encode()
         if t.expiration_time:
             out["acl_by_expiry"][key(t.expiration_time, t.accessor_id)] = b""
+    for n in rows(r, "nodes"):
+        if n.secret_hash:
+            out["nodes_by_secret"][key(n.secret_hash, n.id)] = b""
     return out
 
 
@@ -588,6 +591,9 @@ def sample_bodies() -> list[Any]:
         m.ACLPolicyUpsert(policies=[ACLPolicy(name="read")]),  # bad_request: a built-in name
         m.ACLPolicyDelete(names=["readers"]),
         m.ACLPolicyDelete(names=["readers"]),  # not_found
+        m.NodeRegister(node=make_node("n4", secret_hash="a" * 64)),
+        m.NodeRegister(node=make_node("n4", secret_hash="b" * 64)),  # permission_denied: the secret is set once
+        m.NodeRegister(node=make_node("n4")),  # keeps its secret
     ]
 
 
