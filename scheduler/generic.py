@@ -50,7 +50,7 @@ from scheduler.feasibility import Ask, PlacementContext, ask_for
 from scheduler.plan import Plan
 from scheduler.ranking import Request, Selector
 from scheduler.reconcile import UNLIMITED, GroupPlan, Placement, Rollout, reconcile_group
-from scheduler.reschedule import batch_followups, next_tracker, policy_for
+from scheduler.reschedule import batch_followups, next_tracker, penalty_nodes, policy_for
 from scheduler.state import Snapshot
 from scheduler.system import schedule_system
 
@@ -192,16 +192,20 @@ def _selector(snap: Snapshot, rng: random.Random, top_k: int) -> Selector:
     """A node selector for the snapshot's policy, knowing where the job's live allocs run (so
     placements spread), that this plan's stops and placements then update. It copies the
     usage of the nodes it touches only (the snapshot's may be the placement index's own), and
-    takes its rankings from the index when the snapshot has one."""
+    takes its rankings from the index when the snapshot has one. What plans still committing
+    hold (``snap.held``) counts as used from the start."""
     ctx = PlacementContext(usage={}, base=snap.usage, job_allocs=Counter())
     for alloc in snap.allocs:
         if not alloc.terminal():
             ctx.job_allocs[alloc.node_id] += 1
     policy = snap.policy
-    return Selector(
+    selector = Selector(
         snap.nodes, ctx, rng=rng, top_k=min(top_k, policy.top_k_max), rules=policy.preference_rules(), validation=policy.validation_rules(),
         cluster_top=policy.cluster_top, source=snap.rankings, stats=snap.stats,
     )
+    for node_id, resources in sorted(snap.held.items()):
+        selector.hold(node_id, resources)
+    return selector
 
 
 def _stop_and_update(plan: Plan, plans: dict[str, GroupPlan], selector: Selector) -> None:
@@ -278,7 +282,8 @@ def _place_one(
     snap = placing.snap
     runs, runs_group = _version_to_place(snap, job, group, p)
     ask_p = ask if runs is job else ask_for(runs, runs_group)
-    request = Request(ask_p, previous_node=p.previous.node_id if p.reschedule and p.previous else "")
+    # Nomad's penalty nodes: where the replaced alloc failed and every node its tracker lists.
+    request = Request(ask_p, penalty_nodes=penalty_nodes(p.previous) if p.previous is not None else frozenset())
     node = placing.selector.select(request)
     if node is None:
         return None

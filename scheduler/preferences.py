@@ -11,9 +11,9 @@ Two attributes tell the selector and the trait caches (``scheduler.traits``)
 what a rule's score depends on, so they can cache it:
 
 - ``per_request``: the score depends on the placement request; such a rule
-  may single out only the request's ``previous_node`` (every other node
-  scores as for a request without one), so a cached ranking stays right for
-  all nodes but that one;
+  may single out only the request's avoided nodes (``Request.avoided``:
+  every other node scores as for a request without them), so a cached
+  ranking stays right for all nodes but those few;
 - ``cluster_level``: the score is the same for every node of a cluster and
   comes from ``ctx.cluster_load``; caches rank nodes without it and the
   selector adds it per cluster, as the cluster's load changes with the plan.
@@ -24,6 +24,7 @@ job's allocs on the node (``ctx.job_allocs``), nothing more.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from fsm.scheduler_config import (
@@ -55,20 +56,38 @@ class PreferenceRule:
 
 @dataclass(frozen=True)
 class Request:
-    """One placement to make; ``previous_node`` is set for a rescheduled alloc."""
+    """One placement to make; a replacement names the nodes to avoid (Nomad's penalty nodes).
+
+    ``penalty_nodes`` are every node the replaced alloc's reschedule tracker
+    lists, plus the one it failed on (``scheduler.reschedule.penalty_nodes``);
+    ``previous_node`` is the older spelling of a single one. ``avoided`` is
+    their union, what the selector and ``AvoidPreviousNode`` read.
+    """
 
     ask: Ask
     previous_node: str = ""
+    penalty_nodes: frozenset[str] = frozenset()
+
+    @functools.cached_property
+    def avoided(self) -> frozenset[str]:
+        """Every node this placement is penalised on (empty for a fresh placement)."""
+        if not self.previous_node:
+            return self.penalty_nodes
+        return self.penalty_nodes | {self.previous_node}
 
 
 class AvoidPreviousNode(PreferenceRule):
-    """A rescheduled alloc prefers any other node than the one it failed on (Nomad's penalty)."""
+    """A replacement prefers any node but those its alloc failed on (Nomad's NodeReschedulingPenaltyIterator).
+
+    Each penalised node scores the same, however often it appears in the
+    tracker: Nomad keeps them in a set and gives each one penalty.
+    """
 
     name = "avoid-previous-node"
     per_request = True
 
     def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return 0 if request.previous_node and node.id == request.previous_node else 1
+        return 0 if node.id in request.avoided else 1
 
 
 class BestFit(PreferenceRule):

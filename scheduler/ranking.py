@@ -221,9 +221,10 @@ class Selector:
         """The best feasible node for ``request``, or None. Does not claim it (see ``claim``)."""
         state = self._state(request.ask)
         groups = self._groups(state)
-        picked, skipped = self._gather(state, groups, request.previous_node)
-        candidates = self._with_previous(state, request, picked, groups) if request.previous_node else picked
-        for entry in picked + ([skipped] if skipped is not None else []):
+        avoided = request.avoided
+        picked, skipped = self._gather(state, groups, avoided)
+        candidates = self._with_avoided(state, request, picked, groups) if avoided else picked
+        for entry in picked + skipped:
             self._push_back(state, entry)
         self.stats.record(state.hit, state.pending)
         state.pending = 0
@@ -238,6 +239,17 @@ class Selector:
         self.ctx.used(node.id).add(ask.resources)
         self.ctx.job_allocs[node.id] += 1
         self._touch(node.id, ask.resources, 1)
+
+    def hold(self, node_id: str, resources: Resources) -> None:
+        """Count what other plans, still committing, place on ``node_id``: the snapshot cannot show it yet.
+
+        Ranked like this plan's own claims, so that an eval planned while
+        earlier plans commit does not pick the node they just filled (the
+        plan applier would reject it, and the eval be planned again).
+        """
+        self.ctx.used(node_id).add(resources)
+        if node_id in self.nodes_by_id:
+            self._touch(node_id, resources, 1)
 
     def release(self, node_id: str, resources: Resources, same_job: bool) -> None:
         """Give back what a stopped alloc held (stops are applied before placements)."""
@@ -363,12 +375,12 @@ class Selector:
                 state.taken[tag] += 1
                 self._push_head(state, tag)
 
-    def _gather(self, state: _AskState, groups: list[str], skip: str) -> tuple[list[Entry], Entry | None]:
-        """Pop the best ``top_k`` valid candidates across the heaps of ``groups`` (and ``skip``'s
-        entry, kept apart, if it comes up first): the caller pushes them all back."""
+    def _gather(self, state: _AskState, groups: list[str], skip: frozenset[str]) -> tuple[list[Entry], list[Entry]]:
+        """Pop the best ``top_k`` valid candidates across the heaps of ``groups`` (and the entries of
+        ``skip``'s nodes, kept apart, that come up first): the caller pushes them all back."""
         heaps = [state.heaps[g] for g in groups if g in state.heaps]
         picked: list[Entry] = []
-        skipped = None
+        skipped: list[Entry] = []
         while len(picked) < self.top_k:
             best = None
             for heap in heaps:
@@ -381,21 +393,25 @@ class Selector:
             if entry[3] != CURSOR_NONE:
                 state.taken[entry[3]] += 1
                 self._push_head(state, entry[3])
-            if entry[2] == skip:
-                skipped = entry
+            if entry[2] in skip:
+                skipped.append(entry)
                 continue
             self.evaluated += 1
             picked.append(entry)
         return picked, skipped
 
-    def _with_previous(self, state: _AskState, request: Request, picked: list[Entry], groups: list[str]) -> list[Entry]:
-        """The best ``top_k`` once the request's previous node competes with its per-request score
-        (AvoidPreviousNode): it only ever loses places, so the candidates found without it suffice."""
-        prev = request.previous_node
-        node = self.nodes_by_id.get(prev)
+    def _with_avoided(self, state: _AskState, request: Request, picked: list[Entry], groups: list[str]) -> list[Entry]:
+        """The best ``top_k`` once the request's avoided nodes compete with their per-request score
+        (AvoidPreviousNode): they only ever lose places, so the candidates found without them suffice."""
         scored = [(rank_key(self.nodes_by_id[e[2]], request, self.ctx, self.rules, 0), e) for e in picked]
-        if node is not None and self._current_key(state, prev) is not None and (not self.cluster_top or self._cluster_of(prev) in groups):
-            scored.append((rank_key(node, request, self.ctx, self.rules, 0), ((), self._distance(prev), prev, CURSOR_NONE, 0, 0)))
+        for node_id in sorted(request.avoided):
+            node = self.nodes_by_id.get(node_id)
+            if node is None or self._current_key(state, node_id) is None:
+                continue
+            if self.cluster_top and self._cluster_of(node_id) not in groups:
+                continue
+            entry = ((), self._distance(node_id), node_id, CURSOR_NONE, 0, 0)
+            scored.append((rank_key(node, request, self.ctx, self.rules, 0), entry))
         scored.sort(key=lambda ke: (tuple(-x for x in ke[0]), ke[1][1], ke[1][2]))
         return [e for _key, e in scored[: self.top_k]]
 

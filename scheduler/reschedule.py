@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fsm.structs import (
+    CLIENT_FAILED,
     HOUR,
     SECOND,
     Allocation,
@@ -39,10 +40,15 @@ Decision = Literal["now", "later", "never"]
 
 
 def default_policy(job_type: str) -> ReschedulePolicy | None:
-    """Nomad's defaults: batch 1 attempt in 24h, 5s constant; service unlimited, 30s exponential."""
+    """Nomad's defaults (``structs.DefaultBatchJobReschedulePolicy`` and the service one): batch 1 attempt
+    in 24h, 5s constant, no delay ceiling; service unlimited, 30s exponential up to 1h.
+
+    The job spec fills the same defaults in (``node.spec.reschedule``); this is
+    for a stored job whose group has none.
+    """
     if job_type == "batch":
         return ReschedulePolicy(
-            attempts=1, interval=24 * HOUR, delay=5 * SECOND, delay_function="constant", max_delay=HOUR, unlimited=False
+            attempts=1, interval=24 * HOUR, delay=5 * SECOND, delay_function="constant", max_delay=0, unlimited=False
         )
     if job_type == "service":
         return ReschedulePolicy()
@@ -126,6 +132,18 @@ def decide(policy: ReschedulePolicy | None, alloc: Allocation, now: int, eval_id
     if at <= now + RESCHEDULE_WINDOW:
         return RescheduleDecision("now", at, delay)
     return RescheduleDecision("later", at, delay)
+
+
+def penalty_nodes(prev: Allocation) -> frozenset[str]:
+    """The nodes a replacement of ``prev`` should avoid: where it failed, and every node its tracker lists.
+
+    Nomad's ``getSelectOptions`` feeds these to ``NodeReschedulingPenaltyIterator``:
+    an alloc that failed on node A, then on B, is not sent back to A.
+    """
+    nodes = {e.prev_node_id for e in _events(prev) if e.prev_node_id}
+    if prev.client_status == CLIENT_FAILED and prev.node_id:
+        nodes.add(prev.node_id)
+    return frozenset(nodes)
 
 
 def next_tracker(prev: Allocation, now: int, delay: int, policy: ReschedulePolicy | None) -> RescheduleTracker:

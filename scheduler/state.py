@@ -47,6 +47,9 @@ class Snapshot:
     policy: Policy = DEFAULT_POLICY
     # Where the selector gets trait rankings (the leader's placement index); None: built per eval.
     rankings: RankingSource | None = None
+    # Per node, what plans still committing place there (the leader's plan applier; read only):
+    # the selector counts it as used, as the applier will when it checks this plan.
+    held: dict[str, Resources] = field(default_factory=dict)
     # Filled by the selector: per placement, cache hit or miss and the nodes scored.
     stats: PlacementStats = field(default_factory=PlacementStats)
 

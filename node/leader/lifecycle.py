@@ -331,7 +331,7 @@ class Lifecycle:
             self.blocked.forget(ev.id)
 
     def _on_alloc(self, alloc: dict[str, Any]) -> bool:
-        """Returns whether the alloc freed capacity; notes jobs that need an eval."""
+        """Returns whether the alloc freed capacity a placement can use; notes jobs that need an eval."""
         if alloc.get("deployment_id"):
             self.deployments.poke.set()
         view = self.nodes.get(alloc["node_id"])
@@ -344,7 +344,10 @@ class Lifecycle:
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_FAILURE)
             elif status == CLIENT_COMPLETE:
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_STOP)
-        return desired != DESIRED_RUN or status in (CLIENT_FAILED, CLIENT_COMPLETE, "lost")
+        freed = desired != DESIRED_RUN or status in (CLIENT_FAILED, CLIENT_COMPLETE, "lost")
+        # Room freed on a node nothing can be placed on (down, draining, ineligible, gone) helps no
+        # blocked eval: in a mass node-down every lost alloc would unblock them all, again and again.
+        return freed and view is not None and view.usable
 
     def _on_node(self, node_id: str, obj: dict[str, Any] | None) -> bool:
         before = self.nodes.get(node_id)

@@ -11,6 +11,17 @@ is nacked and redelivered later. The eval is acked only after its plan —
 with the eval's own new status — is in the log, so a leader that dies
 mid-way leaves the eval pending for the next leader (at-least-once).
 
+Throughput (issue 36): a worker does not wait for one plan's commit before
+planning the next. It keeps up to ``PIPELINE_DEPTH`` evals between dequeue
+and commit, and plans the evals that are ready together (up to
+``PLAN_BATCH``) in one read: one executor hop and one index catch-up for
+all of them. Each plan is made with what plans still committing or queued
+at the applier place counted as used (``Snapshot.held``; the applier alone
+decides what commits), as are the plans before it in its batch, so that
+pipelined plans do not all pick the node the committed state shows as best.
+The applier then checks the plans that queued together in one read and
+commits them in one raft entry.
+
 Conflict-aware choice (Protean): the workers keep a decaying rate of the
 plans the applier only partly accepted, over about the last
 ``CONFLICT_PLANS`` plans (and halving every ``CONFLICT_HALF_LIFE`` seconds
@@ -33,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from fsm.store import StateReader
 from fsm.structs import EVAL_TERMINAL, Evaluation
 from node.leader.broker import BrokerError, EvalBroker
-from node.leader.plan_apply import PlanApplier, PlanResult
+from node.leader.plan_apply import Claim, PlanApplier, PlanResult, pending_usage, plan_claim
 from node.leader.shims import StateReads
 from node.wire.errors import NO_LEADER, NOT_LEADER, RPCError
 from scheduler.errors import SchedulerError
@@ -61,6 +72,10 @@ _STALE = object()
 # pause while failures repeat (Nomad's worker backs off the same way): a
 # fault that fails every eval, such as this server losing its leadership,
 # then costs a few nacks instead of draining the broker in a burst.
+PIPELINE_DEPTH = 16  # evals a worker has between dequeue and commit while its plans commit cleanly
+PIPELINE_RAMP = 8  # evals in a row that widen the pipeline by one (see Worker._depth)
+MAX_HELD_NODES = 256  # nodes of plans still committing that a planning read counts as used, at most
+PLAN_BATCH = 8  # evals ready together that a worker plans in one read
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 2.0
 
@@ -87,6 +102,12 @@ class WorkerStats:
     # Snapshot and schedule, per attempt, when every ranking was a cache hit and when one was built.
     plan_hit_seconds: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
     plan_miss_seconds: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
+    # Raft index of each committed plan's last entry: plans sharing one were merged into one Batch entry.
+    entry_indices: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES))
+
+    def plans_per_entry(self) -> float:
+        """Plans committed per raft entry, over the recent plans (1.0: no merging)."""
+        return len(self.entry_indices) / len(set(self.entry_indices)) if self.entry_indices else 0.0
 
     def percentile(self, q: float, samples: collections.deque[float] | None = None) -> float:
         samples = self.latencies if samples is None else samples
@@ -121,6 +142,7 @@ class WorkerStats:
         self.evals = self.skipped = self.nacked = self.placements = self.plan_conflicts = 0
         self.placement = PlacementStats()
         self.latencies.clear()
+        self.entry_indices.clear()
         for samples in (self.plan_seconds, self.commit_seconds, self.dequeue_seconds, self.plan_hit_seconds, self.plan_miss_seconds):
             samples.clear()
 
@@ -145,6 +167,7 @@ class WorkerStats:
                 "P50": round(self.percentile(0.50, self.dequeue_seconds) * 1000, 2),
                 "P99": round(self.percentile(0.99, self.dequeue_seconds) * 1000, 2),
             },
+            "PlansPerEntry": round(self.plans_per_entry(), 2),
             "ConflictRate": round(self.rate(), 4),
             "TopK": self.last_top_k,
             "Placement": {
@@ -169,6 +192,17 @@ def _placement_stats(p: PlacementStats) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Planned:
+    """One eval's plan from a planning read: the plan (None: nothing to do), or why it failed."""
+
+    plan: Plan | None
+    missed: bool = False  # whether planning it built a trait ranking (a cache miss)
+    error: Exception | None = None
+    outcome: asyncio.Future[PlanResult] | None = None  # the applier's answer, once the plan is queued there
+    queued_at: float = 0.0  # monotonic
+
+
 class Worker:
     def __init__(
         self,
@@ -189,30 +223,75 @@ class Worker:
         self.stats = stats
         # The term's index, shared with the other workers (a worker alone keeps its own).
         self.index = index if index is not None else PlacementIndex()
-        self._missed = False  # whether the last plan built a ranking (a cache miss)
         self.log = log.bind(component="worker", worker=name)
         self._pause = pause
         self._failures = 0  # evals failed in a row
+        self._streak = 0  # evals that succeeded in a row this term
 
     async def run(self) -> None:
-        while True:
-            got = await self.broker.dequeue()
-            if got is None:
-                continue
-            ev, token = got
-            try:
-                await self.process(ev)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the eval is redelivered
-                self._nack(ev, token, exc)
-                await self._pause(min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX))
-                continue
-            self._failures = 0
-            try:
-                self.broker.ack(ev.id, token)
-            except BrokerError as exc:
-                self.log.warning("ack refused", eval_id=ev.id, error=str(exc))
+        """Take evals from the broker, up to ``_depth()`` of them between dequeue and commit at once.
+
+        The evals ready together are planned in one read (``_plan_batch``),
+        then each is submitted and waited for on its own task.
+        """
+        outstanding: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                while len(outstanding) >= self._depth():
+                    await asyncio.wait(outstanding, return_when=asyncio.FIRST_COMPLETED)
+                got = await self.broker.dequeue()
+                if got is None:
+                    continue
+                batch = [got]
+                while len(outstanding) + len(batch) < self._depth() and len(batch) < PLAN_BATCH:
+                    more = self.broker.try_dequeue()
+                    if more is None:
+                        break
+                    batch.append(more)
+                dequeued = time.monotonic()
+                firsts = await self._plan_batch([ev for ev, _token in batch])
+                for (ev, token), first in zip(batch, firsts, strict=True):
+                    task = asyncio.create_task(self._handle(ev, token, first, dequeued))
+                    outstanding.add(task)
+                    task.add_done_callback(outstanding.discard)
+        finally:
+            for task in outstanding:
+                task.cancel()
+            await asyncio.gather(*outstanding, return_exceptions=True)
+
+    def _depth(self) -> int:
+        """How many evals this worker may have between dequeue and commit.
+
+        Planning is serial (the applier's ``planning`` lock), but waiting for a
+        commit need not be: while plans commit, the worker plans the next,
+        so the applier has plans to group into one entry (without this,
+        plans in flight were capped at the number of workers, and throughput
+        at workers / commit latency). One at a time at the start of a term and
+        after any failure, so that a fault such as lost leadership costs one
+        eval, not a pipeline of them. It widens by one
+        for every ``PIPELINE_RAMP`` evals that succeed in a row (a slow start,
+        as TCP's): a short burst is planned much as one eval at a time was,
+        and a sustained one reaches the full depth within a few hundred evals.
+        """
+        return min(PIPELINE_DEPTH, 1 + self._streak // PIPELINE_RAMP)
+
+    async def _handle(self, ev: Evaluation, token: str, first: Planned | None = None, dequeued: float | None = None) -> None:
+        """Process one dequeued eval, then ack it, or nack it and back off."""
+        try:
+            await self.process(ev, first, dequeued)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the eval is redelivered
+            self._streak = 0
+            self._nack(ev, token, exc)
+            await self._pause(min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX))
+            return
+        self._failures = 0
+        self._streak += 1
+        try:
+            self.broker.ack(ev.id, token)
+        except BrokerError as exc:
+            self.log.warning("ack refused", eval_id=ev.id, error=str(exc))
 
     def _nack(self, ev: Evaluation, token: str, exc: Exception) -> None:
         """Hand the eval back for redelivery: lost leadership is logged once per run of failures, other errors each time."""
@@ -230,54 +309,116 @@ class Worker:
         except BrokerError:
             pass
 
-    def plan(self, reader: StateReader, ev: Evaluation, use_index: bool = True) -> Plan | None | object:
+    def plan(
+        self, reader: StateReader, ev: Evaluation, use_index: bool = True, claims: list[Claim] | None = None
+    ) -> Plan | None | object:
         """Schedule ``ev`` on one snapshot; None when the eval is already finished, ``_STALE`` when
-        ``reader`` is older than the shared index (read again: a new read is at least as new).
+        ``reader`` is older than the shared index (read again: a new read is at least as new)."""
+        out = self.plan_batch(reader, [ev], use_index, claims)
+        if out is _STALE:
+            return _STALE
+        planned = out[0]  # type: ignore[index]
+        if planned.error is not None:
+            raise planned.error
+        return planned.plan
+
+    def plan_batch(
+        self, reader: StateReader, evs: list[Evaluation], use_index: bool = True, claims: list[Claim] | None = None
+    ) -> list[Planned] | object:
+        """Schedule each of ``evs`` at ``reader``'s index, in order; ``_STALE`` as ``plan``.
 
         The index's lock is held while the scheduler runs, so that no other
-        worker moves the index past this read meanwhile.
+        worker moves the index past this read meanwhile. ``claims``: the
+        applier's plans still committing; what ``reader`` does not show of
+        them yet counts as used (``Snapshot.held``), and so does what the
+        plans before each eval in ``evs`` place, so that pipelined plans do
+        not all pick the node the newest committed state shows as best.
         """
-        current = reader.eval(ev.id)
-        if current is None or current.status in EVAL_TERMINAL:
-            return None
         if not use_index:
-            snap = load_snapshot(reader, current, time.time_ns())
-            plan = schedule(snap, top_k=self.stats.top_k(snap.policy.top_k_max))
-        else:
-            with self.index.lock:
-                if not self.index.catch_up(reader):
-                    return _STALE
-                snap = load_snapshot(reader, current, time.time_ns(), index=self.index)
-                plan = schedule(snap, top_k=self.stats.top_k(snap.policy.top_k_max))
-        self.stats.placement.add(snap.stats)
-        self._missed = snap.stats.misses > 0
-        return plan
+            return self._schedule_all(reader, evs, list(claims or []), None)
+        with self.index.lock:
+            if not self.index.catch_up(reader):
+                return _STALE
+            return self._schedule_all(reader, evs, list(claims or []), self.index)
 
-    async def _plan(self, ev: Evaluation) -> Plan | None:
-        for attempt in range(STALE_READS + 1):
-            use_index = attempt < STALE_READS
-            plan = await self.state.local(lambda r, use_index=use_index: self.plan(r, ev, use_index))
-            if plan is not _STALE:
-                return plan  # type: ignore[return-value]
+    def _schedule_all(self, reader: StateReader, evs: list[Evaluation], claims: list[Claim], index: PlacementIndex | None) -> list[Planned]:
+        out = []
+        for ev in evs:
+            try:
+                current = reader.eval(ev.id)
+                if current is None or current.status in EVAL_TERMINAL:
+                    out.append(Planned(None))
+                    continue
+                snap = load_snapshot(reader, current, time.time_ns(), index=index)
+                held = pending_usage(reader, claims)
+                # Holding costs a re-rank per node: past a few hundred nodes (large plans, which
+                # spread anyway) it costs more than the conflicts it saves.
+                snap.held = held if len(held) <= MAX_HELD_NODES else {}
+                plan = schedule(snap, top_k=self.stats.top_k(snap.policy.top_k_max))
+                if plan.failed and snap.held:
+                    # Whether a placement fails is decided on committed state alone: plans
+                    # still committing may yet fail, and an eval blocked for room they only
+                    # claimed would wait for a capacity change that never comes. The
+                    # applier then rejects this plan if they commit, and it is planned again.
+                    snap = load_snapshot(reader, current, time.time_ns(), index=index)
+                    plan = schedule(snap, top_k=self.stats.top_k(snap.policy.top_k_max))
+            except Exception as exc:  # noqa: BLE001 - this eval fails alone; the others of the batch go on
+                out.append(Planned(None, error=exc))
+                continue
+            self.stats.placement.add(snap.stats)
+            out.append(Planned(plan, missed=snap.stats.misses > 0))
+            claim = plan_claim(plan)
+            if claim is not None:
+                claims.append(claim)
+        return out
+
+    async def _plan_batch(self, evs: list[Evaluation]) -> list[Planned]:
+        """Plan ``evs`` in one read and queue the plans at the applier; timed per eval.
+
+        Under the applier's planning lock, shared by the workers: the claims
+        are taken and the plans queued with no other worker's read between,
+        so every read sees the plans made before it.
+        """
+        started = time.monotonic()
+        async with self.applier.planning:
+            for attempt in range(STALE_READS + 1):
+                use_index = attempt < STALE_READS
+                claims = self.applier.claims(queued=True)  # taken on the loop, which alone changes them
+                out = await self.state.local(lambda r, use_index=use_index, claims=claims: self.plan_batch(r, evs, use_index, claims))
+                if out is not _STALE:
+                    return self._queue_plans(out, time.monotonic() - started)  # type: ignore[arg-type]
         raise AssertionError("unreachable: the last read does not use the index")
 
-    async def process(self, ev: Evaluation) -> None:
-        enqueued = self.broker.enqueued_at(ev.id)
-        dequeued = time.monotonic()
-        for _attempt in range(MAX_ATTEMPTS):
-            started = time.monotonic()
-            plan = await self._plan(ev)
-            if plan is None:
-                self.stats.skipped += 1
-                return
+    def _queue_plans(self, out: list[Planned], elapsed: float) -> list[Planned]:
+        """Hand each plan to the applier (after telling the blocked evals what to expect)."""
+        now = time.monotonic()
+        for planned in out:
+            self.stats.plan_seconds.append(elapsed)
+            (self.stats.plan_miss_seconds if planned.missed else self.stats.plan_hit_seconds).append(elapsed)
+            plan = planned.plan
+            if plan is None or planned.error is not None:
+                continue
             if plan.blocked_eval_id:
                 self.blocked.expect(plan.blocked_eval_id, plan.snapshot_index)
-            planned = time.monotonic()
-            result: PlanResult = await self.applier.submit(plan)
-            self.stats.plan_seconds.append(planned - started)
-            (self.stats.plan_miss_seconds if self._missed else self.stats.plan_hit_seconds).append(planned - started)
-            self.stats.commit_seconds.append(time.monotonic() - planned)
+            planned.outcome, planned.queued_at = self.applier.enqueue(plan), now
+        return out
+
+    async def process(self, ev: Evaluation, first: Planned | None = None, dequeued: float | None = None) -> None:
+        """Plan ``ev`` (its first plan may come from a batch read) until the applier takes a plan whole."""
+        enqueued = self.broker.enqueued_at(ev.id)
+        dequeued = time.monotonic() if dequeued is None else dequeued
+        for attempt in range(MAX_ATTEMPTS):
+            planned = first if attempt == 0 and first is not None else (await self._plan_batch([ev]))[0]
+            if planned.error is not None:
+                raise planned.error
+            if planned.outcome is None:
+                self.stats.skipped += 1
+                return
+            result: PlanResult = await planned.outcome
+            self.stats.commit_seconds.append(time.monotonic() - planned.queued_at)
             self.stats.placements += result.placed
+            if result.index:
+                self.stats.entry_indices.append(result.index)
             self.stats.record_plan(conflict=not result.whole)
             if result.whole:
                 self.stats.evals += 1
