@@ -13,6 +13,7 @@ from typing import Any
 
 import lmdb
 
+from fsm.digest import cursor_delete
 from fsm.keys import from_u64, u64
 from fsm.store import META_JOURNAL_BYTES, META_JOURNAL_TRIMMED
 
@@ -95,7 +96,7 @@ class Appender:
             while (count > retention.max_batches or size > retention.max_bytes) and count > 1:
                 trimmed = from_u64(cursor.key())
                 size -= len(cursor.value())
-                cursor.delete()
+                cursor_delete(self._txn, cursor, journal)
                 count -= 1
             if trimmed:
                 self._put(META_JOURNAL_TRIMMED, u64(trimmed), True, True, False, self._meta)

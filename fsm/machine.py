@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,12 +29,14 @@ import lmdb
 import structlog
 
 from fsm import codec, journal
+from fsm.digest import DigestTxn, full_digest, hexdigest, stored
 from fsm.errors import ApplyRejected, CodecError, FatalApplyError
 from fsm.handlers import HANDLERS
 from fsm.keys import SEP, u64
 from fsm.messages import IGNORE_FLAG, Entry, MessageType, decode_entry
 from fsm.store import (
     DEFAULT_MAP_SIZE,
+    DIGEST_DBS,
     META_APPLIED,
     META_LAST_TIME,
     META_SCHEMA,
@@ -139,7 +142,11 @@ class FSM:
         self.request_ttl = request_ttl
         self.request_min_entries = request_min_entries
         self.on_fatal = on_fatal
-        self._txn: lmdb.Transaction | None = None
+        self._txn: DigestTxn | None = None
+        # (correction, generation): true digest - stored sum, found by a full
+        # scan of an untrusted store (see fsm.digest); the next group stores it.
+        self._digest_fix: tuple[int, int] | None = None
+        self._scan_lock = threading.Lock()
         self._tracker: WriteTracker | None = None  # the open transaction's, shared by its entries
         self._journal: journal.Appender | None = None  # likewise
         self._touched: dict[str, int] = {}
@@ -203,6 +210,7 @@ class FSM:
             index_db = self.store.dbs["index"]
             for table, idx in self._touched.items():
                 txn.put(table.encode(), u64(idx), db=index_db)
+            txn.seal(self._applied)
             txn.commit()
         except lmdb.Error as exc:
             self._txn = None
@@ -211,6 +219,8 @@ class FSM:
         self._txn = None
         self._touched = {}
         self._pending = []
+        if txn.trusted and self._digest_fix is not None:
+            self._digest_fix = None  # stored now
         for listener in list(self._listeners):
             listener(self._applied)
 
@@ -234,11 +244,49 @@ class FSM:
         with self.store.read() as r:
             yield r
 
-    def digest(self) -> tuple[str, int]:
-        """(state digest, index it reflects). Commits a pending group first."""
+    def digest(self, *, full: bool = False) -> tuple[str, int]:
+        """(state digest, index it reflects). Commits a pending group first (same thread as apply)."""
         self.commit()
+        return self.committed_digest(full=full)
+
+    def committed_digest(self, *, full: bool = False) -> tuple[str, int]:
+        """(state digest, index) of committed state, from any thread: the stored sum when it is trusted.
+
+        Otherwise (an old data directory, a restored snapshot; or ``full``)
+        every record is hashed once. The difference from the stored sum holds
+        for every later state of this store (writes keep the sum in step), so
+        it is kept and the next group commit stores the corrected sum: later
+        calls are cheap again, and no write transaction is opened here.
+        """
+        if not full:
+            found = self._stored_digest()
+            if found is not None:
+                return found
+        with self._scan_lock:  # one scan at a time: callers waiting here then find its result
+            found = None if full else self._stored_digest()
+            if found is not None:
+                return found
+            generation = self.generation
+            with self.store.read() as r:
+                applied = r.applied_index
+                trusted, total = stored(r.txn, r.dbs["meta"], applied)
+                true = full_digest(r.txn, r.dbs, DIGEST_DBS)
+            if not trusted and generation == self.generation:
+                self._digest_fix = (true - total, generation)
+            return hexdigest(true), applied
+
+    def _stored_digest(self) -> tuple[str, int] | None:
+        """(digest, index) from the stored sum if trusted, or corrected by a scan's finding; else None."""
+        generation = self.generation
         with self.store.read() as r:
-            return r.digest(), r.applied_index
+            applied = r.applied_index
+            trusted, total = stored(r.txn, r.dbs["meta"], applied)
+            if trusted:
+                return hexdigest(total), applied
+            fix = self._digest_fix
+            if fix is not None and fix[1] == generation:
+                return hexdigest(total + fix[0]), applied
+        return None
 
     def close(self) -> None:
         self.commit()
@@ -268,6 +316,7 @@ class FSM:
             self.generation += 1
             self.reopening = False
             self._oldest_request = None
+            self._digest_fix = None
             with self.store.read() as r:
                 self._applied = r.applied_index
                 self._last_time = r.last_time
@@ -275,9 +324,13 @@ class FSM:
             listener(self._applied)
 
     # -- internals -----------------------------------------------------------
-    def _begin(self) -> lmdb.Transaction:
+    def _begin(self) -> DigestTxn:
         if self._txn is None:
-            self._txn = self.store.begin_write()
+            txn = self._txn = DigestTxn(self.store.begin_write(), self.store.dbs, self._applied, DIGEST_DBS)
+            fix = self._digest_fix
+            if fix is not None and not txn.trusted and fix[1] == self.generation:
+                txn.total += fix[0]
+                txn.trusted = True
             self._tracker = WriteTracker(self._txn)
             self._journal = journal.Appender(self._txn, self.store.dbs, self.retention)
             self._group_start = (self._applied, self._last_time)
@@ -302,7 +355,7 @@ class FSM:
             batch.items.append(_BatchItem(entry, result, now))
         return result
 
-    def _rollback(self) -> lmdb.Transaction:
+    def _rollback(self) -> DigestTxn:
         """Undo a rejected entry's writes: abort the group and apply its entries again.
 
         Entries are not applied in nested transactions (LMDB copies every page
@@ -398,7 +451,7 @@ class FSM:
             f"unknown entry type {code} at index {index}; upgrade this server before it can apply the log"
         )
 
-    def _run(self, txn: lmdb.Transaction, index: int, now: int, decoded: Entry) -> ApplyResult:
+    def _run(self, txn: DigestTxn, index: int, now: int, decoded: Entry) -> ApplyResult:
         """Run the entry's handler; if it succeeds, journal its records and note the tables it touched.
 
         A rejection, or a bug in a handler (the same on every replica),
@@ -479,7 +532,7 @@ class FSM:
             self.commit()
         return result
 
-    def _remember(self, txn: lmdb.Transaction, rid: str, index: int, now: int, result: ApplyResult) -> None:
+    def _remember(self, txn: DigestTxn, rid: str, index: int, now: int, result: ApplyResult) -> None:
         """Keep a request's result so a retry returns it instead of re-applying.
 
         The ids of one raft index share one row in ``requests_by_time``: a
@@ -494,7 +547,7 @@ class FSM:
         else:
             self._note_requests(txn, index, now, [rid_key])
 
-    def _note_requests(self, txn: lmdb.Transaction, index: int, now: int, rids: list[bytes]) -> None:
+    def _note_requests(self, txn: DigestTxn, index: int, now: int, rids: list[bytes]) -> None:
         """Note when the requests of ``index`` were applied, and forget the expired ones.
 
         An id is forgotten once it is both older than ``request_ttl`` (by the
@@ -527,4 +580,4 @@ class FSM:
             ids = codec.unpack(cursor.value()) if per_index else [k[9:]]
             for rid_key in ids:
                 txn.delete(rid_key, db=dbs["requests"])
-            cursor.delete()
+            txn.cursor_delete(cursor, dbs["requests_by_time"])

@@ -8,7 +8,6 @@ the indexes in step with the tables.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from fsm import codec
+from fsm.digest import full_digest, hexdigest, stored
 from fsm.keys import from_u64, key, key_at, last_part, prefix, u64
 from fsm.scheduler_config import CONFIG_KEY, CONFIG_TABLE, SchedulerConfig
 from fsm.structs import (
@@ -63,6 +63,12 @@ INDEXES = (
 )
 SYSTEM = ("index", "meta", "gc_marks", "gc_mark_of", "journal", "requests", "requests_by_time")
 ALL_DBS = TABLES + INDEXES + SYSTEM
+#: What the state digest covers (``fsm.digest``): every object table and the system state a
+#: replica answers from. Left out, because they are derived and hashing them cost more than the
+#: rest of apply: the indexes (rebuilt from the tables; the FSM invariant tests check them), the
+#: journal (a record per change, trimmed by each server's own retention) and the request
+#: memory's time index.
+DIGEST_DBS = TABLES + ("index", "meta", "gc_marks", "gc_mark_of", "requests")
 
 STRUCT_OF = {
     "jobs": Job,
@@ -383,14 +389,18 @@ class StateReader:
     def iter_raw(self, db: str) -> Iterator[tuple[bytes, bytes]]:
         yield from self._scan(db)
 
-    def digest(self) -> str:
-        """SHA-256 over every table, index and system db (journal included)."""
-        h = hashlib.sha256()
-        for name in sorted(ALL_DBS):
-            h.update(b"db:" + name.encode() + b"\n")
-            for k, v in self._scan(name):
-                h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
-        return h.hexdigest()
+    def digest(self, full: bool = False) -> str:
+        """The multiset hash of every record of the databases the digest covers (``DIGEST_DBS``).
+
+        The stored, incrementally kept sum when it is trusted (see
+        ``fsm.digest``); else, or with ``full``, recomputed from every record.
+        ``FSM.committed_digest`` also remembers what a recomputation found.
+        """
+        if not full:
+            trusted, total = stored(self.txn, self.dbs["meta"], self.applied_index)
+            if trusted:
+                return hexdigest(total)
+        return hexdigest(full_digest(self.txn, self.dbs, DIGEST_DBS))
 
     # -- list pages ----------------------------------------------------------
     def scan_range(self, db: str, start: bytes, origin: bytes = b"", reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
@@ -425,7 +435,6 @@ class StateReader:
             yield k, v
 
 
-
 def job_key(job_id: str) -> bytes:
     return job_id.encode()
 
@@ -434,4 +443,4 @@ def eval_is_live(status: str) -> bool:
     return status not in EVAL_TERMINAL
 
 
-__all__ = ["StateStore", "StateReader", "TABLES", "INDEXES", "SYSTEM", "ALL_DBS", "key", "prefix"]
+__all__ = ["StateStore", "StateReader", "TABLES", "INDEXES", "SYSTEM", "ALL_DBS", "DIGEST_DBS", "key", "prefix"]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
+from fsm.digest import DIGEST_KEY
 from fsm.store import DEFAULT_MAP_SIZE, STORE_SCHEMA, StateStore
 from snapshot.errors import CorruptError, RestoreError, SnapshotError, UnknownRecordTypeError
 from snapshot.format import TYPE_NAMES, SnapshotMeta, ignorable
@@ -77,7 +78,11 @@ def build_store(path: str, dest_dir: str, *, map_size: int = DEFAULT_MAP_SIZE) -
 
         def consume(code: int, records: list[tuple[bytes, bytes]]) -> None:
             nonlocal txn, pending
-            db = store.dbs[TYPE_NAMES[code]]
+            name = TYPE_NAMES[code]
+            db = store.dbs[name]
+            if name == "meta":
+                # The source's digest row is not trusted here: the FSM recomputes it once (fsm.digest).
+                records = [r for r in records if r[0] != DIGEST_KEY]
             # Append mode: LMDB refuses a key that is not greater than the previous one.
             consumed, added = txn.cursor(db=db).putmulti(records, append=True)
             if consumed != len(records) or added != len(records):
