@@ -17,6 +17,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from typing import Any
 
 from node.wire.errors import RPCError
 from node.wire.rpc_client import RPCClient
+from raft.starting import ROLE_STARTING
 
 CLUSTER_FILE = "cluster.json"
 REPO_ROOT = Path(__file__).resolve().parents[1]  # where ``python -m node.cli`` finds this tree
@@ -330,6 +332,24 @@ def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float
     return cluster
 
 
+def prepare_join(cluster: Cluster, name: str, join: list[str], extra_config: str = "") -> ClusterNode:
+    """Wipe one stopped server's data dir and rewrite its config to join the cluster at ``join``.
+
+    The server keeps its id and addresses (a replacement "in its place");
+    its config lists only itself, since after bootstrap the cluster's
+    membership comes from the raft log, not from configs. Remove the old
+    server from the raft configuration first (``operator raft remove-peer``).
+    """
+    node = cluster.node(name)
+    if alive(node.pid):
+        raise ClusterError(f"{name} is still running (pid {node.pid}); stop it before wiping its data dir")
+    shutil.rmtree(node.data_dir, ignore_errors=True)
+    password_file = str(Path(cluster.dir) / "raft-password")
+    extra = "\n".join([f"join = [{', '.join(_toml_str(a) for a in join)}]", extra_config])
+    Path(node.config_file).write_text(render_config(node, [node], password_file, extra))
+    return node
+
+
 def kill(cluster: Cluster, name: str, sig: int = signal.SIGKILL) -> ClusterNode:
     """Signal one server (SIGKILL: a crash) and wait until its process is gone."""
     node = cluster.node(name)
@@ -360,11 +380,13 @@ def restart(cluster: Cluster, name: str) -> ClusterNode:
 
 
 def wait_serving(nodes: list[ClusterNode], timeout: float = 60.0) -> None:
-    """Wait until each just-started server answers RPC; one that exits fails the wait with its reason.
+    """Wait until each just-started server answers RPC with its raft up; one that exits fails the wait with its reason.
 
     Without this a server that could not start (its port taken, a bad data
     dir) was reported started, and the operator found out later from a
-    missing leader.
+    missing leader. A server answers stale reads before its raft node is up
+    (role "starting"), and binding the raft port is part of that: it is
+    started once the role is another.
     """
     deadline = time.monotonic() + timeout
     pending = list(nodes)
@@ -372,7 +394,8 @@ def wait_serving(nodes: list[ClusterNode], timeout: float = 60.0) -> None:
         for node in list(pending):
             if not alive(node.pid):
                 raise ClusterError(f"{node.id} exited as it started: {_last_words(node)}")
-            if status_of(node.rpc_addr) is not None:
+            answer = status_of(node.rpc_addr)
+            if answer is not None and answer.get("Role") != ROLE_STARTING:
                 pending.remove(node)
         if not pending:
             return

@@ -31,7 +31,7 @@ from fsm.machine import FSM
 from fsm.messages import encode_entry
 from fsm.store import StateReader
 from node import gauges
-from node.core import acl
+from node.core import acl, autopilot, joining, membership
 from node.core.acl import Need
 from node.core.api import Forward
 from node.core.config import ServerConfig
@@ -49,7 +49,6 @@ from node.core.testhooks import (
 from node.core.wakeup import CoalescedWake, wait_event
 from node.core.writes import WRITE_TIMEOUT, WriteQueue
 from node.endpoints.registry import METHODS, STREAMS
-from node.http import service as http_service
 from node.leader import gc as leader_gc
 from node.leader import lifecycle
 from node.wire.errors import (
@@ -60,7 +59,9 @@ from node.wire.errors import (
 )
 from node.wire.rpc_client import AsyncRPCClient
 from raft import errors as raft_errors
+from raft.members import load_state
 from raft.node import RaftNode
+from raft.starting import StartingRaft
 
 #: Seconds a cancelled leader loop may take to end before it is reported.
 LEADER_LOOP_STOP_WARN = 10.0
@@ -73,7 +74,15 @@ LEADER_LOOPS: tuple[LeaderLoop, ...] = (*leader_gc.LEADER_LOOPS, *lifecycle.LEAD
 # Services run on every server once its RPC listener is up; each start returns its stop.
 ServiceStop = Callable[[], Awaitable[None]]
 Service = Callable[["Server"], Awaitable[ServiceStop]]
-SERVICES: tuple[Service, ...] = tuple(http_service.SERVICES)
+
+
+def services() -> tuple[Service, ...]:
+    """The services (the HTTP API), imported only once the RPC listener is up: aiohttp and the
+    routes are a sixth of the server's import time, and a restarted server's stale reads need
+    neither."""
+    from node.http import service as http_service
+
+    return tuple(http_service.SERVICES)
 
 
 @dataclass
@@ -91,18 +100,28 @@ class Server:
         self.rpc_of_raft = {m.raft_addr: m.rpc_addr for m in self.members}
         # Names the cluster in snapshots: the same on every member, from the shared membership list.
         self.cluster_id = hashlib.sha256(",".join(sorted(m.node_id for m in self.members)).encode()).hexdigest()[:16]
+        # After bootstrap the raft state, not this config, says who the members are and keeps the
+        # cluster id fixed (raft/members.py); a server with ``join`` and no raft state waits to be added.
+        stored = load_state(Path(config.data_dir) / "raft")
+        if stored is not None and stored.cluster_id:
+            self.cluster_id = stored.cluster_id
+        if stored is None and config.join is not None:
+            joining.register(self, joining.Joiner(config))
+        self._members_seen = -1  # the raft members_version the views were built from
         data = Path(config.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.fsm = FSM(str(data / "state"), retention=config.journal)
         self.rpc = RPCServer(config.rpc_bind, max_frame=config.rpc_max_frame, log=self.log)
         self.leader_loops = list(LEADER_LOOPS)
+        self.leader_loops.append(autopilot.run)
         gauges.register(self)
         for name, fn in METHODS.items():
             self.rpc.register(name, self._handler(name, fn))
         for name, stream in STREAMS.items():
             self.rpc.register(name, functools.partial(stream, self), streaming=True)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.raft: RaftNode
+        # A placeholder until ``serve`` has built the real node (see raft/starting.py).
+        self.raft: RaftNode | StartingRaft = StartingRaft(config.raft_config())
         self.forwarder = AsyncRPCClient(timeout=WRITE_TIMEOUT)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="caravan-read")
         self._applied_event: asyncio.Event | None = None
@@ -151,14 +170,29 @@ class Server:
 
         raft_dir = Path(self.config.data_dir) / "raft"
         raft_dir.mkdir(parents=True, exist_ok=True)
+        member_overrides = self._membership_overrides()
         self.snapshotter = BackgroundSnapshotter(self.fsm, str(raft_dir / "raft.dump"), cluster_id=self.cluster_id)
         config = self.config.raft_config(
             data_dir=str(raft_dir),
             serializer=self.snapshotter.serializer,
             deserializer=self._counting_installs(self.snapshotter.deserializer),
             serialize_checker=self.snapshotter.serialize_checker,
+            **member_overrides,
         )
         return RaftNode(config, self.fsm, on_leadership=self._on_leadership)
+
+    def _membership_overrides(self) -> dict[str, Any]:
+        """Raft start-up thread: a joining server blocks here until added (node/core/joining.py)."""
+        joiner = joining.joiner_of(self)
+        if joiner is None:
+            return {"cluster_id": self.cluster_id}
+        overrides = joining.raft_overrides(joiner.wait(self._stopping))
+        self.cluster_id = overrides["cluster_id"]
+        return overrides
+
+    def _refresh_members(self) -> None:
+        """``members`` and ``rpc_of_raft`` follow the raft configuration (node/core/membership.py)."""
+        self._members_seen = membership.refresh_views(self.raft, self._members_seen, self.members, self.rpc_of_raft)
 
     def _counting_installs(self, load: Callable[[str], tuple]) -> Callable[[str], tuple]:
         """Count raft dumps that replaced the store (a follower's snapshot install, or a restart onto a
@@ -186,10 +220,18 @@ class Server:
         self._applied_event = asyncio.Event()
         self._tick_events = CoalescedWake(self.loop, self._take_tick_events)
         self.fsm.on_commit(self._on_commit)
-        self.raft = self._start_raft()
-        self.writes = WriteQueue(self.raft, self._settle_from_tick, self.rpc_of_raft)
+        # Listen first: stale reads need only the committed store, and starting
+        # raft (link key derivation, journal load, dump check) took most of a
+        # restarted server's time to its first answer. Until the real node is
+        # in, the placeholder refuses writes and linearizable reads as a
+        # follower without a leader would.
         address = await self.rpc.start()
-        for start in SERVICES:
+        raft = await self.loop.run_in_executor(None, self._start_raft)
+        self.writes = WriteQueue(raft, self._settle_from_tick, self.rpc_of_raft)
+        self.raft = raft
+        if raft.is_leader:  # won while starting: _leadership_changed ignored it until now
+            self._leadership_changed(True)
+        for start in services():
             self._service_stops.append(await start(self))
         self.log.info("server started", rpc=address, raft=self.config.raft_addr)
         stop = asyncio.Event()
@@ -263,6 +305,8 @@ class Server:
                 pass
 
     def _leadership_changed(self, is_leader: bool) -> None:
+        if isinstance(self.raft, StartingRaft):
+            return  # serve() looks again once the real node is in
         for task in self._leader_tasks:
             self._retire(task)
         self._leader_tasks = []
@@ -317,7 +361,9 @@ class Server:
 
     # -- status ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        self._refresh_members()
         raft = self.raft.status()
+        waiting = (joiner := joining.joiner_of(self)) is not None and isinstance(self.raft, StartingRaft) and not joiner.joined
         leader_raft = raft.get("leader")
         servers = []
         for member in self.members:
@@ -332,7 +378,7 @@ class Server:
             )
         return {
             "NodeID": self.config.node_id,
-            "Role": raft.get("role"),
+            "Role": "joining" if waiting else raft.get("role"),  # waiting to be added: raft not started
             "Term": raft.get("term"),
             "Leader": self.rpc_of_raft.get(leader_raft or "", ""),
             "LeaderRaft": leader_raft or "",
@@ -343,11 +389,15 @@ class Server:
             "FirstLogIndex": raft.get("first_log_index", 0),
             "LastLogIndex": raft.get("last_log_index", 0),
             "SnapshotInstalls": self.snapshot_installs,
+            # False once this server was removed from the raft configuration (it then never campaigns).
+            "Member": raft.get("member", joining.joiner_of(self) is None),
+            "ClusterID": self.cluster_id,
             "LastSnapshotInstallIndex": self.last_snapshot_install,
             "servers": servers,
         }
 
     def leader_rpc(self) -> str | None:
+        self._refresh_members()
         leader = self.raft.leader_address
         return self.rpc_of_raft.get(leader) if leader else None
 
@@ -485,10 +535,12 @@ class Server:
                 return
 
     def fsm_digest(self) -> tuple[str, int]:
-        return read_committed(self.fsm, lambda reader: (reader.digest(), reader.applied_index))
+        """The stored, incrementally kept digest (a full scan only once after a restore; see fsm/digest.py)."""
+        return read_committed(self.fsm, lambda _reader: self.fsm.committed_digest())
 
     async def transfer_leadership(self, ctx: RequestContext, target: str | None) -> dict[str, Any]:
         self.ensure_leader()
+        self._refresh_members()
         raft_target = None
         if target:
             for member in self.members:

@@ -86,7 +86,11 @@ class CommandQueue(ReplicaBase):
             return False
         if self._uncommitted_membership_entry():
             return False
-        return self._SyncObj__doChangeCluster(request)
+        self._admitting_change = True  # raft/membership.py: a refused change must not touch the table
+        try:
+            return self._SyncObj__doChangeCluster(request)
+        finally:
+            self._admitting_change = False
 
     def _uncommitted_membership_entry(self) -> bool:
         journal = self._SyncObj__raftLog

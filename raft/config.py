@@ -171,6 +171,15 @@ class RaftConfig:
     compaction_entries: int | None = None
     #: pysyncobj's dynamic membership; off by default (static peer list).
     dynamic_membership: bool = False
+    #: The voters with their ids and RPC addresses, used only when the data
+    #: dir holds no membership yet (first start); afterwards ``members.json``
+    #: and the log are the truth (raft/members.py). Empty: ``peers`` by address.
+    bootstrap_members: tuple[Any, ...] = ()
+    #: The cluster's id and bootstrap size, stored beside the membership at first start.
+    cluster_id: str = ""
+    bootstrap_size: int = 0
+    #: A server that has just joined: no campaign until it has heard from a leader.
+    await_leader: bool = False
     serializer: Serializer | None = field(default=None, repr=False)
     deserializer: Deserializer | None = field(default=None, repr=False)
     #: pysyncobj's ``serializeChecker``, for a serializer that writes the dump

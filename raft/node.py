@@ -30,6 +30,10 @@ Where each mechanism lives (numbers from shared/reference/pysyncobj.md)
   crash-safe, :mod:`raft.journal`);
 - raft/leadership.py, raft/barrier.py: leadership announcements and
   transfer; batched barriers for linearizable reads;
+- raft/members.py, raft/membership.py: live membership (dynamic mode): the
+  member table (id, raft and RPC address) carried by the membership entries
+  and the dump's node set, ``members.json`` for restarts, and who may
+  campaign (not a removed server, not a newcomer before it heard a leader);
 - raft/startup.py: the port check (pysyncobj retries a failed bind forever,
   silently) and pysyncobj's role-change and snapshot hooks. Defect 3
   (0.0.0.0 bind, unauthenticated pickle) is closed by raft/config.py (bind
@@ -64,6 +68,13 @@ from raft.errors import (
 )
 from raft.events import EXIT_FATAL, FatalHandler, LeadershipCallback, NodeEvents
 from raft.leadership import Transfer
+from raft.members import (
+    MEMBERSHIP_TYPE,
+    Member,
+    MemberState,
+    membership_command,
+    starting_members,
+)
 from raft.replica import Replica
 from raft.startup import check_bindable, syncobj_hooks
 from raft.status import replica_status
@@ -112,12 +123,14 @@ class RaftNode:
             )
         conf = config.to_syncobj_conf(**syncobj_hooks(config, self._log, self._replica_or_none))
         check_bindable(config.effective_bind_address)
-        self._obj = Replica(self._events, config, conf, target)
+        members = starting_members(config)
+        self._obj = Replica(self._events, config, conf, target, members)
         self._await_bind(bind_timeout)
         self._log.info(
             "raft_started",
             bind=config.effective_bind_address,
-            peers=config.other_peers,
+            peers=[m.raft_addr for m in members.members if m.raft_addr != config.self_address],
+            member=config.self_address in {m.raft_addr for m in members.members},
             profile=config.profile,
             fsync=config.fsync,
             max_entry_bytes=config.max_entry_bytes,
@@ -266,7 +279,7 @@ class RaftNode:
         """
         if target == self.self_address:
             raise LeadershipTransferError("cannot transfer leadership to this node itself")
-        if target not in self._config.other_peers:
+        if target not in {m.raft_addr for m in self.members()}:
             raise LeadershipTransferError(f"{target} is not a peer of this cluster")
         self._refuse_on_tick_thread("transfer_leadership must not run on the raft tick thread")
         if not self._obj._isLeader():
@@ -279,36 +292,77 @@ class RaftNode:
             raise transfer.waiter.error
 
     def add_peer(self, address: str, timeout: float = 5.0) -> None:
-        """Add a voting member (only with ``dynamic_membership``; one change at a time)."""
-        self._membership_change("add", address, timeout)
+        """Add a voting member known only by its raft address (see :meth:`add_member`)."""
+        self.add_member(Member(node_id=address, raft_addr=address, rpc_addr=""), timeout)
 
     def remove_peer(self, address: str, timeout: float = 5.0) -> None:
-        """Remove a voting member (only with ``dynamic_membership``; one change at a time)."""
-        self._membership_change("remove", address, timeout)
+        """Remove the voting member at raft ``address`` (see :meth:`remove_member`)."""
+        member = next((m for m in self.members() if m.raft_addr == address), None)
+        self.remove_member(member or Member(node_id=address, raft_addr=address, rpc_addr=""), timeout)
 
-    def _membership_change(self, op: str, address: str, timeout: float) -> None:
+    def add_member(self, member: Member, timeout: float = 5.0) -> None:
+        """Add a voter, with its id and RPC address, as one committed entry; wait for the commit.
+
+        pysyncobj counts the new voter in the quorum as soon as the entry is
+        appended, so the caller checks first that the server is reachable
+        (node/endpoints). One change at a time (defect 4):
+        :class:`MembershipChangeError` while another is uncommitted.
+        """
+        self._membership_change("add", member, timeout)
+
+    def remove_member(self, member: Member, timeout: float = 5.0) -> None:
+        """Remove a voter as one committed entry; the leader cannot remove itself (transfer first)."""
+        if member.raft_addr == self.self_address:
+            raise MembershipChangeError(
+                "the leader cannot remove itself: transfer leadership first "
+                "(caravan operator raft transfer-leadership), then remove it"
+            )
+        self._membership_change("rem", member, timeout)
+
+    def mark_removed(self) -> None:
+        """This server was removed from the configuration (the leader says so, see
+        node/core/membership.py): stop campaigning and following, as if the entry had arrived."""
+        self._obj.run_on_tick(self._obj.mark_removed)
+
+    def members(self) -> list[Member]:
+        """The voters as this server knows them: its latest configuration in the log."""
+        return self._obj.member_list()
+
+    @property
+    def is_member(self) -> bool:
+        """Whether this server is in its own configuration (False once removed: it then never campaigns)."""
+        return self._obj.is_member
+
+    @property
+    def members_version(self) -> int:
+        """Bumped on every change of :meth:`members`, so callers rebuild their views only then."""
+        return self._obj.members_version
+
+    @property
+    def member_state(self) -> MemberState:
+        """The members with the cluster id and bootstrap size (as in ``members.json``)."""
+        return self._obj.member_state
+
+    def _membership_change(self, op: str, member: Member, timeout: float) -> None:
         if not self._config.dynamic_membership:
             raise MembershipChangeError(
                 "dynamic membership is disabled; the peer list is static (set dynamic_membership to enable)"
             )
+        self._refuse_on_tick_thread("membership changes must not run on the raft tick thread")
         self._check_writable()
         waiter = Waiter()
+        what = f"{'add' if op == 'add' else 'remove'} {member.node_id} ({member.raft_addr})"
 
         def done(_res: Any, err: int) -> None:
             waiter.finish(error=None if err == FAIL_REASON.SUCCESS else self._obj.error_for(err))
 
-        if op == "add":
-            self._obj.addNodeToCluster(address, done)
-        else:
-            self._obj.removeNodeFromCluster(address, done)
+        self._obj._applyCommand(membership_command(op, member), done, MEMBERSHIP_TYPE)
         if not waiter.event.wait(timeout):
-            raise UnknownOutcomeError(
-                f"membership change ({op} {address}) not committed within {timeout:g}s"
-            )
+            raise UnknownOutcomeError(f"membership change ({what}) not committed within {timeout:g}s")
         if isinstance(waiter.error, RequestDeniedError):
             raise MembershipChangeError(
-                f"membership change ({op} {address}) refused: another change is still uncommitted "
-                "or the leader has not committed its first entry yet; retry"
+                f"membership change ({what}) refused: another change is still uncommitted, "
+                "the leader has not committed its first entry yet, or nothing would change; retry"
             )
         if waiter.error is not None:
             raise waiter.error
@@ -338,3 +392,4 @@ class RaftNode:
         obj.cancel_waiters(NodeStoppedError("raft node stopped"))
         self._events.stop()
         self._log.info("raft_stopped")
+

@@ -21,22 +21,31 @@ from raft.durability import Durability
 from raft.entries import encode_barrier, encode_command
 from raft.errors import NotLeaderError, RaftError
 from raft.leadership import Leadership
+from raft.members import MemberState, starting_members
+from raft.membership import Membership
 from raft.repair import LogRepair
 from raft.replica_base import ReplicaOwner
 from raft.transport import CaravanTransport
 from raft.waiters import Waiter
 
 
-class Replica(ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
+class Replica(Membership, ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
     """The SyncObj subclass. Everything here runs on pysyncobj's tick thread
     unless marked otherwise. All attributes are assigned *before*
     ``SyncObj.__init__`` because pysyncobj starts the tick thread (and may
     receive messages) inside its constructor."""
 
     def __init__(
-        self, owner: ReplicaOwner, config: RaftConfig, conf: Any, target: ApplyTarget
+        self,
+        owner: ReplicaOwner,
+        config: RaftConfig,
+        conf: Any,
+        target: ApplyTarget,
+        members: MemberState | None = None,
     ) -> None:
+        members = members or starting_members(config)
         self.setup_base(owner, config)
+        self.setup_membership(config, members)
         self.setup_apply(target)
         self.setup_commands(config, conf)
         self.setup_durability(config)
@@ -48,10 +57,12 @@ class Replica(ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
         if conf.deserializer is not None:
             # Wrapped here, not in RaftNode: pysyncobj may load the dump in its
             # first tick, before RaftNode has a reference to this object.
-            conf.deserializer = self.aligning_deserializer(conf.deserializer)
+            conf.deserializer = self.aligning_deserializer(self.member_deserializer(conf.deserializer))
+        if conf.serializer is not None:
+            conf.serializer = self.member_serializer(conf.serializer)
         super().__init__(
             config.self_address,
-            config.other_peers,
+            [m.raft_addr for m in members.members if m.raft_addr != config.self_address],
             conf,
             transportClass=CaravanTransport,
         )
@@ -77,6 +88,7 @@ class Replica(ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
         # Before pysyncobj counts the leader's own log towards a commit and
         # before held acks/votes leave: make the journal durable (fsync mode).
         self.sync_journal()
+        self.gate_campaign()
         super()._onTick(timeToWait)
         # pysyncobj returns early (no tick callbacks) while the port is not
         # bound; make sure applied entries are committed on that path too.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pysyncobj.monotonic import monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 
 from raft.config import RaftConfig
@@ -34,6 +35,9 @@ def replica_status(obj: Replica, config: RaftConfig) -> dict[str, Any]:
 def _peers(obj: Replica, is_leader: bool) -> list[dict[str, Any]]:
     match = dict(obj._SyncObj__raftMatchIndex)
     nxt = dict(obj._SyncObj__raftNextIndex)
+    # The leader's last answer from each peer: what autopilot's dead-server cleanup measures.
+    heard = dict(obj._SyncObj__lastResponseTime) if is_leader else {}
+    now = monotonic()
     peers = []
     for node in sorted(obj.otherNodes, key=lambda n: n.id):
         peers.append(
@@ -42,6 +46,7 @@ def _peers(obj: Replica, is_leader: bool) -> list[dict[str, Any]]:
                 "connected": obj.isNodeConnected(node),
                 "match_index": match.get(node) if is_leader else None,
                 "next_index": nxt.get(node) if is_leader else None,
+                "last_contact": round(now - heard[node], 3) if node in heard else None,
             }
         )
     return peers
@@ -69,4 +74,7 @@ def _status_once(obj: Replica, config: RaftConfig) -> dict[str, Any]:
         "fsm_commits": obj.commits,
         **obj.repair_stats(),
         "halted": obj.halted,
+        "member": obj.is_member,
+        "ignored_votes": obj.ignored_votes,
+        "members": [m.to_wire() for m in obj.member_list()],
     }

@@ -24,6 +24,7 @@ from node.cli.event import event
 from node.cli.job import job
 from node.cli.nodes import node
 from node.cli.operator import operator
+from node.cli.server import server_group
 from node.cli.system import debug, system
 
 __all__ = ["main"]
@@ -35,5 +36,5 @@ def main() -> None:
 
 
 for _command in (agent, dev, cluster, job, eval_, alloc, deployment, node, client_group, acl_group, operator,
-                 event, debug, system):
+                 event, debug, system, server_group):
     main.add_command(_command)

@@ -60,6 +60,23 @@ def raft_transfer(target: str | None, address: str, token: str | None, as_json: 
     emit(c, out, lambda d: f"Leadership transferred to {d['Leader']}")
 
 
+@raft.command("remove-peer")
+@click.option("--id", "peer_id", default=None, help="Id of the server to remove (see list-peers).")
+@click.option("--peer-address", "peer_address", default=None, help="Its raft or RPC address, instead of --id.")
+@client_options
+def raft_remove_peer(
+    peer_id: str | None, peer_address: str | None, address: str, token: str | None, as_json: bool, stale: bool
+) -> None:
+    """Remove a server from the raft configuration, as one committed entry (management token)."""
+    if bool(peer_id) == bool(peer_address):
+        fail("name the server to remove with exactly one of --id or --peer-address")
+    c = make_ctx(address, token, as_json)
+    args = {"id": peer_id} if peer_id else {"address": peer_address}
+    out = c.call("operator.raft.remove_peer", args, timeout=30.0)
+    emit(c, out, lambda d: f"Removed peer {d['Removed']['id']} ({d['Removed']['raft']}); "
+         f"voters now: {', '.join(m['id'] for m in d['Members'])}")
+
+
 @operator.group()
 def snapshot() -> None:
     """Save, inspect and restore state snapshots."""

@@ -71,7 +71,10 @@ Example (``/etc/caravan/s1.toml``)::
     max_bytes = "256MiB"
 
 Top-level ``rpc_addr`` / ``raft_addr`` may repeat this server's entry (they
-must then be equal to it); the ``[[server]]`` list stays the one source.
+must then be equal to it). The ``[[server]]`` list seeds the first start
+only: afterwards the raft log and ``<data_dir>/raft/members.json`` say who
+the members are (raft/members.py). ``join`` and ``[autopilot]``: see
+``node/core/membership_settings.py``.
 
 Unknown keys are errors (a misspelt key silently ignored is a setting that
 does not apply). Every error is one line, ``config error: ...``, naming the
@@ -90,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm.journal import Retention
+from node.core.membership_settings import AutopilotConfig, parse_autopilot, parse_join
 from node.spec.units import parse_duration, parse_size
 from node.wire.framing import DEFAULT_MAX_FRAME, format_address, parse_address
 
@@ -192,6 +196,9 @@ class ServerConfig:
     http_addr: str | None = None
     http_event_heartbeat: float = 30.0
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # None: bootstrap from [[server]]; else join the cluster at these RPC addresses (membership_settings.py).
+    join: tuple[str, ...] | None = None
+    autopilot: AutopilotConfig = field(default_factory=AutopilotConfig)
 
     @property
     def http_bind(self) -> str | None:
@@ -237,6 +244,7 @@ class ServerConfig:
             "password": self.raft_password,
             "bind_address": self.raft_bind,
             "fsync": self.fsync,
+            "dynamic_membership": True,  # the [[server]] list seeds the first start only (raft/members.py)
         }
         if self.raft_profile is not None:
             settings["profile"] = self.raft_profile
@@ -244,6 +252,9 @@ class ServerConfig:
             settings["max_entry_bytes"] = self.max_entry_size
         if self.raft_compaction_entries is not None:
             settings["compaction_entries"] = self.raft_compaction_entries
+        from raft.members import Member
+
+        settings["bootstrap_members"] = tuple(Member(s.id, s.raft_addr, s.rpc_addr) for s in self.servers)
         return RaftConfig(**(settings | overrides))
 
     @classmethod
@@ -298,6 +309,8 @@ _TOP_KEYS = (
     "http_addr",
     "http_event_heartbeat",
     "scheduler",
+    "join",
+    "autopilot",
 )
 _SERVER_KEYS = ("id", "rpc_addr", "raft_addr")
 # What Nomad, Consul and etcd call their peer lists: said to mean [[server]].
@@ -564,6 +577,10 @@ class _Parser:
                 data.get("http_event_heartbeat", "30s"), "http_event_heartbeat", allow_zero=False
             ),
             scheduler=self.scheduler(data.get("scheduler", {})),
+            join=parse_join(data.get("join"), self.address, ConfigError),
+            autopilot=parse_autopilot(
+                data.get("autopilot", {}), lambda v, n: self.duration(v, n, allow_zero=False), ConfigError
+            ),
         )
 
     def http_addr(self, value: Any) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
+from node.core import joining, membership
 from node.core.acl import Need
 from node.core.api import Forward
 from node.core.context import RequestContext
@@ -34,6 +35,46 @@ async def raft_transfer(server: ServerAPI, ctx: RequestContext, args: dict[str, 
     await server.authorize(ctx, Need.MANAGEMENT)
     target = arg(args, "to", required=False)
     return await server.transfer_leadership(ctx, target)
+
+
+@method("operator.raft.add_peer")
+async def raft_add_peer(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Add a server as a voter (what ``server join`` asks the cluster); management token and join proof."""
+    return await membership.add_peer(server, ctx, args)
+
+
+@method("operator.raft.remove_peer")
+async def raft_remove_peer(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Remove the voter ``id`` or ``address`` (Nomad's ``operator raft remove-peer``); management token.
+
+    With ``notice`` it is the leader telling the removed server itself (signed with the raft password).
+    """
+    if "notice" in args:
+        return await membership.removed(server, ctx, args)
+    return await membership.remove_peer(server, ctx, args)
+
+
+@method("agent.join")
+async def agent_join(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    """Nomad's ``server join``, sent to the *new* server: ask the cluster at ``address`` to add it.
+
+    The caller's token goes on to the cluster, which checks it; this server
+    has no ACL state of its own yet.
+    """
+    await server.authorize(ctx, Need.MANAGEMENT)
+    address = arg(args, "address")
+    joiner = joining.joiner_of(server)
+    if joiner is None:
+        raise RPCError(
+            BAD_REQUEST,
+            "this server is already a member of a cluster (it holds raft state); "
+            "to move it, remove it there, wipe its data dir and start it with join set",
+        )
+    try:
+        answer = await joiner.join_async(address, ctx.token)
+    except joining.JoinError as exc:
+        raise RPCError(BAD_REQUEST, str(exc)) from None
+    return {"num_joined": 1, "error": "", "Members": [m.to_wire() for m in answer.members]}
 
 
 @method("system.reconcile_summaries")

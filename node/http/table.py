@@ -79,6 +79,8 @@ ROUTES: tuple[tuple[tuple[str, ...], str, Handler], ...] = (
     (GET, "/v1/status/peers", system.status_peers),
     (GET, "/v1/regions", system.regions),
     (GET, "/v1/operator/raft/configuration", system.raft_configuration),
+    (DELETE, "/v1/operator/raft/peer", operator.raft_remove_peer),
+    (WRITE, "/v1/agent/join", operator.agent_join),
     (GET, "/v1/operator/snapshot", snapshots.operator_snapshot),
     (GET, "/v1/operator/scheduler/configuration", operator.scheduler_configuration),
     (WRITE, "/v1/operator/scheduler/configuration", operator.scheduler_set_configuration),
