@@ -67,9 +67,11 @@ def test_bootstrapping_acls_on_a_live_cluster_takes_no_node_or_alloc_down(env: E
         return read(env, mgmt, "job.get", {"job_id": job_id})["Status"] == "dead"
 
     wait_until(lambda: dead("etl-before") and dead("etl-after"), 90, "both batch jobs complete")
-    time.sleep(10)  # several heartbeat TTLs (2s + 2s grace): a refused heartbeat would show by now
-    nodes = [n for n in read(env, mgmt, "node.list") if n["ID"] in sim.nodes]
-    assert len(nodes) == 3 and all(n["Status"] == "ready" for n in nodes), nodes
+    deadline = time.monotonic() + 10  # several heartbeat TTLs (2s + 2s grace): a refused heartbeat would show
+    while time.monotonic() < deadline:  # every look, not only the last, finds the nodes ready
+        nodes = [n for n in read(env, mgmt, "node.list") if n["ID"] in sim.nodes]
+        assert len(nodes) == 3 and all(n["Status"] == "ready" for n in nodes), nodes
+        time.sleep(0.5)
     allocs = read(env, mgmt, "alloc.list")
     assert not [a for a in allocs if a["ClientStatus"] in ("lost", "failed")], allocs
     assert running(mgmt, "web", 3) == web, "the service allocs ran on, untouched"
