@@ -62,6 +62,7 @@ from raft import errors as raft_errors
 from raft.members import load_state
 from raft.node import RaftNode
 from raft.starting import StartingRaft
+from raft.startup import check_bindable
 
 #: Seconds a cancelled leader loop may take to end before it is reported.
 LEADER_LOOP_STOP_WARN = 10.0
@@ -225,6 +226,9 @@ class Server:
         # restarted server's time to its first answer. Until the real node is
         # in, the placeholder refuses writes and linearizable reads as a
         # follower without a leader would.
+        # The raft port is bound only once raft starts, after the listener: check it first, so a
+        # server whose raft port is taken fails at once saying why, not after answering reads.
+        check_bindable(self.config.raft_bind)
         address = await self.rpc.start()
         raft = await self.loop.run_in_executor(None, self._start_raft)
         self.writes = WriteQueue(raft, self._settle_from_tick, self.rpc_of_raft)
