@@ -263,6 +263,17 @@ class Testbed:
         except (OSError, ValueError, KeyError, TypeError):
             return []
 
+    def client_sim_secret(self) -> str:
+        """The node secret the simulated client's nodes authenticate with ("" before it wrote its state).
+
+        A test that reports for one of its nodes (as the client would) passes it as the token.
+        """
+        try:
+            data = json.loads(Path(self.client_sim_state_file).read_text())
+            return next((str(n["secret"]) for n in data["nodes"] if n.get("secret")), "")
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+
     def silence_client_nodes(self, node_ids: list[str], timeout: float = 5.0) -> bool:
         """Cut exactly ``node_ids`` of the simulated client off the servers ([]: bring all back).
 

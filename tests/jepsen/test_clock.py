@@ -120,7 +120,9 @@ def test_a_reschedule_delay_after_a_leader_clock_jump_takes_the_delay_not_the_sk
         submit_time(clock_testbed, leader, "pin")  # an entry stamped an hour ahead
         assert clock_testbed.set_clock_offset(leader, 0)
         health = {"Healthy": False, "Timestamp": time.time_ns()}
-        client.call("alloc.update", {"allocs": [{"ID": first["ID"], "ClientStatus": "failed", "DeploymentStatus": health}]})
+        # Reported as the client would: with its nodes' secret (a tool's token may not speak for a node).
+        client.call("alloc.update", {"allocs": [{"ID": first["ID"], "ClientStatus": "failed", "DeploymentStatus": health}]},
+                    token=clock_testbed.client_sim_secret())
         reported = time.monotonic()
         wait_until(lambda: any(a["PreviousAllocation"] == first["ID"] for a in allocs()), 40,
                    "the failed alloc replaced after its 5 s delay (not the hour of skew)")
