@@ -89,14 +89,18 @@ class Claim:
     usage: dict[str, Resources]
 
 
-def claims_of(body: PlanApply, inplace: set[str]) -> Claim | None:
-    new = [a for a in body.allocs_to_place if a.id not in inplace]
+def claim_for(new: list[Allocation]) -> Claim | None:
+    """What placing ``new`` uses on each node, as one claim (None for no placement)."""
     if not new:
         return None
     usage: dict[str, Resources] = {}
     for alloc in new:
         usage.setdefault(alloc.node_id, Resources.zero()).add(alloc.resources)
     return Claim(new[0].id, usage)
+
+
+def claims_of(body: PlanApply, inplace: set[str]) -> Claim | None:
+    return claim_for([a for a in body.allocs_to_place if a.id not in inplace])
 
 
 def pending_usage(reader: StateReader, claims: list[Claim]) -> dict[str, Resources]:
@@ -203,13 +207,7 @@ MAX_GROUP = 32  # plans checked in one read and proposed together
 
 def plan_claim(plan: Plan) -> Claim | None:
     """One claim for all of ``plan``'s new placements: what a plan checked or planned after it sees as used."""
-    new = plan.new_placements
-    if not new:
-        return None
-    usage: dict[str, Resources] = {}
-    for alloc in new:
-        usage.setdefault(alloc.node_id, Resources.zero()).add(alloc.resources)
-    return Claim(new[0].id, usage)
+    return claim_for(plan.new_placements)
 
 
 def check_group(
