@@ -86,7 +86,9 @@ def test_python_nomad_drives_the_whole_flow_with_acls_on_and_clients_running(env
     filtered = reader.allocations.get_allocations(filter_='JobID == "web" and ClientStatus == "running"')
     assert sorted(a["ID"] for a in filtered) == sorted(a["ID"] for a in web)
 
-    admin.job.deregister_job("etl")
+    stopped = admin.job.deregister_job("etl")["EvalID"]
+    # A forced GC collects only a job whose evals are done: the deregistration's own eval first.
+    wait_until(lambda: admin.evaluation.get_evaluation(stopped)["Status"] == "complete", 30, "the stop evaluated")
     admin.system.initiate_garbage_collection()
     wait_until(lambda: "etl" not in {j["ID"] for j in admin.jobs.get_jobs()}, 30, "the stopped batch job collected")
 
