@@ -118,20 +118,29 @@ class Testbed:
         password_file.write_text(secrets.token_urlsafe(24) + "\n")
         password_file.chmod(0o600)
         nodes: list[cl.ClusterNode] = []
+        handed: set[tuple[str, int]] = set()
+
+        def port(host: str) -> int:
+            """A free port not yet handed to another server here (free_port draws at random)."""
+            while (host, found := cl.free_port(host)) in handed:
+                pass
+            handed.add((host, found))
+            return found
+
         for k in range(1, count + 1):
             host = f"{IDENTITY_NET}{k}" if proxies else RPC_HOST
             name = f"server{k}"
             nodes.append(
                 cl.ClusterNode(
                     id=name,
-                    rpc_addr=f"{RPC_HOST}:{cl.free_port(RPC_HOST)}",
-                    raft_addr=f"{host}:{cl.free_port(host)}",
+                    rpc_addr=f"{RPC_HOST}:{port(RPC_HOST)}",
+                    raft_addr=f"{host}:{port(host)}",
                     data_dir=str(root / name / "data"),
                     log_file=str(root / name / "server.log"),
                     config_file=str(root / name / "server.toml"),
                     # a port of its own: by default every server would race for 4646 (and take
                     # a developer's), the losers logging a warning per start
-                    http_address=f"{RPC_HOST}:{cl.free_port(RPC_HOST)}",
+                    http_address=f"{RPC_HOST}:{port(RPC_HOST)}",
                 )
             )
         net = LinkProxies(PROXY_HOST) if proxies else None
