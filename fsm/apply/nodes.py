@@ -11,7 +11,7 @@ from fsm import messages as m
 from fsm.apply.evals import upsert_evals
 from fsm.apply.rejects import conflict, not_found
 from fsm.record import copy_record
-from fsm.structs import NODE_ELIGIBLE, NODE_INELIGIBLE, DrainStrategy
+from fsm.structs import NODE_ELIGIBLE, NODE_INELIGIBLE, DrainStrategy, Node
 from fsm.validate import bad, check_eligibility, check_node, check_node_status
 from fsm.writer import StateWriter
 
@@ -36,11 +36,16 @@ def node_update_status(w: StateWriter, msg: m.NodeUpdateStatus) -> dict[str, Any
     node = w.node(msg.node_id)
     if node is None:
         raise not_found(f"node {msg.node_id} not found")
-    old = copy_record(node)
-    node.status = msg.status
-    node.status_description = msg.status_description
-    w.put_node(node, old, "NodeStatusUpdate")
+    _set_status(w, node, msg.status, msg.status_description)
     return {"node_id": node.id, "eval_ids": upsert_evals(w, msg.evals)}
+
+
+def _set_status(w: StateWriter, node: Node, status: str, description: str) -> None:
+    """One node's status change and its journal record (single and batched updates alike)."""
+    old = copy_record(node)
+    node.status = status
+    node.status_description = description
+    w.put_node(node, old, "NodeStatusUpdate")
 
 
 def node_batch_update_status(w: StateWriter, msg: m.NodeBatchUpdateStatus) -> dict[str, Any]:
@@ -63,10 +68,7 @@ def node_batch_update_status(w: StateWriter, msg: m.NodeBatchUpdateStatus) -> di
         if node is None or node.status == msg.status:
             skipped.append(node_id)
             continue
-        old = copy_record(node)
-        node.status = msg.status
-        node.status_description = msg.status_description
-        w.put_node(node, old, "NodeStatusUpdate")
+        _set_status(w, node, msg.status, msg.status_description)
         changed.append(node_id)
     return {"node_ids": changed, "skipped": skipped, "eval_ids": upsert_evals(w, msg.evals)}
 
