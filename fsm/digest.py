@@ -13,7 +13,10 @@ recomputation (``full_digest``) at every applied index, on every replica.
 
 ``DigestTxn`` wraps the FSM's write transaction and does that bookkeeping
 for every put, replace, pop and delete (and ``cursor_delete`` for the cursor
-deletes of journal trimming and request expiry). ``seal`` stores the sum in
+deletes of journal trimming and request expiry). It is the only wrapper on
+the write path: it also notes whether the current entry wrote (``wrote``,
+which the FSM checks to know whether a rejected entry needs a rollback), so
+each write passes one Python layer, not two. ``seal`` stores the sum in
 ``meta`` under ``DIGEST_KEY`` (a row that is itself left out of the sum),
 with the applied index it reflects and whether it is *trusted*: a store
 written by a build that did not keep the sum (an old data directory: the
@@ -106,17 +109,38 @@ def full_digest(txn: lmdb.Transaction, dbs: dict[str, Any], names: Iterable[str]
 
 
 class DigestTxn:
-    """A write transaction that keeps the digest sum in step with every write made through it.
+    """The FSM's write transaction: keeps the digest sum and the entry's ``wrote`` flag in step with every write.
 
-    Reads (``get``, ``cursor``, ``stat``) are the transaction's own bound
-    methods, at no cost. Cursors are for reading: a delete through one must
-    go through ``cursor_delete``. Writes take the replaced value from LMDB
-    itself (``replace``/``pop`` return it), so a write costs one LMDB call
-    plus a hash of each of the old and new records; rewriting a record with
-    the bytes it already holds (index links, the schema row) costs no hash.
+    One object sees every write of the group transaction, so each write pays
+    for one wrapper call: the digest's bookkeeping and the write tracking
+    that used to be a second wrapper (``StateWriter`` resets ``wrote`` for each
+    entry; a rejected entry that wrote nothing needs no rollback, the common
+    case). Reads (``get``, ``cursor``, ``stat``) are the transaction's own
+    bound methods, at no cost. Cursors are for reading: a delete through one
+    must go through ``cursor_delete``. Writes take the replaced value from
+    LMDB itself (``replace``/``pop`` return it), so a write costs one LMDB
+    call plus a hash of each of the old and new records; rewriting a record
+    with the bytes it already holds (index links, the schema row) costs no
+    hash. ``cursors`` caches one read cursor per db for the writer's key
+    probes (opening one costs about as much as a probe; LMDB keeps a write
+    transaction's cursors valid across its writes).
     """
 
-    __slots__ = ("txn", "get", "cursor", "stat", "_replace", "_put", "_pop", "_bases", "_meta", "total", "trusted")
+    __slots__ = (
+        "txn",
+        "get",
+        "cursor",
+        "stat",
+        "_replace",
+        "_put",
+        "_pop",
+        "_bases",
+        "_meta",
+        "total",
+        "trusted",
+        "wrote",
+        "cursors",
+    )
 
     def __init__(self, txn: lmdb.Transaction, dbs: dict[str, Any], applied: int, covered: Iterable[str]) -> None:
         self.txn = txn
@@ -128,6 +152,8 @@ class DigestTxn:
         self._pop = txn.pop
         self._bases = {dbs[name]: _base(name) for name in covered}  # a db not here is written unhashed
         self._meta = dbs["meta"]
+        self.wrote = False
+        self.cursors: dict[str, lmdb.Cursor] = {}
         self.trusted, self.total = stored(txn, self._meta, applied)
         if not self.trusted and not self.total and _empty(txn, dbs.values()):
             self.trusted = True  # a new store: the sum of nothing is 0
@@ -139,6 +165,7 @@ class DigestTxn:
         self, key: bytes, value: bytes, dupdata: bool = True, overwrite: bool = True, append: bool = False, db: Any = None
     ) -> bool:
         """``Transaction.put``, keeping the sum (the hot path: ``record_hash`` written out, no calls)."""
+        self.wrote = True
         base = self._bases.get(db)
         if base is None:
             return self._put(key, value, dupdata, overwrite, append, db)
@@ -167,12 +194,14 @@ class DigestTxn:
         return True
 
     def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
+        self.wrote = True
         old = self._replace(key, value, db)
         if old != value and db in self._bases:
             self.total += self._hash(db, key, value) - (0 if old is None else self._hash(db, key, old))
         return old
 
     def pop(self, key: bytes, db: Any = None) -> bytes | None:
+        self.wrote = True
         old = self._pop(key, db)
         if old is not None and db in self._bases:
             self.total -= self._hash(db, key, old)
@@ -184,6 +213,7 @@ class DigestTxn:
 
     def cursor_delete(self, cursor: lmdb.Cursor, db: Any) -> None:
         """Delete the record under ``cursor`` (opened on ``db``), keeping the sum."""
+        self.wrote = True
         if db in self._bases:
             key, value = cursor.item()
             self.total -= self._hash(db, key, value)

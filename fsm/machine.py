@@ -44,7 +44,7 @@ from fsm.store import (
     StateReader,
     StateStore,
 )
-from fsm.writer import StateWriter, WriteTracker
+from fsm.writer import StateWriter
 
 _KNOWN_TYPES = frozenset(int(t) for t in MessageType)
 _BATCH = MessageType.BATCH
@@ -147,8 +147,7 @@ class FSM:
         # scan of an untrusted store (see fsm.digest); the next group stores it.
         self._digest_fix: tuple[int, int] | None = None
         self._scan_lock = threading.Lock()
-        self._tracker: WriteTracker | None = None  # the open transaction's, shared by its entries
-        self._journal: journal.Appender | None = None  # likewise
+        self._journal: journal.Appender | None = None  # the open transaction's, shared by its entries
         self._touched: dict[str, int] = {}
         # Entries applied in the open group, and (applied, last_time) before
         # it: a rejected entry that already wrote is undone by replaying them.
@@ -331,7 +330,6 @@ class FSM:
             if fix is not None and not txn.trusted and fix[1] == self.generation:
                 txn.total += fix[0]
                 txn.trusted = True
-            self._tracker = WriteTracker(self._txn)
             self._journal = journal.Appender(self._txn, self.store.dbs, self.retention)
             self._group_start = (self._applied, self._last_time)
         return self._txn
@@ -428,7 +426,7 @@ class FSM:
                 data = codec.unpack(prior)
                 return self._consume(index, entry, ApplyResult(duplicate=True, **data), now)
         result = self._run(txn, index, now, decoded)
-        if not result.ok and self._tracker.wrote:  # type: ignore[union-attr]
+        if not result.ok and txn.wrote:
             return self._undo(index, entry, decoded, now, result)
         if rid:
             self._remember(txn, rid, index, now, result)
@@ -457,7 +455,7 @@ class FSM:
         A rejection, or a bug in a handler (the same on every replica),
         becomes an error result; a storage error propagates (it is fatal).
         """
-        writer = StateWriter(self.store, txn, index, now, self._tracker)
+        writer = StateWriter(self.store, txn, index, now)
         try:
             value = HANDLERS[decoded.type](writer, decoded.body)
             writer.finish()

@@ -186,12 +186,19 @@ class NodeBatchUpdateStatus(CompactRecord):
     them (not one per node per job). A node that is gone, or already has
     ``status``, is skipped: the leader decided on a view that a later entry
     may have changed, and the others still go down.
+
+    ``evals_complete``: ``evals`` covers every job with live allocs on these
+    nodes as the leader read them, so its follow-up need not read their
+    allocs again. Apply ignores it (it changes no state and no journal
+    record); it defaults to false, so older entries apply as before and
+    the leader still checks their nodes.
     """
 
     node_ids: list[str] = field(default_factory=list)
     status: str = ""
     status_description: str = ""
     evals: list[Evaluation] = field(default_factory=list)
+    evals_complete: bool = False
 
 
 class NodeUpdateEligibility(CompactRecord):

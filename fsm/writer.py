@@ -13,6 +13,7 @@ from typing import Any
 import lmdb
 
 from fsm import codec, errors, record
+from fsm.digest import DigestTxn
 from fsm.keys import SEP, from_u64, key, key_at, prefix, u64
 from fsm.store import StateReader, StateStore, keys_with_prefix
 from fsm.structs import (
@@ -46,72 +47,18 @@ GC_KINDS = (GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN)
 JOB_VERSIONS_KEPT = 6
 
 
-class WriteTracker:
-    """The entry's view of the group's write transaction, noting whether it wrote.
-
-    Reads go straight to the transaction's methods; every write method sets
-    ``wrote``. A rejected entry that wrote nothing needs no rollback (the
-    common case: validation fails before the first write). Handlers write
-    only through this object (never through cursors).
-    """
-
-    __slots__ = ("_put", "_delete", "_pop", "_replace", "get", "cursor", "stat", "wrote", "cursors")
-
-    def __init__(self, txn: lmdb.Transaction) -> None:
-        # Bound methods, called with positional arguments: a write costs a
-        # third less than forwarding ``**kw`` (about 11 writes per job register).
-        self._put = txn.put
-        self._delete = txn.delete
-        self._pop = txn.pop
-        self._replace = txn.replace
-        self.get = txn.get
-        self.cursor = txn.cursor
-        self.stat = txn.stat
-        self.wrote = False
-        # One read cursor per db for key probes (``StateWriter._any``/``_keys``),
-        # reused for the whole transaction: opening one costs about as much
-        # as the probe. LMDB keeps cursors of a write transaction valid
-        # across its writes; every probe positions its cursor anew.
-        self.cursors: dict[str, lmdb.Cursor] = {}
-
-    def put(self, key: bytes, value: bytes, db: Any = None) -> bool:
-        self.wrote = True
-        return self._put(key, value, True, True, False, db)  # dupdata, overwrite, append: the defaults
-
-    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
-        self.wrote = True
-        return self._delete(key, value, db)
-
-    def pop(self, key: bytes, db: Any = None) -> bytes | None:
-        self.wrote = True
-        return self._pop(key, db)
-
-    def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
-        self.wrote = True
-        return self._replace(key, value, db)
-
-
 class StateWriter(StateReader):
-    def __init__(
-        self,
-        store: StateStore,
-        txn: lmdb.Transaction,
-        index: int,
-        now: int,
-        tracker: WriteTracker | None = None,
-    ) -> None:
-        """``tracker``: the group transaction's ``WriteTracker``, reused by every entry of the group.
+    def __init__(self, store: StateStore, txn: DigestTxn, index: int, now: int) -> None:
+        """``txn``: the group's write transaction, shared by every entry of the group.
 
-        (The FSM keeps one per write transaction: building one binds seven
-        methods, a cost every entry of a batch would pay again.)
+        Handlers write only through it (never through cursors), so its
+        ``wrote`` flag, reset here, tells the FSM whether a rejected entry
+        wrote anything that must be rolled back.
         """
         self.store = store
         self.dbs = store.dbs
-        if tracker is None:
-            tracker = WriteTracker(txn)
-        else:
-            tracker.wrote = False
-        self.txn: Any = tracker
+        txn.wrote = False
+        self.txn = txn
         self.index = index
         self.now = now
         # Change records, each already packed as msgpack [topic, type, key, object]:
@@ -159,9 +106,7 @@ class StateWriter(StateReader):
     def _put(self, table: str, k: bytes, obj: Any) -> bytes:
         """Store ``obj``; returns its packed bytes, which the journal record reuses."""
         raw = codec.encode(obj)
-        txn = self.txn
-        txn.wrote = True
-        txn._put(k, raw, True, True, False, self.dbs[table])
+        self.txn.put(k, raw, True, True, False, self.dbs[table])
         self.touched.add(table)
         return raw
 
@@ -200,9 +145,7 @@ class StateWriter(StateReader):
         self.txn.put(key(kind, obj_id), u64(since), db=self.dbs["gc_mark_of"])
 
     def unmark(self, kind: str, obj_id: str) -> None:
-        txn = self.txn
-        txn.wrote = True
-        raw = txn._pop(key(kind, obj_id), self.dbs["gc_mark_of"])
+        raw = self.txn.pop(key(kind, obj_id), self.dbs["gc_mark_of"])
         if raw is not None:
             self._unlink("gc_marks", key_at(kind, from_u64(raw), obj_id))
 
@@ -219,9 +162,7 @@ class StateWriter(StateReader):
         """
         job_id = job.id
         raw = codec.encode(job)
-        txn = self.txn
-        txn.wrote = True
-        txn._put(job_id.encode(), raw, True, True, False, self.dbs["jobs"])
+        self.txn.put(job_id.encode(), raw, True, True, False, self.dbs["jobs"])
         self.touched.add("jobs")
         self.dirty_jobs.add(job_id)
         self._jobs_put[job_id] = (
@@ -348,8 +289,7 @@ class StateWriter(StateReader):
         # Written out (no _stamp/_link/_unlink/_put calls): every job
         # registration and most other entries store an eval.
         index, now, dbs, txn = self.index, self.now, self.dbs, self.txn
-        put = txn._put
-        txn.wrote = True
+        put = txn.put
         eval_id, status = ev.id, ev.status
         if old is None:
             ev.create_index, ev.create_time = index, now
@@ -357,14 +297,14 @@ class StateWriter(StateReader):
             ev.create_index, ev.create_time = old.create_index, old.create_time
         ev.modify_index, ev.modify_time = index, now
         if old is not None and old.status != status:
-            txn._delete(key(old.status, eval_id), b"", dbs["evals_by_status"])
+            txn.delete(key(old.status, eval_id), b"", dbs["evals_by_status"])
         # key(job_id, id), also its evals_by_job row
         live_key = (ev.job_id + "\x00" + eval_id).encode()
         if old is None:  # an eval never changes job (handlers reject that)
             put(live_key, b"", True, True, False, dbs["evals_by_job"])
         put((status + "\x00" + eval_id).encode(), b"", True, True, False, dbs["evals_by_status"])
         if status in EVAL_TERMINAL:
-            txn._delete(live_key, b"", dbs["evals_live_by_job"])
+            txn.delete(live_key, b"", dbs["evals_live_by_job"])
             self._live_evals.discard(ev.job_id)
             if old is None or old.status not in EVAL_TERMINAL:
                 self.mark(GC_EVAL, eval_id, now)

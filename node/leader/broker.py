@@ -322,6 +322,10 @@ class BlockedEvals:
 
     def __post_init__(self) -> None:
         self._by_job: dict[tuple[str, str], Evaluation] = {}
+        # Eval id -> its key in _by_job: ``forget`` runs for every terminal eval the tail
+        # sees (thousands of cancellations after a storm); a scan of every blocked job
+        # each time held the event loop for seconds.
+        self._key_of: dict[str, tuple[str, str]] = {}
         self._expect: dict[str, int] = {}  # eval id -> the snapshot index its plan was made on
         self._capacity_index = 0
         self._duplicates: list[Evaluation] = []
@@ -346,17 +350,31 @@ class BlockedEvals:
             self._duplicates.append(existing)
         snapshot = self._expect.pop(ev.id, None)
         if snapshot is not None and self._capacity_index > snapshot:
-            self._by_job.pop(key, None)
+            self._drop(key)
             self.unblocks += 1
             return [ev]
-        self._by_job[key] = ev
+        self._track(key, ev)
         return []
+
+    def _track(self, key: tuple[str, str], ev: Evaluation) -> None:
+        old = self._by_job.get(key)
+        if old is not None:
+            self._key_of.pop(old.id, None)
+        self._by_job[key] = ev
+        self._key_of[ev.id] = key
+
+    def _drop(self, key: tuple[str, str]) -> Evaluation | None:
+        ev = self._by_job.pop(key, None)
+        if ev is not None:
+            self._key_of.pop(ev.id, None)
+        return ev
 
     def capacity_changed(self, index: int) -> list[Evaluation]:
         """Capacity changed at ``index``: every blocked eval goes back to the broker."""
         self._capacity_index = max(self._capacity_index, index)
         out = list(self._by_job.values())
         self._by_job.clear()
+        self._key_of.clear()
         self.unblocks += len(out)
         return out
 
@@ -365,13 +383,13 @@ class BlockedEvals:
         ev = self._by_job.get((namespace, job_id))
         if ev is None or ev.id == keep:
             return None
-        del self._by_job[(namespace, job_id)]
-        return ev
+        return self._drop((namespace, job_id))
 
     def forget(self, eval_id: str) -> None:
-        for key, ev in list(self._by_job.items()):
-            if ev.id == eval_id:
-                del self._by_job[key]
+        """Stop tracking ``eval_id`` if it is tracked (it ended or was deleted)."""
+        key = self._key_of.get(eval_id)
+        if key is not None:
+            self._drop(key)
 
     def take_duplicates(self) -> list[Evaluation]:
         out, self._duplicates = self._duplicates, []

@@ -38,7 +38,7 @@ from fsm import messages as m
 from fsm.structs import NODE_DOWN
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
-from node.leader.nodeevals import down_batches
+from node.leader.nodeevals import CoveredDowns, down_batches
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import NOT_LEADER, RPCError
 
@@ -75,6 +75,8 @@ class HeartbeatMonitor:
         self.max_entry_bytes = max_entry_bytes
         self.clock = clock
         self.marking: set[str] = set()
+        # Nodes whose mark-down entry carried every eval they need, for the lifecycle's tail.
+        self.covered = CoveredDowns()
         self.stopped = False
         self.log = log.bind(component="heartbeat")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -173,19 +175,40 @@ class HeartbeatMonitor:
                 if not todo:
                     return
                 budget = self.max_entry_bytes // 2
-                batches = await self.state.local(lambda r: down_batches(r, todo, budget=budget))
+                read_at, batches = await self.state.local(
+                    lambda r: (r.applied_index, down_batches(r, todo, budget=budget))
+                )
                 for i, msg in enumerate(batches):
-                    try:
-                        await self.raft.propose(msg)
-                    except RPCError as exc:
-                        if exc.code == NOT_LEADER or not self.is_leader():
+                    error = await self._propose(msg, read_at)
+                    if error is not None:
+                        if error.code == NOT_LEADER or not self.is_leader():
                             self._stop()
                         else:
-                            self._retry_later([n for b in batches[i:] for n in b.node_ids], exc)
+                            self._retry_later([n for b in batches[i:] for n in b.node_ids], error)
                         return
-                    self._marked(msg)
         finally:
             self.marking.difference_update(node_ids)
+
+    async def _propose(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> RPCError | None:
+        """Commit one mark-down entry; the error if it did not.
+
+        A flagged entry's nodes are claimed in ``covered`` while it is in
+        flight, so the lifecycle's tail waits for the answer instead of
+        reading their allocs again; the claim is confirmed with the entry's
+        index, or dropped if the proposal failed (or was cancelled).
+        """
+        self.covered.open(msg, read_at)
+        try:
+            result = await self.raft.propose(msg)
+        except RPCError as exc:
+            self.covered.drop(msg.node_ids)
+            return exc
+        except BaseException:
+            self.covered.drop(msg.node_ids)
+            raise
+        self.covered.confirm(msg, result["index"], (result.get("value") or {}).get("node_ids", ()))
+        self._marked(msg)
+        return None
 
     def _marked(self, msg: m.NodeBatchUpdateStatus) -> None:
         self.log.info(

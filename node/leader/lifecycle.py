@@ -58,7 +58,12 @@ from fsm.structs import (
     Evaluation,
     Job,
 )
-from fsm.topics import TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_EVAL, TOPIC_NODE
+from fsm.topics import (
+    TOPIC_ALLOC,
+    TOPIC_DEPLOYMENT,
+    TOPIC_EVAL,
+    TOPIC_NODE,
+)
 from node.core.wakeup import wait_event
 from node.leader.broker import BlockedEvals, EvalBroker
 from node.leader.deployments import DeploymentWatcher
@@ -98,7 +103,11 @@ def _needs_rescheduling(alloc: dict[str, Any]) -> bool:
     Only failed allocs are rescheduled, as in Nomad: a running alloc whose
     checks fail stays, and its rollout's progress deadline decides.
     """
-    return alloc["client_status"] == CLIENT_FAILED and not alloc.get("next_allocation") and not alloc.get("followup_eval_id")
+    return (
+        alloc["client_status"] == CLIENT_FAILED
+        and not alloc.get("next_allocation")
+        and not alloc.get("followup_eval_id")
+    )
 
 
 def _evaluates(job: Job, trigger: str) -> bool:
@@ -124,7 +133,9 @@ class Initial:
     blocked: list[Evaluation] = field(default_factory=list)
     nodes: dict[str, NodeView] = field(default_factory=dict)
     deployments: set[str] = field(default_factory=set)
-    orphans: list[Evaluation] = field(default_factory=list)  # evals for jobs a dead leader left without one
+    orphans: list[Evaluation] = field(
+        default_factory=list
+    )  # evals for jobs a dead leader left without one
 
     @classmethod
     def load(cls, reader: StateReader) -> Initial:
@@ -180,13 +191,23 @@ class Lifecycle:
         # Nodes, usage and trait rankings for the workers, from the journal (scheduler.index).
         self.placement = PlacementIndex()
         self.writer = EvalWriter(
-            server, server, max_entry_bytes=entry_bytes, followup_delay=cfg.failed_eval_followup, log=server.log
+            server,
+            server,
+            max_entry_bytes=entry_bytes,
+            followup_delay=cfg.failed_eval_followup,
+            log=server.log,
         )
         self.nodes: dict[str, NodeView] = {}
         self.active_deployments: set[str] = set()
         self.heartbeats = HeartbeatMonitor(
-            server, server, server.heartbeats, self.nodes, config=cfg, is_leader=lambda: server.raft.is_leader,
-            max_entry_bytes=entry_bytes, log=server.log,
+            server,
+            server,
+            server.heartbeats,
+            self.nodes,
+            config=cfg,
+            is_leader=lambda: server.raft.is_leader,
+            max_entry_bytes=entry_bytes,
+            log=server.log,
         )
         self.deployments = DeploymentWatcher(
             server, server, self.active_deployments, self.broker, self.writer, log=server.log
@@ -199,6 +220,8 @@ class Lifecycle:
         # Work the tail found that needs state reads (resolved after each catch-up).
         self._job_needs: dict[str, str] = {}  # job id -> trigger
         self._node_needs: dict[str, str] = {}  # node id -> "down" | "up"
+        # Node id -> index of the journal batch that marked it down (see _uncovered).
+        self._down_at: dict[str, int] = {}
 
     # -- Follower (called inside Cursor.catch_up, on an executor thread) ----------
     def rebuild(self, reader: StateReader) -> None:
@@ -214,7 +237,16 @@ class Lifecycle:
         try:
             await self.follow()
             workers = [
-                Worker(self.server, self.broker, self.blocked, self.applier, self.stats, f"w{i}", self.log, index=self.placement)
+                Worker(
+                    self.server,
+                    self.broker,
+                    self.blocked,
+                    self.applier,
+                    self.stats,
+                    f"w{i}",
+                    self.log,
+                    index=self.placement,
+                )
                 for i in range(self.server.config.scheduler.workers)
             ]
             async with asyncio.TaskGroup() as tg:
@@ -265,6 +297,7 @@ class Lifecycle:
                 self.broker.enqueue(again)
         for ev in self.blocked.capacity_changed(init.index):
             self.broker.enqueue(ev)
+        self.heartbeats.covered.following_from(init.index)
         # Filled in place: the heartbeat monitor, drainer and deployment watcher hold these.
         self.nodes.clear()
         self.nodes.update(init.nodes)
@@ -275,7 +308,9 @@ class Lifecycle:
         orphans = [e for e in init.orphans if not self.broker.has_queued(e.namespace, e.job_id)]
         if orphans:
             for ev in orphans:
-                ev.triggered_by = TRIGGER_LEADER if ev.triggered_by == "node-update" else ev.triggered_by
+                ev.triggered_by = (
+                    TRIGGER_LEADER if ev.triggered_by == "node-update" else ev.triggered_by
+                )
             await self.writer.create(orphans)
         self.log.info(
             "lifecycle started",
@@ -297,9 +332,9 @@ class Lifecycle:
                 if obj is None:
                     capacity = True
                     continue
-                capacity |= self._on_alloc(obj)
+                capacity |= self._on_alloc(obj, index)
             elif topic == TOPIC_NODE:
-                capacity |= self._on_node(key, obj)
+                capacity |= self._on_node(key, obj, index)
             elif topic == TOPIC_DEPLOYMENT:
                 if obj is not None and obj.get("status") in ("running", "paused"):
                     if key not in self.active_deployments:
@@ -326,11 +361,15 @@ class Lifecycle:
         elif ev.status == EVAL_COMPLETE and not ev.failed_tg_allocs:
             stale = self.blocked.untrack(ev.namespace, ev.job_id, keep=ev.id)
             if stale is not None:
-                asyncio.ensure_future(self._finish([stale], EVAL_CANCELED, "canceled: a newer evaluation placed everything"))
+                asyncio.ensure_future(
+                    self._finish(
+                        [stale], EVAL_CANCELED, "canceled: a newer evaluation placed everything"
+                    )
+                )
         else:
             self.blocked.forget(ev.id)
 
-    def _on_alloc(self, alloc: dict[str, Any]) -> bool:
+    def _on_alloc(self, alloc: dict[str, Any], index: int) -> bool:
         """Returns whether the alloc freed capacity a placement can use; notes jobs that need an eval."""
         if alloc.get("deployment_id"):
             self.deployments.poke.set()
@@ -345,19 +384,23 @@ class Lifecycle:
             elif status == CLIENT_COMPLETE:
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_STOP)
         freed = desired != DESIRED_RUN or status in (CLIENT_FAILED, CLIENT_COMPLETE, "lost")
+        if not freed:
+            self.heartbeats.covered.live_alloc(alloc["node_id"], index)
         # Room freed on a node nothing can be placed on (down, draining, ineligible, gone) helps no
         # blocked eval: in a mass node-down every lost alloc would unblock them all, again and again.
         return freed and view is not None and view.usable
 
-    def _on_node(self, node_id: str, obj: dict[str, Any] | None) -> bool:
+    def _on_node(self, node_id: str, obj: dict[str, Any] | None, index: int) -> bool:
         before = self.nodes.get(node_id)
         if obj is None:
             self.nodes.pop(node_id, None)
+            self.heartbeats.covered.forget_node(node_id)
             return False
         view = NodeView(obj["status"], obj["scheduling_eligibility"], bool(obj.get("drain")))
         self.nodes[node_id] = view
         if view.status == NODE_DOWN and (before is None or before.status != NODE_DOWN):
             self._node_needs[node_id] = "down"
+            self._down_at[node_id] = index
             return False
         if view.drain:
             self.drainer.poke.set()
@@ -372,6 +415,9 @@ class Lifecycle:
             return
         job_needs, self._job_needs = self._job_needs, {}
         node_needs, self._node_needs = self._node_needs, {}
+        node_needs = self._uncovered(node_needs)
+        if not job_needs and not node_needs:
+            return
 
         def build(reader: StateReader) -> list[Evaluation]:
             out: list[Evaluation] = []
@@ -400,6 +446,28 @@ class Lifecycle:
             except RPCError as exc:
                 self.log.warning("could not create evaluations", error=str(exc), count=len(todo))
 
+    def _uncovered(self, node_needs: dict[str, str]) -> dict[str, str]:
+        """``node_needs`` less the down nodes whose mark-down entry already carried every eval they need.
+
+        Reading each down node's allocs again (``node_down_evals``) only to
+        find its jobs' evals queued was most of the tail's work after a
+        storm. A node whose flagged entry is still being proposed waits for
+        the next pass (its down record can reach the tail before the
+        proposal's answer); one the monitor cannot vouch for is read as
+        before (see ``nodeevals.CoveredDowns``).
+        """
+        covered = self.heartbeats.covered
+        out: dict[str, str] = {}
+        for node_id, what in node_needs.items():
+            if what == "down":
+                if covered.waiting(node_id):
+                    self._node_needs.setdefault(node_id, what)
+                    continue
+                if covered.covered(node_id, self._down_at.pop(node_id, 0)):
+                    continue
+            out[node_id] = what
+        return out
+
     async def _finish(self, evals: list[Evaluation], status: str, description: str) -> None:
         try:
             await self.writer.finish(evals, status, description)
@@ -414,10 +482,14 @@ class Lifecycle:
             self.broker.tick()
             failed = self.broker.take_failed()
             if failed:
-                await self._finish(failed, EVAL_FAILED, f"evaluation reached its delivery limit ({limit})")
+                await self._finish(
+                    failed, EVAL_FAILED, f"evaluation reached its delivery limit ({limit})"
+                )
             canceled = self.broker.take_cancelable() + self.blocked.take_duplicates()
             if canceled:
-                await self._finish(canceled, EVAL_CANCELED, "canceled: a newer evaluation of the job supersedes it")
+                await self._finish(
+                    canceled, EVAL_CANCELED, "canceled: a newer evaluation of the job supersedes it"
+                )
 
     def status(self) -> dict[str, Any]:
         return {
@@ -455,5 +527,3 @@ async def lifecycle_loop(server: ServerAPI) -> None:
 
 
 LEADER_LOOPS = [lifecycle_loop]
-
-

@@ -16,7 +16,8 @@ and only as many entries as the entry size limit needs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from fsm import codec
 from fsm import messages as m
@@ -31,10 +32,14 @@ DOWN_DESCRIPTION = "node heartbeat missed"
 _NODE_ID_COST = 48  # encoded bytes a node id adds to a batch (a 36-character id and framing)
 
 
+def job_ids_on_node(reader: StateReader, node_id: str) -> list[str]:
+    """Ids of the jobs with live allocs on ``node_id``, in order."""
+    return sorted({a.job_id for a in reader.allocs_by_node(node_id, terminal=False)})
+
+
 def jobs_on_node(reader: StateReader, node_id: str) -> list[Job]:
     """Jobs with live allocs on ``node_id``."""
-    ids = sorted({a.job_id for a in reader.allocs_by_node(node_id, terminal=False)})
-    return [j for j in map(reader.job, ids) if j is not None]
+    return [j for j in map(reader.job, job_ids_on_node(reader, node_id)) if j is not None]
 
 
 def system_jobs(reader: StateReader) -> list[Job]:
@@ -80,9 +85,18 @@ class _Batch:
         self.evals: dict[str, Evaluation] = {}
         self.used = 0
 
-    def fresh(self, node_id: str, jobs: list[Job]) -> tuple[list[Evaluation], int]:
-        """The evals a node with these jobs adds (jobs not yet covered), and the bytes it adds."""
-        evals = [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in jobs if j.id not in self.evals]
+    def fresh(
+        self, reader: StateReader, node_id: str, job_ids: list[str]
+    ) -> tuple[list[Evaluation], int]:
+        """The evals a node with these jobs adds (jobs not yet covered), and the bytes it adds.
+
+        Only jobs not yet covered are read: in a storm most of a node's jobs
+        already have the batch's eval, and decoding each again for every
+        node was most of the monitor's (GIL-holding) work.
+        """
+        todo = [job_id for job_id in job_ids if job_id not in self.evals]
+        jobs = [j for j in map(reader.job, todo) if j is not None]
+        evals = [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in jobs]
         return evals, _NODE_ID_COST + sum(len(codec.encode(ev)) for ev in evals)
 
     def add(self, node_id: str, evals: list[Evaluation], cost: int) -> None:
@@ -92,11 +106,20 @@ class _Batch:
         self.used += cost
 
     def entry(self, budget: int) -> m.NodeBatchUpdateStatus:
+        """The entry; flagged ``evals_complete`` unless its one node's evals had to be cut to fit."""
         evals = list(self.evals.values())
+        complete = True
         if self.used > budget:  # one node alone with more jobs than an entry holds
             chunks = eval_chunks(evals, budget - _NODE_ID_COST)
+            complete = len(chunks) <= 1
             evals = chunks[0] if chunks else []
-        return m.NodeBatchUpdateStatus(node_ids=self.node_ids, status=NODE_DOWN, status_description=DOWN_DESCRIPTION, evals=evals)
+        return m.NodeBatchUpdateStatus(
+            node_ids=self.node_ids,
+            status=NODE_DOWN,
+            status_description=DOWN_DESCRIPTION,
+            evals=evals,
+            evals_complete=complete,
+        )
 
 
 def down_batches(
@@ -105,20 +128,114 @@ def down_batches(
     """Mark-down entries for ``node_ids`` (in order): each under ``budget`` bytes, one eval per job per entry.
 
     A node whose jobs alone need more evals than one entry holds goes in an
-    entry of its own with the evals that fit; the leader's tail gives every
-    other job on it an eval when it sees the node go down, as for a single
-    node. Each eval names the first node of its batch that the job ran on.
+    entry of its own with the evals that fit, not flagged ``evals_complete``;
+    the leader's tail gives every other job on it an eval when it sees the
+    node go down, as for a single node. Every other entry is flagged, so the
+    tail need not read its nodes' allocs again (see ``CoveredDowns``). Each
+    eval names the first node of its batch that the job ran on.
     """
     out: list[m.NodeBatchUpdateStatus] = []
     batch = _Batch()
     for node_id in node_ids:
-        jobs = jobs_on_node(reader, node_id)
-        evals, cost = batch.fresh(node_id, jobs)
+        job_ids = job_ids_on_node(reader, node_id)
+        evals, cost = batch.fresh(reader, node_id, job_ids)
         if batch.node_ids and (batch.used + cost > budget or len(batch.node_ids) >= most):
             out.append(batch.entry(budget))
             batch = _Batch()
-            evals, cost = batch.fresh(node_id, jobs)
+            evals, cost = batch.fresh(reader, node_id, job_ids)
         batch.add(node_id, evals, cost)
     if batch.node_ids:
         out.append(batch.entry(budget))
     return out
+
+
+@dataclass
+class _Claim:
+    """A flagged mark-down of one node: the index its evals were read at, and the entry's once committed."""
+
+    read_at: int
+    index: int = 0  # 0 while the entry is in flight
+
+
+class CoveredDowns:
+    """Which down nodes already got every eval they need, so the leader's tail skips reading their allocs.
+
+    A flagged mark-down entry (``evals_complete``) carries an eval for every
+    job with live allocs on its nodes, as the monitor read them at
+    ``read_at``; after a storm the tail would otherwise read every down
+    node's allocs again (``node_down_evals``) only to find those evals queued.
+    The flag reaches the tail through this per-term object, not the journal:
+    the journal shows subscribers the same records either way, and the FSM
+    ignores the flag (it only spares the leader work). The monitor ``open``s
+    a claim per node before it proposes a flagged entry and ``confirm``s it
+    with the entry's index (or ``drop``s it if the proposal failed); the tail
+    skips a node only if it went down at exactly that index, and no live
+    alloc landed on it after ``read_at`` (a plan committed between the
+    monitor's read and its entry: that job has no eval in the entry). Claims
+    still in flight make the tail wait (``waiting``); anything it cannot
+    prove covered is read as before, so an unflagged entry (every old one)
+    is handled exactly as it was.
+    """
+
+    def __init__(self) -> None:
+        self._claims: dict[str, _Claim] = {}
+        self._live_at: dict[str, int] = {}  # node id -> newest index with a live alloc record on it
+        self._since: int | None = None  # the tail saw every journal batch after this index
+
+    # -- the heartbeat monitor's side -------------------------------------------
+    def open(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> None:
+        """Before proposing ``msg`` (built from state at ``read_at``): claim its nodes if it is flagged."""
+        if msg.evals_complete:
+            for node_id in msg.node_ids:
+                self._claims[node_id] = _Claim(read_at)
+
+    def confirm(self, msg: m.NodeBatchUpdateStatus, index: int, changed: Sequence[str]) -> None:
+        """``msg`` committed at ``index`` and changed ``changed``; a node it skipped keeps no claim."""
+        went_down = set(changed)
+        for node_id in msg.node_ids:
+            claim = self._claims.get(node_id)
+            if claim is None or claim.index:
+                continue
+            if node_id in went_down:
+                claim.index = index
+            else:
+                del self._claims[node_id]
+
+    def drop(self, node_ids: Iterable[str]) -> None:
+        """The proposal failed: its claims go (should it commit after all, the tail reads those nodes)."""
+        for node_id in node_ids:
+            claim = self._claims.get(node_id)
+            if claim is not None and not claim.index:
+                del self._claims[node_id]
+
+    # -- the tail's side ------------------------------------------------------------
+    def following_from(self, index: int) -> None:
+        """The tail rebuilt at ``index``: it has seen no alloc record before it."""
+        self._since = index
+        self._live_at.clear()
+
+    def live_alloc(self, node_id: str, index: int) -> None:
+        """A live alloc record on ``node_id`` at ``index`` (a placement the monitor may not have read)."""
+        self._live_at[node_id] = index
+
+    def forget_node(self, node_id: str) -> None:
+        self._live_at.pop(node_id, None)
+        self._claims.pop(node_id, None)
+
+    def waiting(self, node_id: str) -> bool:
+        """Whether a flagged entry for ``node_id`` is still in flight (the tail decides once it is answered)."""
+        claim = self._claims.get(node_id)
+        return claim is not None and not claim.index
+
+    def covered(self, node_id: str, down_at: int) -> bool:
+        """Whether the entry that marked ``node_id`` down at ``down_at`` carried every eval the node needs.
+
+        Consumes the claim of that entry (and drops one older than it).
+        """
+        claim = self._claims.get(node_id)
+        if claim is None or not claim.index or claim.index > down_at:
+            return False
+        del self._claims[node_id]
+        if claim.index < down_at or self._since is None or claim.read_at < self._since:
+            return False
+        return self._live_at.get(node_id, 0) <= claim.read_at

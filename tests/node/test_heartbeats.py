@@ -152,6 +152,8 @@ class Raft:
 class NoAllocs:
     """A state with the nodes only: no allocs, so no jobs to evaluate."""
 
+    applied_index = 0
+
     def allocs_by_node(self, node_id: str, terminal: bool = True) -> list[Any]:
         return []
 
