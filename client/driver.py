@@ -12,6 +12,13 @@
   checks never pass, so an alloc of a deployment is reported unhealthy once
   the group's ``healthy_deadline`` has passed, as Nomad's client reports it.
 - ``unhealthy_rate`` (0..1): the chance that a task's checks never pass.
+- ``write_mb`` (MB, default 0) and ``files`` (default 1 if ``write_mb``, else
+  0): what the task writes when it starts, in its directory under the
+  node's data dir (``<data_dir>/<node>/alloc/<alloc>/<task>/local``):
+  ``write_mb`` MB spread over ``files`` files, so an alloc's disk and inode
+  use are real, and the client's GC measures and frees them.
+- ``fail_cleanup`` (default false): removing the alloc's directory fails (the
+  driver's cleanup errs), so the GC logs it with the alloc's id and goes on.
 
 An allocation runs all its group's tasks: it completes when every task has
 exited successfully, fails as soon as one fails, and runs until stopped if
@@ -64,6 +71,13 @@ class TaskSpec:
     fail_after: float | None = None
     healthy: bool = True
     unhealthy_rate: float = 0.0
+    write_mb: float = 0.0
+    files: int = 0
+    fail_cleanup: bool = False
+
+
+MAX_WRITE_MB = 1 << 20  # a simulated task writes at most 1 TB (a typo guard, not a quota)
+MAX_FILES = 1_000_000
 
 
 def task_spec(task: dict[str, Any]) -> TaskSpec:
@@ -84,7 +98,25 @@ def task_spec(task: dict[str, Any]) -> TaskSpec:
     healthy = config.get("healthy", True)
     if not isinstance(healthy, bool):
         raise DriverError(f"task {name}: healthy must be true or false")
-    return TaskSpec(name, run_for, exit_code, fail_rate, fail_after, healthy, _rate(config, "unhealthy_rate", name))
+    write_mb, files, fail_cleanup = _disk_options(config, name)
+    return TaskSpec(name, run_for, exit_code, fail_rate, fail_after, healthy, _rate(config, "unhealthy_rate", name),
+                    write_mb, files, fail_cleanup)
+
+
+def _disk_options(config: dict[str, Any], task: str) -> tuple[float, int, bool]:
+    """(write_mb, files, fail_cleanup) of a task's config, checked."""
+    write_mb = config.get("write_mb", 0)
+    if not isinstance(write_mb, int | float) or isinstance(write_mb, bool) or not 0 <= write_mb <= MAX_WRITE_MB:
+        raise DriverError(f"task {task}: write_mb must be a number of MB from 0 to {MAX_WRITE_MB}")
+    files = config.get("files", 1 if write_mb else 0)
+    if not isinstance(files, int) or isinstance(files, bool) or not 0 <= files <= MAX_FILES:
+        raise DriverError(f"task {task}: files must be an integer from 0 to {MAX_FILES}")
+    if write_mb and not files:
+        raise DriverError(f"task {task}: write_mb needs at least one file to write to (files >= 1)")
+    fail_cleanup = config.get("fail_cleanup", False)
+    if not isinstance(fail_cleanup, bool):
+        raise DriverError(f"task {task}: fail_cleanup must be true or false")
+    return float(write_mb), files, fail_cleanup
 
 
 def _rate(config: dict[str, Any], key: str, task: str) -> float:

@@ -32,9 +32,10 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from client.gc import GCConfig
 from client.silence import Silence
 from fsm.structs import CLUSTER_ATTRIBUTE, RACK_ATTRIBUTE
 from node.wire.errors import RPCError
@@ -61,7 +62,8 @@ class SimConfig:
     nodes: int = 1
     cpu: int = 4000
     memory_mb: int = 8192
-    disk_mb: int = 0
+    disk_mb: int = 10240  # each node's disk: registered as its DiskMB, and what GC usage is a percentage of
+    inodes: int = 655360  # each node's inode count (ext4's default for that disk: one per 16 KiB)
     datacenter: str = "dc1"
     node_class: str = "sim"
     name_prefix: str = ""
@@ -75,6 +77,12 @@ class SimConfig:
     heartbeat_batch: int = 500  # node ids per node.heartbeat call
     register_concurrency: int = 64  # node.register calls in flight
     status_interval: float = 60.0  # seconds between status lines; 0: none
+    # Devices every node advertises, by Nomad's name, ``vendor/type`` or ``vendor/type/model``
+    # (``{"nvidia/gpu": 4}``); tasks ask for them with ``device "nvidia/gpu" { count = 1 }``.
+    devices: dict[str, int] = field(default_factory=dict)
+    data_dir: str = ""  # alloc directories live under <data_dir>/<node id>/alloc; "": a temporary one
+    gc: GCConfig = field(default_factory=GCConfig)  # the client's alloc GC (Nomad's gc_* settings)
+    gc_report_interval: float = 10.0  # seconds between node re-registrations showing what a node holds; 0: never
 
 
 @dataclass
@@ -91,9 +99,11 @@ class SimNode:
     cluster: str = ""
     rack: str = ""
     secret: str = ""
+    extra: dict[str, str] = field(default_factory=dict)  # attributes the client adds (what its GC holds)
 
     def register_args(self, cfg: SimConfig) -> dict[str, Any]:
-        attributes = {"driver.sim": "1", "kernel.name": "linux", "cpu.arch": "amd64", "unique.hostname": self.name}
+        attributes = {"driver.sim": "1", "kernel.name": "linux", "cpu.arch": "amd64", "unique.hostname": self.name,
+                      **self.extra}
         if self.cluster:
             attributes[CLUSTER_ATTRIBUTE] = self.cluster
         if self.rack:
@@ -105,7 +115,7 @@ class SimNode:
                 "Datacenter": cfg.datacenter,
                 "NodeClass": cfg.node_class,
                 "Attributes": attributes,
-                "Resources": {"CPU": cfg.cpu, "MemoryMB": cfg.memory_mb, "DiskMB": cfg.disk_mb},
+                "Resources": {"CPU": cfg.cpu, "MemoryMB": cfg.memory_mb, "DiskMB": cfg.disk_mb, "Devices": dict(cfg.devices)},
                 "Status": "ready",
                 "SchedulingEligibility": "eligible",
                 **({"SecretID": self.secret} if self.secret else {}),

@@ -22,7 +22,14 @@ clients would:
   block's times in a deployment, else the ``migrate`` block's (a node
   drain moves the next allocs once these replacements are healthy);
 - batches status changes into ``alloc.update`` calls (every
-  ``report_interval``, at most ``REPORT_BATCH`` allocs per call).
+  ``report_interval``, at most ``REPORT_BATCH`` allocs per call);
+- keeps each alloc's directory under the node's data dir, and its terminal
+  allocs until its GC (``client.collector``, Nomad's client GC) evicts
+  them: on ``gc_interval``, when an alloc ends, before a placement that
+  would exceed ``gc_max_allocs``, when the servers' GC deletes one, and when
+  ``caravan client gc`` asks (a ``ClientGC`` record on the stream); each node
+  re-registers now and then with ``client.gc.*`` attributes that say what it
+  holds (``caravan node status`` shows them).
 
 Killing the process is a client crash: its nodes miss their heartbeats, the
 leader marks them down and their allocs lost, and replaces them.
@@ -32,9 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 import uuid
@@ -43,6 +53,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from client.collector import Collector, NodeDisk
 from client.driver import DriverError, Outcome, plan_run, task_spec
 from client.fleet import (
     Fleet,
@@ -55,6 +66,7 @@ from client.fleet import (
     save_nodes,
 )
 from client.silence import POLL_INTERVAL, Silence
+from fsm.topics import TOPIC_ALLOC, TOPIC_CLIENT_GC
 from node.wire.errors import NOT_FOUND, RESET_REQUIRED, UNAVAILABLE, RPCError
 from node.wire.rpc_client import AsyncRPCClient
 
@@ -83,6 +95,7 @@ class Run:
     moved: asyncio.Event = field(default_factory=asyncio.Event)  # set on such a move
     finished: bool = False
     quiet_stop: bool = False  # stopped without a report: marked lost, or resumed by the next run
+    status: str = ""  # the terminal client status it reported
     shutdown: bool = False  # stopped because this client is shutting down
 
 
@@ -137,6 +150,11 @@ class SimClient:
         self.stats = SimStats()
         self.index = 0
         self.stop_event = asyncio.Event()
+        self.temp_dir = "" if cfg.data_dir else tempfile.mkdtemp(prefix="caravan-client-")
+        self.data_dir = cfg.data_dir or self.temp_dir
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.collector = Collector(self.data_dir, cfg.gc, NodeDisk(cfg.disk_mb << 20, cfg.inodes),
+                                   log=self._log, warn=self._warn)
 
     @property
     def rpc(self) -> AsyncRPCClient:
@@ -167,7 +185,10 @@ class SimClient:
             self._heartbeats(),
             asyncio.create_task(self._follow(), name="following allocations"),
             asyncio.create_task(self._reporter(), name="status reports"),
+            asyncio.create_task(self.collector.ticker(), name="alloc gc"),
         ]
+        if self.cfg.gc_report_interval > 0:
+            tasks.append(asyncio.create_task(self._gc_reports(), name="gc reports"))
         if self.cfg.status_interval > 0:
             tasks.append(asyncio.create_task(self._status_lines(), name="status lines"))
         if self.silence.path:
@@ -194,15 +215,28 @@ class SimClient:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._flush(), 2.0)
             await self.rpc.close()
+            self.remove_temp_dir()
         if crashed is not None:
             exc = None if crashed.cancelled() else crashed.exception()
             if exc is not None:  # a bug: its traceback belongs in the client's log
                 traceback.print_exception(exc, file=sys.stderr)
             raise SimError(f"the client's {crashed.get_name()} loop stopped: {exc!r}")
 
+    def remove_temp_dir(self) -> None:
+        """A data dir of our own making goes with us (as ``nomad agent -dev``'s); a given one stays."""
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
     def say(self, message: str) -> None:
         if self.cfg.verbose:
             print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    def _log(self, message: str) -> None:
+        """A line always printed: every GC eviction and request is worth a line in the client's log."""
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    def _warn(self, message: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
     async def _status_lines(self) -> None:
         """A line now and then: at 10,000 nodes, per-node lines say nothing, one summary does."""
@@ -263,7 +297,7 @@ class SimClient:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
                     continue
-            args = {"index": self.index, "topics": ["Allocation"], "heartbeat": STREAM_HEARTBEAT}
+            args = {"index": self.index, "topics": [TOPIC_ALLOC, TOPIC_CLIENT_GC], "heartbeat": STREAM_HEARTBEAT}
             try:
                 async for item in self.rpc.stream("event.stream", args, idle_timeout=3 * STREAM_HEARTBEAT + 10):
                     backoff = 0.05
@@ -316,20 +350,42 @@ class SimClient:
                 seen.add(alloc["ID"])
                 self.on_alloc(_snake_alloc(alloc))
         for run in [r for r in self.runs.values() if r.node_id in nodes and r.alloc_id not in seen]:
+            self.collector.server_deleted(run.alloc_id)
             self._stop(run, quiet=True)
+        for node_id in nodes:  # kept allocs the servers no longer have were deleted by their GC
+            for alloc_id in [a for a in self.collector.node(node_id).held if a not in seen]:
+                self.collector.server_deleted(alloc_id)
         self.index = index
 
     def on_record(self, record: list[Any]) -> None:
         topic, _type, key, obj = record
-        if topic != "Allocation":
+        if topic == TOPIC_CLIENT_GC:
+            self.on_gc_request(obj or {})
             return
-        if obj is None:  # garbage-collected
+        if topic != TOPIC_ALLOC:
+            return
+        if obj is None:  # garbage-collected by the servers: so goes its directory (Nomad's removeAlloc)
             self.done.discard(key)
+            if self.collector.where.get(key) in self.silence:  # cut off: it hears of it when back
+                return
+            self.collector.server_deleted(key)
             run = self.runs.get(key)
-            if run is not None and run.node_id not in self.silence:
+            if run is not None:
                 self._stop(run, quiet=True)
             return
         self.on_alloc(obj)
+
+    def on_gc_request(self, request: dict[str, Any]) -> None:
+        """A forced client GC (``caravan client gc``): for one of our nodes, or for every node ("")."""
+        node_id, alloc_id = request.get("node_id", ""), request.get("alloc_id", "")
+        if node_id:
+            targets = [node_id] if node_id in self.nodes and node_id not in self.silence else []
+        else:
+            targets = [n for n, st in self.collector.nodes.items() if st.held and n not in self.silence]
+        for target in targets:
+            what = f"alloc {alloc_id}" if alloc_id else "every terminal alloc"
+            self._log(f"gc: node {target}: forced collection of {what} requested (index {request.get('index', 0)})")
+            self.collector.spawn(self.collector.force(target, alloc_id))
 
     def on_alloc(self, alloc: dict[str, Any]) -> None:
         """React to an allocation (wire shape) placed on, or changed on, one of our nodes."""
@@ -358,6 +414,7 @@ class SimClient:
                 alloc.get("task_group") or "",
             )
             self.runs[alloc_id] = run
+            self.collector.started(run.node_id, alloc_id)
             run.task = asyncio.create_task(self._run(run), name=f"alloc-{alloc_id[:8]}")
             self.stats.started += 1
             return
@@ -413,6 +470,7 @@ class SimClient:
         outcome: Outcome | None = None
         names: list[str] = []
         try:
+            await self.collector.make_room(run.node_id)  # before it starts: within gc_max_allocs
             try:
                 job = await self.job_spec(run.job_id, run.job_version)
                 group = next((g for g in job.get("TaskGroups") or [] if g.get("Name") == run.task_group), None)
@@ -420,6 +478,7 @@ class SimClient:
                     raise DriverError(f"job {run.job_id} has no task group {run.task_group!r}")
                 tasks = [task_spec(t) for t in group.get("Tasks") or []]
                 outcome = plan_run(tasks, self.rng)
+                await self._build(run, tasks)
             except (DriverError, RPCError) as exc:
                 self._report(run, "failed", str(exc), {}, failed=True)
                 self.stats.failed += 1
@@ -456,6 +515,18 @@ class SimClient:
         finally:
             self.done.add(run.alloc_id)
             self.runs.pop(run.alloc_id, None)
+            if run.shutdown:
+                self.collector.forget(run.node_id, run.alloc_id)
+            else:  # terminal: kept for inspection until the GC evicts it
+                status = run.status if run.status in TERMINAL else "lost" if run.quiet_stop else "complete"
+                self.collector.finished(run.node_id, run.alloc_id, status)
+
+    async def _build(self, run: Run, tasks: list[Any]) -> None:
+        """The alloc's directory, with what its tasks write; a disk error fails the alloc, as a driver's would."""
+        try:
+            await self.collector.build(run.node_id, run.alloc_id, tasks)
+        except OSError as exc:
+            raise DriverError(f"alloc directory: {exc.strerror or exc}") from None
 
     async def _health(self, run: Run, job: dict[str, Any], group: dict[str, Any], healthy: bool) -> None:
         """Report a service alloc's health: for its deployment, or (outside one) for a drain's steps.
@@ -486,6 +557,7 @@ class SimClient:
 
     # -- reporting ------------------------------------------------------------------------
     def _report(self, run: Run, status: str, description: str, states: dict[str, Any], *, failed: bool = False) -> None:
+        run.status = status
         update: dict[str, Any] = {"ClientStatus": status, "ClientDescription": description}
         if states:
             update["TaskStates"] = states
@@ -500,6 +572,27 @@ class SimClient:
         self.pending[alloc_id] = {**(old or {}), **update, "ID": alloc_id}
         if "ClientStatus" not in self.pending[alloc_id]:
             self.pending[alloc_id]["ClientStatus"] = "running"
+
+    async def _gc_reports(self) -> None:
+        """Re-register the nodes whose kept allocs changed, with ``client.gc.*`` attributes saying what they hold.
+
+        At most one registration per node per ``gc_report_interval``: the
+        servers store it (a raft write), so ``node status`` shows it from any
+        server. Silenced nodes wait until they are back.
+        """
+        while True:
+            await asyncio.sleep(self.cfg.gc_report_interval)
+            due = [n for n in self.collector.dirty if n in self.nodes and n not in self.silence]
+            if not due:
+                continue
+            self.collector.dirty.difference_update(due)
+            for node_id in due:
+                self.nodes[node_id].extra = self.collector.attributes(node_id)
+            try:
+                await self.fleet.register([self.nodes[n] for n in due])
+            except RPCError as exc:
+                self.collector.dirty.update(due)
+                self._error("reporting what the nodes hold", exc.message)
 
     async def _reporter(self) -> None:
         while True:
@@ -562,9 +655,12 @@ async def _main(cfg: SimConfig) -> int:
     except RPCError as exc:
         print(f"Error: could not register nodes: {exc.message}", file=sys.stderr, flush=True)
         await sim.rpc.close()
+        sim.remove_temp_dir()
         return 1
     took = sim.fleet.stats.register_seconds
     topology = f", {cfg.clusters} cluster(s) x {cfg.racks} rack(s)" if cfg.clusters else ""
+    if cfg.devices:
+        topology += ", devices " + ", ".join(f"{name}={count}" for name, count in sorted(cfg.devices.items()))
     print(
         f"Simulating {len(sim.nodes)} node(s) in {cfg.datacenter} ({cfg.cpu} MHz, {cfg.memory_mb} MB each{topology}) "
         f"against {','.join(cfg.servers)}; registered in {took:.1f}s ({len(sim.nodes) / max(took, 1e-9):.0f}/s)",

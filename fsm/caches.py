@@ -11,7 +11,7 @@ workers)::
     usage = NodeUsageCache()
     with fsm.read() as snap:          # the worker's consistent snapshot
         usage.catch_up(snap)          # now equals a rebuild at snap.applied_index
-        used = usage.usage(node.id)   # Resources(cpu=..., memory_mb=..., disk_mb=...)
+        used = usage.usage(node.id)   # Resources(cpu=..., memory_mb=..., disk_mb=..., devices=...)
 
 or ``usage.refresh(fsm)`` to move to the newest committed state. Results
 are copies; the cache is safe to share between threads.
@@ -124,10 +124,12 @@ class NodeUsageCache:
             return
         res = alloc.get("resources") or {}
         node_id = alloc["node_id"]
+        devices = res.get("devices")
         claim = Resources(
             cpu=int(res.get("cpu", 0)),
             memory_mb=int(res.get("memory_mb", 0)),
             disk_mb=int(res.get("disk_mb", 0)),
+            devices=dict(devices) if devices else {},
         )
         self._claims[alloc_id] = (node_id, claim)
         total = self._nodes.get(node_id)
@@ -145,5 +147,8 @@ class NodeUsageCache:
             del self._nodes[node_id]
 
 
-def _dims(r: Resources) -> tuple[int, int, int]:
+def _dims(r: Resources) -> tuple[Any, ...]:
+    """A usage as plain data; devices only when there are some (device-less dumps keep their shape)."""
+    if r.devices:
+        return (r.cpu, r.memory_mb, r.disk_mb, tuple(sorted(r.devices.items())))
     return (r.cpu, r.memory_mb, r.disk_mb)

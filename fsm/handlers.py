@@ -21,6 +21,7 @@ from fsm.apply.acl import (
     acl_token_upsert,
 )
 from fsm.apply.allocs import alloc_client_update, alloc_desired_transition
+from fsm.apply.clients import client_gc
 from fsm.apply.deployments import (
     deployment_promote,
     deployment_status_update,
@@ -86,5 +87,6 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.SCHEDULER_CONFIG_SET: scheduler_config_set,
     MessageType.ACL_POLICY_UPSERT: acl_policy_upsert,
     MessageType.ACL_POLICY_DELETE: acl_policy_delete,
+    MessageType.CLIENT_GC: client_gc,
 }
 assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

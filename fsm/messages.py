@@ -67,6 +67,8 @@ class MessageType(IntEnum):
     NODE_BATCH_UPDATE_STATUS = 25
     ACL_POLICY_UPSERT = 26
     ACL_POLICY_DELETE = 27
+    # 28-33 are taken (queues).
+    CLIENT_GC = 34
 
 
 class Reap(CompactRecord):
@@ -274,6 +276,20 @@ class SchedulerConfigSet(CompactRecord):
     cas_index: int | None = None
 
 
+class ClientGC(CompactRecord):
+    """Ask client nodes to collect their terminal allocs now (Nomad's ``PUT /v1/client/gc``).
+
+    Servers cannot call clients, so the request is replicated and journalled
+    (topic ``ClientGC``) for the clients to read on their event streams; a
+    client connected to any server, before or after a leader change, sees it
+    once. ``node_id`` "" asks every node; with ``alloc_id`` only that alloc's
+    node collects only it (Nomad's ``/v1/client/allocation/:id/gc``).
+    """
+
+    node_id: str = ""
+    alloc_id: str = ""
+
+
 class Batch(CompactRecord):
     """Several client writes the leader coalesced into one raft entry (as Nomad batches alloc updates).
 
@@ -315,6 +331,7 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.SCHEDULER_CONFIG_SET: SchedulerConfigSet,
     MessageType.ACL_POLICY_UPSERT: ACLPolicyUpsert,
     MessageType.ACL_POLICY_DELETE: ACLPolicyDelete,
+    MessageType.CLIENT_GC: ClientGC,
 }
 MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
 

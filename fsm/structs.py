@@ -53,23 +53,39 @@ TOKEN_MANAGEMENT, TOKEN_CLIENT = "management", "client"
 
 
 class Resources(Record):
-    """CPU (MHz), memory and disk (MB): what an alloc claims, a node has, or a node has in use.
+    """CPU (MHz), memory and disk (MB) and device counts: what an alloc claims, a node has, or a node has in use.
 
     The one place their arithmetic lives (the scheduler's placements, the
     usage cache, the plan applier's check): a new dimension is then one edit
     here rather than one in every copy. ``add`` and ``subtract`` work in place
     and return nothing, because the callers keep running totals on the
     placement path and a new record per step would be an allocation per node.
+
+    ``devices`` maps a device name to a count, after Nomad's devices. Its keys
+    mean different things on the two sides (see ``device_matches``):
+
+    - a node's capacity and usage, and a placed alloc's claim, are keyed by
+      the node's device names, ``vendor/type`` or ``vendor/type/model``
+      (``nvidia/gpu``, ``nvidia/gpu/a100``); a node never has both a
+      ``vendor/type`` and a ``vendor/type/model`` of the same vendor and type
+      (``fsm.validate.check_node``), so every name is one pool of devices;
+    - a task's ask uses Nomad's request names: ``type`` (any vendor's),
+      ``vendor/type`` or ``vendor/type/model``; ``bound`` turns an ask into
+      the node names it takes once the scheduler picked the node.
+
+    Records without devices (nearly all) skip every device step: the
+    arithmetic checks the dict's truth once and nothing more.
     """
 
     cpu: int = 100
     memory_mb: int = 300
     disk_mb: int = 0
+    devices: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def zero(cls) -> Resources:
         """Nothing at all (the field defaults are a task's default ask, not zero)."""
-        return cls(cpu=0, memory_mb=0, disk_mb=0)
+        return cls(0, 0, 0, {})  # by position: a keyword call costs more, and zero() is on the placement path
 
     @classmethod
     def total(cls, parts: Iterable[Resources]) -> Resources:
@@ -80,27 +96,35 @@ class Resources(Record):
         return out
 
     def copy(self) -> Resources:
-        """An independent copy, so a running total can change without touching the original."""
-        return self.__copy__()
+        """An independent copy, so a running total can change without touching the original
+        (its devices too: the copy gets a dict of its own)."""
+        return Resources(self.cpu, self.memory_mb, self.disk_mb, dict(self.devices) if self.devices else {})
 
     def add(self, other: Resources) -> None:
-        """Add ``other`` to this record, in place."""
+        """Add ``other`` to this record, in place (a devices map is replaced, never changed in place:
+        one that a shallow copy, ``record.replace`` or a decoded map shares stays as it was)."""
         self.cpu += other.cpu
         self.memory_mb += other.memory_mb
         self.disk_mb += other.disk_mb
+        if other.devices:
+            self.devices = _device_sum(self.devices, other.devices, 1)
 
     def subtract(self, other: Resources) -> None:
-        """Take ``other`` from this record, in place (nothing clamps it at zero)."""
+        """Take ``other`` from this record, in place (nothing clamps it at zero; a device count
+        that reaches zero is dropped, so subtracting what was added gives the record back)."""
         self.cpu -= other.cpu
         self.memory_mb -= other.memory_mb
         self.disk_mb -= other.disk_mb
+        if other.devices:
+            self.devices = _device_sum(self.devices, other.devices, -1)
 
     def exhausted(self, capacity: Resources, used: Resources | None = None) -> str | None:
-        """The first dimension ("cpu", "memory", "disk") in which this ask does not fit, or None.
+        """The first dimension ("cpu", "memory", "disk", "device NAME") in which this ask does not fit, or None.
 
         It fits when ``used`` plus this ask stays within ``capacity`` in each
         dimension. Disk counts only when the ask asks for some: nodes that
         do not report disk (capacity 0) still take disk-less allocs, as before.
+        Devices count only when the ask names some (``device_shortfall``).
         ``used`` None is nothing in use (without building a zero record per call).
         """
         if used is None:
@@ -111,11 +135,29 @@ class Resources(Record):
             return "memory"
         if used.disk_mb + self.disk_mb > capacity.disk_mb and self.disk_mb > 0:
             return "disk"
+        if self.devices:
+            name = device_shortfall(self.devices, capacity.devices, used.devices)
+            if name is not None:
+                return DEVICE_DIMENSION + name
         return None
 
     def fits(self, capacity: Resources, used: Resources | None = None) -> bool:
         """Whether this ask fits in ``capacity`` on top of ``used`` (see ``exhausted``)."""
         return self.exhausted(capacity, used) is None
+
+    def bound(self, capacity: Resources, used: Resources | None = None) -> Resources:
+        """A copy of this ask with its devices named as the node names them (``capacity``'s keys).
+
+        What a placed alloc claims: the node's usage is kept per node device
+        name, so an ask for ``gpu`` or ``nvidia/gpu`` must say which of the
+        node's devices it holds. Call it on a node the ask fits (``exhausted``
+        None); a device-less ask is just copied.
+        """
+        out = self.copy()
+        if self.devices:
+            taken = assign_devices(self.devices, capacity.devices, (used or _NOTHING).devices)
+            out.devices = taken if isinstance(taken, dict) else {}
+        return out
 
     def utilization(self, capacity: Resources, used: Resources | None = None) -> float:
         """Mean of the cpu and memory fractions of ``capacity`` in use once this ask is placed (0..1).
@@ -131,6 +173,70 @@ class Resources(Record):
         if capacity.memory_mb > 0:
             parts.append((used.memory_mb + self.memory_mb) / capacity.memory_mb)
         return min(1.0, sum(parts) / len(parts)) if parts else 0.0
+
+
+#: What ``exhausted`` puts before a device's name ("device nvidia/gpu").
+DEVICE_DIMENSION = "device "
+
+
+def device_matches(ask: str, name: str) -> bool:
+    """Whether a node's device ``name`` (``vendor/type[/model]``) serves a request for ``ask``.
+
+    Nomad's request names: ``type`` matches that type of any vendor,
+    ``vendor/type`` every model of that vendor's type, ``vendor/type/model``
+    only that model (a node that does not name its model has none to match).
+    """
+    want = ask.split("/")
+    have = name.split("/")
+    if len(want) == 1:
+        return len(have) >= 2 and have[1] == want[0]
+    if len(want) == 2:
+        return have[:2] == want
+    return have == want
+
+
+def assign_devices(asks: dict[str, int], capacity: dict[str, int], used: dict[str, int]) -> dict[str, int] | str:
+    """Which of the node's free devices ``asks`` take (node name -> count), or the first ask that finds too few.
+
+    The most specific asks go first (model, then vendor/type, then type):
+    what one request name matches either contains or is apart from what
+    another matches, so a less specific ask can use whatever the more
+    specific ones leave, and this greedy order finds a fit whenever one exists.
+    """
+    taken: dict[str, int] = {}
+    for ask in sorted(asks, key=lambda a: (-a.count("/"), a)):
+        need = asks[ask]
+        for name in sorted(capacity):
+            if need <= 0:
+                break
+            if not device_matches(ask, name):
+                continue
+            free = capacity[name] - used.get(name, 0) - taken.get(name, 0)
+            if free > 0:
+                take = min(free, need)
+                taken[name] = taken.get(name, 0) + take
+                need -= take
+        if need > 0:
+            return ask
+    return taken
+
+
+def device_shortfall(asks: dict[str, int], capacity: dict[str, int], used: dict[str, int]) -> str | None:
+    """The first device ask that ``capacity`` minus ``used`` cannot serve, or None if all fit."""
+    found = assign_devices(asks, capacity, used)
+    return found if isinstance(found, str) else None
+
+
+def _device_sum(mine: dict[str, int], other: dict[str, int], sign: int) -> dict[str, int]:
+    """``mine`` plus ``sign`` times ``other``, as a new dict without zero counts (``mine`` may be shared)."""
+    out = dict(mine)
+    for name, n in other.items():
+        total = out.get(name, 0) + sign * n
+        if total:
+            out[name] = total
+        else:
+            out.pop(name, None)
+    return out
 
 
 # What ``used=None`` stands for. Only ever read: ``zero()`` hands out records to change.
@@ -203,6 +309,10 @@ class Job(CompactRecord):
     namespace: str = "default"
     type: str = "service"
     priority: int = 50
+    # The Kueue-style queue the job is a workload of, and its priority class, by name
+    # ("": none, admitted as every job is). Caravan's, not Nomad's; read, kept and shown only.
+    queue: str = ""
+    priority_class: str = ""
     datacenters: list[str] = field(default_factory=lambda: ["dc1"])
     task_groups: list[TaskGroup] = field(default_factory=list)
     constraints: list[Constraint] = field(default_factory=list)

@@ -20,6 +20,10 @@ TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN = "Deployment", "Node", "ACLToken"
 TOPIC_OPERATOR = "Operator"
 SCHEDULER_CONFIG_UPDATED = "SchedulerConfigUpdated"
 SCHEDULER_CONFIG_KEY = "scheduler"
+#: Requests for client nodes (Caravan's own topic: Nomad's servers call their clients, ours
+#: cannot). Key: the node id, "" for every node; object ``{node_id, alloc_id, index}``.
+TOPIC_CLIENT_GC = "ClientGC"
+CLIENT_GC_REQUESTED = "ClientGCRequested"
 
 #: The record class of each topic's journal records (a token's is ``public_token``'s map).
 RECORD_OF_TOPIC: dict[str, type] = {

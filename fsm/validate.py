@@ -14,7 +14,7 @@ on, which is why it must live here and not only on the leader:
   scheduler; the priority is 1..100 (the broker orders by it); at least one
   group, with unique valid names (summaries are keyed by group name); counts
   and canaries >= 0; at least one task per group; resources >= 0 (placement
-  arithmetic).
+  arithmetic); device asks well named and >= 1; queue and priority class names.
 * ``check_eval`` (EvalUpsert and the evals of other entries): valid IDs and a
   known status.
 * ``check_alloc``, ``check_desired_status``, ``check_client_status``
@@ -23,7 +23,7 @@ on, which is why it must live here and not only on the leader:
   DeploymentUpsert, DeploymentStatusUpdate): valid IDs and a known status.
 * ``check_node``, ``check_node_status``, ``check_eligibility`` (NodeRegister,
   NodeUpdateStatus, NodeUpdateEligibility): valid ID, known status and
-  eligibility, resources >= 0.
+  eligibility, resources >= 0, device names that each name one pool.
 * ``check_id``, ``check_token_type`` (JobDeregister, ACL tokens).
 
 What an operator is told about a bad jobspec is ``node.spec.validate``: it
@@ -100,6 +100,49 @@ def check_job(job: Job) -> None:
             res = task.resources
             if res.cpu < 0 or res.memory_mb < 0 or res.disk_mb < 0:
                 raise bad(f"job {job.id}: task {task.name}: resources must be >= 0")
+            if res.devices:
+                check_device_asks(f"job {job.id}: task {task.name}", res.devices)
+    _check_job_names(job)
+
+
+def valid_name(value: str) -> bool:
+    """A queue's or priority class's name: a valid ID without whitespace or slashes (it appears in
+    paths such as Kueue's ``/cohort/queue`` and in CLI arguments)."""
+    return valid_id(value) and "/" not in value and not any(ch.isspace() for ch in value)
+
+
+def _check_job_names(job: Job) -> None:
+    """The job's queue and priority class, when it names them, are names (``valid_name``)."""
+    for what, value in (("queue", job.queue), ("priority class", job.priority_class)):
+        if value and not valid_name(value):
+            raise bad(f"job {job.id}: {what} {value!r} must be a name of at most {MAX_ID_BYTES} bytes "
+                      "without spaces or slashes")
+
+
+def check_device_asks(where: str, asks: dict[str, int]) -> None:
+    """Each device ask names ``type``, ``vendor/type`` or ``vendor/type/model`` and asks for at least one
+    (``fsm.structs.device_matches`` reads the names; a zero count would claim nothing yet match)."""
+    for name, count in asks.items():
+        if not name:
+            raise bad(f"{where}: a device name is empty: name it type, vendor/type or vendor/type/model")
+        parts = name.split("/")
+        if len(parts) > 3 or not all(parts) or any(ch.isspace() for ch in name):
+            raise bad(f"{where}: device {name!r} must be named type, vendor/type or vendor/type/model")
+        if count < 1:
+            raise bad(f"{where}: device {name!r}: count {count} must be >= 1")
+
+
+def check_node_devices(node_id: str, devices: dict[str, int]) -> None:
+    """A node names each device ``vendor/type`` or ``vendor/type/model``, with a count >= 0, and never
+    both ``vendor/type`` and a model of it: then every name is one pool (``fsm.structs.Resources``)."""
+    for name, count in devices.items():
+        parts = name.split("/")
+        if len(parts) not in (2, 3) or not all(parts) or any(ch.isspace() for ch in name):
+            raise bad(f"node {node_id}: device {name!r} must be named vendor/type or vendor/type/model")
+        if count < 0:
+            raise bad(f"node {node_id}: device {name!r}: count {count} must be >= 0")
+        if len(parts) == 3 and "/".join(parts[:2]) in devices:
+            raise bad(f"node {node_id}: device {name!r} and {'/'.join(parts[:2])!r}: name each model, or none")
 
 
 def check_eval(ev: Evaluation) -> None:
@@ -155,6 +198,8 @@ def check_node(node: Node) -> None:
     res = node.resources
     if res.cpu < 0 or res.memory_mb < 0 or res.disk_mb < 0:
         raise bad(f"node {node.id}: resources must be >= 0")
+    if res.devices:
+        check_node_devices(node.id, res.devices)
 
 
 def check_node_status(node_id: str, status: str) -> None:

@@ -287,7 +287,10 @@ def _place_one(
     node = placing.selector.select(request)
     if node is None:
         return None
-    placing.selector.claim(node, ask_p)
+    # A device ask takes named devices of the node (Resources.bound); any other is the ask itself.
+    asked = ask_p.resources
+    resources = asked.bound(node.resources, placing.selector.ctx.used(node.id)) if asked.devices else asked.copy()
+    placing.selector.claim(node, ask_p, resources)
     return Allocation(
         id=new_uuid(),
         eval_id=snap.eval.id,
@@ -297,7 +300,7 @@ def _place_one(
         name=p.name,
         namespace=job.namespace,
         job_version=runs.version,
-        resources=ask_p.resources.copy(),
+        resources=resources,
         desired_status=DESIRED_RUN,
         client_status=CLIENT_PENDING,
         previous_allocation=p.previous.id if p.previous is not None else "",

@@ -64,7 +64,11 @@ def _claim_of(alloc: dict[str, Any] | None) -> tuple[str, Resources] | None:
     if alloc is None or alloc.get("desired_status") in _SERVER_TERMINAL or alloc.get("client_status") in CLIENT_TERMINAL:
         return None
     res = alloc.get("resources") or {}
-    return alloc["node_id"], Resources(cpu=int(res.get("cpu", 0)), memory_mb=int(res.get("memory_mb", 0)), disk_mb=int(res.get("disk_mb", 0)))
+    devices = res.get("devices")
+    return alloc["node_id"], Resources(
+        cpu=int(res.get("cpu", 0)), memory_mb=int(res.get("memory_mb", 0)), disk_mb=int(res.get("disk_mb", 0)),
+        devices=dict(devices) if devices else {},
+    )
 
 
 def same_for_placement(a: Node, b: Node) -> bool:

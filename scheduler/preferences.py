@@ -99,7 +99,7 @@ class BestFit(PreferenceRule):
         self.buckets = max(1, buckets)
 
     def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return bucket(ask.resources.utilization(node.resources, ctx.used(node.id)), self.buckets)
+        return bucket(ask.resources.utilization(node.resources, ctx.peek(node.id)), self.buckets)
 
 
 class JobAntiAffinity(PreferenceRule):
@@ -117,8 +117,8 @@ class PreferNonEmptyMachines(PreferenceRule):
     name = "prefer-non-empty-machines"
 
     def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        used = ctx.used(node.id)
-        return 1 if used.cpu > 0 or used.memory_mb > 0 or used.disk_mb > 0 else 0
+        used = ctx.peek(node.id)
+        return 1 if used is not None and (used.cpu > 0 or used.memory_mb > 0 or used.disk_mb > 0) else 0
 
 
 class PreferEmptierClusters(PreferenceRule):
@@ -169,4 +169,4 @@ class WorstFit(PreferenceRule):
         self.buckets = max(1, buckets)
 
     def score(self, node: Node, ask: Ask, ctx: PlacementContext, request: Request) -> int:
-        return bucket(1.0 - ask.resources.utilization(node.resources, ctx.used(node.id)), self.buckets)
+        return bucket(1.0 - ask.resources.utilization(node.resources, ctx.peek(node.id)), self.buckets)

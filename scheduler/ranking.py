@@ -234,11 +234,16 @@ class Selector:
         choice = candidates[0] if len(candidates) == 1 else self.rng.choice(candidates)
         return self.nodes_by_id[choice[2]]
 
-    def claim(self, node: Node, ask: Ask) -> None:
-        """Record a placement of ``ask`` on ``node`` and rank that node again."""
-        self.ctx.used(node.id).add(ask.resources)
+    def claim(self, node: Node, ask: Ask, resources: Resources | None = None) -> None:
+        """Record a placement of ``ask`` on ``node`` and rank that node again.
+
+        ``resources``: what the placed alloc claims, when it differs from the
+        ask's (its devices bound to the node's, ``Resources.bound``).
+        """
+        held = ask.resources if resources is None else resources
+        self.ctx.used(node.id).add(held)
         self.ctx.job_allocs[node.id] += 1
-        self._touch(node.id, ask.resources, 1)
+        self._touch(node.id, held, 1)
 
     def hold(self, node_id: str, resources: Resources) -> None:
         """Count what other plans, still committing, place on ``node_id``: the snapshot cannot show it yet.

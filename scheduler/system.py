@@ -27,6 +27,7 @@ from fsm.structs import (
     Allocation,
     Job,
     Node,
+    Resources,
     TaskGroup,
 )
 from scheduler.evals import finish_eval
@@ -161,8 +162,10 @@ def _place_group(
             failure.unplaced += 1
             failure.exhausted[reason.split(": ", 1)[-1]] += 1
             continue
-        ctx.used(node_id).add(ask.resources)
-        plan.place.append(_new_alloc(snap.eval.id, job, group.name, node_id, ask, previous))
+        used = ctx.used(node_id)
+        resources = ask.resources.bound(node.resources, used)  # devices named as the node names them
+        used.add(resources)
+        plan.place.append(_new_alloc(snap.eval.id, job, group.name, node_id, resources, previous))
     return failure
 
 
@@ -190,7 +193,7 @@ def _make_room(
     return kept.id
 
 
-def _new_alloc(eval_id: str, job: Job, group_name: str, node_id: str, ask: Ask, previous: str) -> Allocation:
+def _new_alloc(eval_id: str, job: Job, group_name: str, node_id: str, resources: Resources, previous: str) -> Allocation:
     """A pending alloc of the group's current version on ``node_id`` (a system alloc's name has index 0)."""
     return Allocation(
         id=new_uuid(),
@@ -201,7 +204,7 @@ def _new_alloc(eval_id: str, job: Job, group_name: str, node_id: str, ask: Ask, 
         name=alloc_name(job.id, group_name, 0),
         namespace=job.namespace,
         job_version=job.version,
-        resources=ask.resources.copy(),
+        resources=resources,
         desired_status=DESIRED_RUN,
         client_status=CLIENT_PENDING,
         previous_allocation=previous,

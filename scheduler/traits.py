@@ -41,7 +41,12 @@ from scheduler.preferences import PreferenceRule, Request, cluster_of
 
 Members = list[tuple[int, str]]  # (tiebreak hash, node id), sorted
 ClassId = tuple[str, tuple[int, ...]]  # (cluster, or "" when not ranked per cluster; score tuple)
-DIMENSIONS = ("cpu", "memory", "disk")  # the order Resources.exhausted checks them in
+DIMENSIONS = ("cpu", "memory", "disk")  # the order Resources.exhausted checks them in (then "device NAME")
+
+
+def dimension_order(dim: str) -> int:
+    """Where ``dim`` comes in ``Resources.exhausted``'s order (devices, "device NAME", come last)."""
+    return DIMENSIONS.index(dim) if dim in DIMENSIONS else len(DIMENSIONS)
 
 
 def node_hash(node_id: str) -> int:
@@ -61,7 +66,7 @@ def trait_key(ask: Ask, validation: tuple[ValidationRule, ...], rules: tuple[Pre
     """
     r = ask.resources
     return (
-        (r.cpu, r.memory_mb, r.disk_mb),
+        (r.cpu, r.memory_mb, r.disk_mb, tuple(sorted(r.devices.items())) if r.devices else ()),
         tuple((c.l_target, c.operand, c.r_target) for c in ask.constraints),
         tuple(ask.datacenters),
         tuple(ask.drivers),
@@ -123,7 +128,8 @@ class TraitRanking:
         """The dimension in which the ask exceeds all ``nodes`` nodes even when empty (None if one fits)."""
         if not nodes or len(self.too_big) < nodes:
             return None
-        return max(self.too_big_dims, key=lambda d: (self.too_big_dims[d], -DIMENSIONS.index(d)))
+        # Ties: the first in exhausted's order, then by name (max keeps the first of equals).
+        return max(sorted(self.too_big_dims), key=lambda d: (self.too_big_dims[d], -dimension_order(d)))
 
     def signature(self) -> tuple[Any, ...]:
         """Everything the ranking holds, as plain sorted data (tests compare cached and fresh ones)."""

@@ -7,7 +7,17 @@ from typing import Any
 
 import click
 
-from node.cli.common import Ctx, blocking_options, client_options, emit, kv, make_ctx, rows, short
+from node.cli.common import (
+    Ctx,
+    blocking_options,
+    client_options,
+    devices_text,
+    emit,
+    kv,
+    make_ctx,
+    rows,
+    short,
+)
 from node.cli.paging import emit_list, list_options
 from node.wire.errors import RPCError
 
@@ -56,6 +66,9 @@ def alloc_status(alloc_id: str, address: str, token: str | None, as_json: bool, 
         emit(c, data, str)
         return
     extra = reschedule_lines(data, _group_policy(c, data), _wait_until(c, data), time.time_ns())
+    devices = devices_text(data.get("Resources"))
+    if devices:  # the node's devices it holds
+        extra.insert(0, ("Devices", devices))
     fields = STATUS_FIELDS + [(label, label) for label, _ in extra]
     emit(c, {**data, **dict(extra)}, lambda d: kv(d, fields))
 

@@ -7,10 +7,31 @@ servers, and the fault-injection harness kills and restarts it.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
+from node.cli.client_gc import client_gc, gc_options, gc_settings
 from node.cli.common import fail
+
+
+def _devices(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
+    """``--device vendor/type[/model]=COUNT`` options as one name -> count map (a repeated name adds up).
+
+    Checked here so a typo is one line at the prompt, not a registration the leader refuses.
+    """
+    out: dict[str, int] = {}
+    for value in values:
+        name, sep, count = value.partition("=")
+        parts = name.split("/")
+        if len(parts) not in (2, 3) or not all(parts):
+            raise click.BadParameter(f"{value!r}: name the device vendor/type or vendor/type/model, as nvidia/gpu=4")
+        if not sep or not count.isdigit() or int(count) < 1:
+            raise click.BadParameter(f"{value!r}: give a count of at least 1 after '=', as nvidia/gpu=4")
+        out[name] = out.get(name, 0) + int(count)
+    if any(len(n.split("/")) == 3 and n.rsplit("/", 1)[0] in out for n in out):
+        raise click.BadParameter("name each model of a vendor/type, or none (not both nvidia/gpu and nvidia/gpu/MODEL)")
+    return out
 
 
 @click.group("client")
@@ -23,6 +44,9 @@ def client_group() -> None:
 @click.option("--cpu", type=click.IntRange(1), default=4000, show_default=True, help="CPU of each node (MHz).")
 @click.option("--memory", type=click.IntRange(1), default=8192, show_default=True, help="Memory of each node (MB).")
 @click.option("--datacenter", default="dc1", show_default=True, help="Datacenter of the nodes.")
+@click.option("--device", "devices", multiple=True, callback=_devices, metavar="VENDOR/TYPE[/MODEL]=COUNT",
+              help="Devices every node advertises, e.g. nvidia/gpu=4 (repeatable); "
+              'tasks ask with device "nvidia/gpu" { count = 1 }.')
 @click.option("--servers", envvar="CARAVAN_ADDRESS", required=True,
               help="Server RPC addresses, comma-separated (env CARAVAN_ADDRESS).")
 @click.option("--name-prefix", default="", help="Node names are PREFIX-0, PREFIX-1, ... (default: sim-<random>).")
@@ -41,9 +65,10 @@ def client_group() -> None:
               help="Registrations in flight at once.")
 @click.option("--status-interval", type=click.FloatRange(0), default=60.0, show_default=True,
               help="Seconds between status lines (heartbeat calls, TTLs, errors); 0: none.")
-def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str, name_prefix: str, token: str | None,
+@gc_options
+def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, devices: dict[str, int], servers: str, name_prefix: str, token: str | None,
                seed: int | None, verbose: bool, state_file: str, clusters: int, racks: int, heartbeat_batch: int,
-               register_concurrency: int, status_interval: float) -> None:
+               register_concurrency: int, status_interval: float, **gc: Any) -> None:
     """Simulate NODES client nodes in one process (as Nomad's nodesim) until Ctrl-C or SIGTERM.
 
     Registers the nodes, heartbeats them in batches spread over the TTL
@@ -58,7 +83,11 @@ def client_sim(nodes: int, cpu: int, memory: int, datacenter: str, servers: str,
     addresses = [a.strip() for a in servers.split(",") if a.strip()]
     if not addresses:
         fail("--servers needs at least one host:port")
-    sys.exit(run_sim(SimConfig(servers=addresses, nodes=nodes, cpu=cpu, memory_mb=memory, datacenter=datacenter,
+    sys.exit(run_sim(SimConfig(servers=addresses, nodes=nodes, cpu=cpu, memory_mb=memory, datacenter=datacenter, devices=devices,
                                name_prefix=name_prefix, token=token, seed=seed, verbose=verbose,
                                state_file=state_file, clusters=clusters, racks=racks, heartbeat_batch=heartbeat_batch,
-                               register_concurrency=register_concurrency, status_interval=status_interval)))
+                               register_concurrency=register_concurrency, status_interval=status_interval,
+                               **gc_settings(gc))))
+
+
+client_group.add_command(client_gc)

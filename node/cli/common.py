@@ -224,6 +224,17 @@ def kv(item: dict[str, Any], fields: list[tuple[str, str]]) -> str:
     return tabulate([[label, cell(item.get(key))] for label, key in fields], tablefmt="plain")
 
 
+def devices_text(resources: Any) -> str:
+    """A Resources' devices as ``nvidia/gpu=2, amd/gpu/mi300=1`` ("" for none): the RPC's name -> count
+    map, or Nomad's list of {Name, Count} (what the HTTP API serves)."""
+    devices = resources.get("Devices") if isinstance(resources, dict) else None
+    if isinstance(devices, list):
+        devices = {d.get("Name", ""): d.get("Count", 1) for d in devices if isinstance(d, dict)}
+    if not isinstance(devices, dict):
+        return ""
+    return ", ".join(f"{name}={count}" for name, count in sorted(devices.items()))
+
+
 def cell(value: Any) -> str:
     """A value as a table cell: bools as Go prints them, lists comma-joined, None as nothing."""
     if isinstance(value, bool):

@@ -204,8 +204,11 @@ def job_status(job_id: str | None, address: str, token: str | None, as_json: boo
     if as_json:
         emit(c, data, str)
         return
-    click.echo(kv(data, [("ID", "ID"), ("Name", "Name"), ("Type", "Type"), ("Priority", "Priority"), ("Status", "Status"),
-                         ("Version", "Version"), ("Stop", "Stop"), ("Datacenters", "Datacenters"), ("ModifyIndex", "ModifyIndex")]))
+    fields = [("ID", "ID"), ("Name", "Name"), ("Type", "Type"), ("Priority", "Priority"), ("Status", "Status"),
+              ("Version", "Version"), ("Stop", "Stop"), ("Datacenters", "Datacenters"), ("ModifyIndex", "ModifyIndex")]
+    # Caravan's queue fields, only when the job names them (most jobs have no queue).
+    fields[4:4] = [(label, key) for label, key in (("Queue", "Queue"), ("Priority Class", "PriorityClass")) if data.get(key)]
+    click.echo(kv(data, fields))
     _print_job_details(c, job_id)
 
 

@@ -13,10 +13,12 @@ from typing import Any
 
 import click
 
+from node.cli.client_gc import node_gc_fields
 from node.cli.common import (
     Ctx,
     blocking_options,
     client_options,
+    devices_text,
     emit,
     kv,
     make_ctx,
@@ -55,9 +57,14 @@ def node_list(filter_expr: str | None, per_page: int | None, page_token: str | N
 def node_status(node_id: str, address: str, token: str | None, as_json: bool, stale: bool) -> None:
     c = make_ctx(address, token, as_json, stale)
     data = c.read("node.get", {"node_id": node_id})
-    emit(c, data, lambda d: kv({**d, "Drain": _drain_text(d)},
-                               [("ID", "ID"), ("Name", "Name"), ("Datacenter", "Datacenter"), ("Status", "Status"),
-                                ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]))
+    fields = [("ID", "ID"), ("Name", "Name"), ("Datacenter", "Datacenter"), ("Status", "Status"),
+              ("Eligibility", "SchedulingEligibility"), ("Drain", "Drain")]
+    devices = devices_text(data.get("Resources"))
+    if devices:  # as the rest of the output: only what the node has
+        fields.append(("Devices", "Devices"))
+    gc = node_gc_fields(data)  # what its client keeps: terminal allocs and disk use (client.gc.* attributes)
+    fields += [(label, label) for label in gc]
+    emit(c, data, lambda d: kv({**d, "Drain": _drain_text(d), "Devices": devices, **gc}, fields))
 
 
 def _drain_text(node: dict[str, Any]) -> str:

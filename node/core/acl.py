@@ -98,6 +98,10 @@ METHOD_NEEDS: dict[str, Need] = {
     "node.status": Need.NODE_WRITE,
     "node.heartbeat": Need.NODE_WRITE,
     "alloc.update": Need.NODE_WRITE,
+    # Forced client GC: Nomad's /v1/client/gc needs node:write, /v1/client/allocation/:id/gc
+    # submit-job on the alloc's namespace.
+    "client.gc": Need.NODE_WRITE,
+    "client.allocation.gc": Need.SUBMIT_JOB,
     "operator.scheduler.get_config": Need.OPERATOR_READ,
     "operator.scheduler.set_config": Need.OPERATOR_WRITE,
     "operator.raft.peers": Need.OPERATOR_READ,

@@ -18,6 +18,7 @@ from fsm.keys import from_u64, u64
 from fsm.store import StateReader
 from fsm.topics import (
     TOPIC_ALLOC,
+    TOPIC_CLIENT_GC,
     TOPIC_DEPLOYMENT,
     TOPIC_EVAL,
     TOPIC_JOB,
@@ -31,7 +32,9 @@ from node.wire.framing import SharedItem
 
 log = structlog.get_logger("caravan.stream")
 
-TOPICS = (TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN, TOPIC_OPERATOR)
+TOPICS = (
+    TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN, TOPIC_OPERATOR, TOPIC_CLIENT_GC,
+)
 ALL_TOPICS = frozenset(TOPICS)
 WILDCARD = "*"
 

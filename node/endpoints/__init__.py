@@ -7,6 +7,7 @@ imported; the server wraps every entry of ``METHODS`` and ``STREAMS``.
 from node.endpoints import (  # noqa: F401 - imported for their registrations
     acl,
     allocs,
+    clients,
     deployments,
     evals,
     events,

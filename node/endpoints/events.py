@@ -18,7 +18,8 @@ Arguments:
 ``topics`` (list of str, default all)
     ``"Topic"``, ``"Topic:Key"`` or ``"*"``. Topics: Job, Evaluation,
     Allocation, Deployment, Node, ACLToken, Operator (the scheduler
-    configuration). A key matches the record's key
+    configuration), ClientGC (forced client GC requests, keyed by node id,
+    "" for every node; what ``caravan client sim`` follows). A key matches the record's key
     exactly (the object's id). With ACLs on, each topic needs its capability
     (``TOPIC_NEEDS``: ACLToken a management token); the default/``*``
     subscription leaves out the topics the caller may not see. A client
@@ -86,6 +87,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsm.topics import (
     TOPIC_ALLOC,
+    TOPIC_CLIENT_GC,
     TOPIC_DEPLOYMENT,
     TOPIC_EVAL,
     TOPIC_JOB,
@@ -159,6 +161,9 @@ TOPIC_NEEDS = (
     (TOPIC_JOB, Need.READ_JOB), (TOPIC_EVAL, Need.READ_JOB), (TOPIC_ALLOC, Need.READ_JOB),
     (TOPIC_DEPLOYMENT, Need.READ_JOB), (TOPIC_NODE, Need.NODE_READ), (TOPIC_OPERATOR, Need.OPERATOR_READ),
     (TOPIC_TOKEN, Need.MANAGEMENT),
+    # Client GC requests name only node and alloc ids, which node:read already shows;
+    # a node secret passes node:read, so the simulated client can follow them.
+    (TOPIC_CLIENT_GC, Need.NODE_READ),
 )
 
 

@@ -49,6 +49,8 @@ async def node_register(server: ServerAPI, ctx: RequestContext, args: dict[str, 
         secret = raw.pop("SecretID", None)
     if secret is not None and (not isinstance(secret, str) or not secret):
         raise bad("node SecretID must be a non-empty string")
+    if isinstance(raw, dict) and isinstance(raw.get("Resources"), dict):
+        raw["Resources"] = {**raw["Resources"], "Devices": device_counts(raw["Resources"].get("Devices"))}
     try:
         node = codec.from_wire(Node, from_nomad(raw), "Node")
     except CodecError as exc:
@@ -65,6 +67,32 @@ async def node_register(server: ServerAPI, ctx: RequestContext, args: dict[str, 
     if node.status != NODE_DOWN:
         answer["HeartbeatTTL"] = server.heartbeats.grant((node.id,), server.config.scheduler)
     return answer
+
+
+def device_counts(devices: Any) -> Any:
+    """A node's devices as the ``vendor/type[/model]`` -> count map it is kept as.
+
+    The map is taken as it is (what ``caravan client sim --device`` sends);
+    Nomad's NodeDeviceResource list (``{"Vendor", "Type", "Name", "Instances"}``,
+    as ``/v1/node/:id`` serves it) counts each group's healthy instances, named
+    ``vendor/type/name``, or ``vendor/type`` when the name is empty or the type
+    (how a node that names no model is served). Anything else is left for the
+    decoder to refuse.
+    """
+    if devices is None:
+        return {}
+    if not isinstance(devices, list):
+        return devices
+    out: dict[str, int] = {}
+    for group in devices:
+        if not isinstance(group, dict):
+            raise bad("node Resources.Devices: expected a list of {Vendor, Type, Name, Instances}")
+        vendor, kind, name = (str(group.get(k) or "") for k in ("Vendor", "Type", "Name"))
+        key = f"{vendor}/{kind}" if name in ("", kind) else f"{vendor}/{kind}/{name}"
+        instances = group.get("Instances") or []
+        healthy = sum(1 for i in instances if isinstance(i, dict) and i.get("Healthy", True))
+        out[key] = out.get(key, 0) + healthy
+    return out
 
 
 @method("node.status")

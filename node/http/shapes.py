@@ -83,9 +83,42 @@ JOB_ZEROS: Obj = {
 }  # fmt: skip
 
 
+def requested_devices(resources: Any) -> Any:
+    """A Resources map with its ``Devices`` as Nomad's RequestedDevice list (ours keeps name -> count).
+
+    Sorted by name; constraints and affinities are not modelled, so null.
+    Anything else (None, a list already shaped) is returned as it is.
+    """
+    if not isinstance(resources, dict) or not isinstance(resources.get("Devices"), dict):
+        return resources
+    devices = [
+        {"Name": name, "Count": count, "Constraints": None, "Affinities": None}
+        for name, count in sorted(resources["Devices"].items())
+    ]
+    return {**resources, "Devices": devices or None}
+
+
+def _job_devices(groups: Any) -> Any:
+    """The job's groups with each task's Resources.Devices in Nomad's shape (groups untouched if none asks)."""
+    if not isinstance(groups, list):
+        return groups
+    out = []
+    for group in groups:
+        tasks = group.get("Tasks") if isinstance(group, dict) else None
+        if isinstance(tasks, list) and any(isinstance((t.get("Resources") or {}).get("Devices"), dict) for t in tasks):
+            tasks = [{**t, "Resources": requested_devices(t.get("Resources"))} for t in tasks]
+            group = {**group, "Tasks": tasks}
+        out.append(group)
+    return out
+
+
 def nomad_job(job: Obj) -> Obj:
-    """A whole job: Periodic / ParameterizedJob are objects or null (our records keep a flag)."""
+    """A whole job: Periodic / ParameterizedJob are objects or null (our records keep a flag), tasks'
+    devices as Nomad's RequestedDevice lists; Queue and PriorityClass are Caravan's (always present)."""
     job = dict(job)
+    job["TaskGroups"] = _job_devices(job.get("TaskGroups"))
+    job.setdefault("Queue", "")
+    job.setdefault("PriorityClass", "")
     periodic = job.get("Periodic")
     if not isinstance(periodic, dict):
         job["Periodic"] = {"Enabled": True} if periodic else None
@@ -108,7 +141,7 @@ def job_stub(job: Obj, summary: Obj | None = None) -> Obj:
 _JOB_STUB_KEYS = (
     "ID", "ParentID", "Name", "Namespace", "Datacenters", "NodePool", "Multiregion", "Type",
     "Priority", "Stop", "Status", "StatusDescription", "CreateIndex", "ModifyIndex",
-    "JobModifyIndex", "SubmitTime",
+    "JobModifyIndex", "SubmitTime", "Queue", "PriorityClass",
 )  # fmt: skip
 
 
@@ -128,18 +161,37 @@ NODE_ZEROS: Obj = {
 
 
 def _node_resources(resources: Obj | None) -> Obj | None:
-    """Nomad's NodeResources from our one Resources (CPU shares, memory, disk)."""
+    """Nomad's NodeResources from our one Resources (CPU shares, memory, disk, devices)."""
     if not resources:
         return None
+    devices = resources.get("Devices")
     return {
         "Cpu": {"CpuShares": resources.get("CPU", 0), "TotalCpuCores": 0, "ReservableCpuCores": None},
         "Memory": {"MemoryMB": resources.get("MemoryMB", 0)},
         "Disk": {"DiskMB": resources.get("DiskMB", 0)},
         "Networks": None,
-        "Devices": None,
+        "Devices": node_devices(devices) if isinstance(devices, dict) and devices else None,
         "MinDynamicPort": 0,
         "MaxDynamicPort": 0,
     }
+
+
+def node_devices(devices: dict[str, int]) -> list[Obj]:
+    """Nomad's NodeDeviceResource list from a node's ``vendor/type[/model]`` -> count map.
+
+    Nomad names a device group vendor, type and name (the model); a node that
+    names no model gets its type as the name. Caravan tracks counts, not
+    instances, so the instances are numbered (``nvidia-gpu-0``, ...) and healthy.
+    """
+    out = []
+    for key, count in sorted(devices.items()):
+        parts = key.split("/")
+        vendor, kind = (parts + ["", ""])[:2]
+        name = parts[2] if len(parts) > 2 else kind
+        prefix = key.replace("/", "-")
+        instances = [{"ID": f"{prefix}-{i}", "Healthy": True, "HealthDescription": "", "Locality": None} for i in range(count)]
+        out.append({"Vendor": vendor, "Type": kind, "Name": name, "Attributes": None, "Instances": instances})
+    return out
 
 
 def _drivers(attributes: Obj | None, updated: Any) -> Obj:
@@ -181,6 +233,8 @@ def nomad_node(node: Obj) -> Obj:
         node.setdefault("Drivers", _drivers(node.get("Attributes"), rfc3339(updated)))
     node.setdefault("Drivers", _drivers(node.get("Attributes"), ZERO_TIME))
     node.setdefault("NodeResources", _node_resources(node.get("Resources")))
+    if "Resources" in node:  # Nomad's legacy Resources: devices as the same RequestedDevice list
+        node["Resources"] = requested_devices(node["Resources"])
     node["DrainStrategy"] = _drain_strategy(node.get("DrainStrategy"))
     return _filled(node, NODE_ZEROS)
 
@@ -220,6 +274,8 @@ def _task_state(state: Obj) -> Obj:
 def nomad_alloc(alloc: Obj) -> Obj:
     """A whole allocation: its task states and deployment status with Go times."""
     alloc = dict(alloc)
+    if "Resources" in alloc:
+        alloc["Resources"] = requested_devices(alloc["Resources"])
     if alloc.get("TaskStates"):
         alloc["TaskStates"] = {t: _task_state(s) for t, s in alloc["TaskStates"].items()}
     status = alloc.get("DeploymentStatus")

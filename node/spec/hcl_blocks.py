@@ -1,4 +1,4 @@
-"""Nomad's jobspec blocks (job, group, task, resources, constraint, meta, update, migrate, reschedule) as API JSON.
+"""Nomad's jobspec blocks (job, group, task, resources and device, constraint, meta, update, migrate, reschedule) as API JSON.
 
 The half of HCL-to-JSON conversion that knows Nomad: which blocks and
 attributes Caravan models and their API names (what ``nomad job run -output``
@@ -44,6 +44,9 @@ class NomadBlocks(HCLValues):
                 "type": ("Type", self.string),
                 "priority": ("Priority", self.integer),
                 "datacenters": ("Datacenters", self.strings),
+                # Caravan's, for queues (not Nomad's): the job's queue and priority class by name.
+                "queue": ("Queue", self.string),
+                "priority_class": ("PriorityClass", self.string),
             },
             self._job_blocks(job, group_defaults, groups),
             job,
@@ -182,12 +185,26 @@ class NomadBlocks(HCLValues):
 
     # -- blocks of attributes only -----------------------------------------------------------
     def resources(self, labels: list[str], body: dict[str, Any], path: Path) -> dict[str, Any]:
-        """A ``resources`` block (cpu in MHz, memory and disk in MB)."""
-        return self.flat("resources", labels, body, path, {
-            "cpu": ("CPU", self.integer),
-            "memory": ("MemoryMB", self.integer),
-            "disk": ("DiskMB", self.integer),
-        })
+        """A ``resources`` block (cpu in MHz, memory and disk in MB) and its ``device "NAME"`` blocks,
+        as Nomad's API Resources with ``Devices``: a list of RequestedDevice."""
+        self.labels(path, "resources", labels, 0)
+        out: dict[str, Any] = {}
+        attrs = {"cpu": ("CPU", self.integer), "memory": ("MemoryMB", self.integer), "disk": ("DiskMB", self.integer)}
+        blocks: dict[str, BlockHandler] = {
+            "device": lambda lab, inner, sub: out.setdefault("Devices", []).append(self.device(lab, inner, sub)),
+        }
+        self.body(body, path, "resources", attrs, blocks, out)
+        return out
+
+    def device(self, labels: list[str], body: dict[str, Any], path: Path) -> dict[str, Any]:
+        """A ``device "nvidia/gpu" { count = 2 }`` block: Nomad's RequestedDevice (count 1 when not given).
+
+        Its constraint and affinity blocks are not modelled: they are dropped with a warning.
+        """
+        (name,) = self.labels(path, "device", labels, 1)
+        out: dict[str, Any] = {"Name": name, "Count": 1}
+        self.body(body, path, f'device "{name}"', {"count": ("Count", self.integer)}, {}, out)
+        return out
 
     def update(self, labels: list[str], body: dict[str, Any], path: Path) -> dict[str, Any]:
         """An ``update`` block (durations in nanoseconds)."""

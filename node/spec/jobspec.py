@@ -8,6 +8,7 @@ step in its own module:
 1. ``reader.decode_spec``: JSON text or a map, wrapped or bare -> the job map;
 2. ``defaults.spread_job_blocks``: job-level Update/Migrate -> each group's, and each
    group's reschedule policy merged over Job.Reschedule and the type's defaults;
+   ``devices.devices_as_maps``: each task's RequestedDevice list -> a name -> count map;
 3. ``reader.read_job``: the map -> a ``Job`` and the warnings for fields
    Caravan ignores (in one pass when it can, by ``onepass``);
 4. ``defaults.fill_defaults``: name, reschedule policy, migrate strategy;
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsm.structs import Job
-from node.spec import defaults, reader, validate
+from node.spec import defaults, devices, reader, validate
 from node.spec.defaults import default_reschedule
 from node.spec.errors import JobSpecError
 
@@ -31,8 +32,9 @@ def parse_job(spec: Any) -> tuple[Job, list[str]]:
     """A Nomad API job (wrapped or bare, dict or JSON text) -> (Job, warnings); raises ``JobSpecError``."""
     spec = reader.decode_spec(spec)
     spec = defaults.spread_job_blocks(spec)
+    spec, device_warnings = devices.devices_as_maps(spec)
     job, warnings = reader.read_job(spec)
-    return finish(job), warnings
+    return finish(job), device_warnings + warnings
 
 
 def finish(job: Job) -> Job:

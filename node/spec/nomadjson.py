@@ -49,6 +49,7 @@ DATA_MAPS = {
     "queued_allocations",
     "failed_tg_allocs",
     "task_groups_deployment",
+    "devices",  # device name ("nvidia/gpu") -> count
 }
 
 

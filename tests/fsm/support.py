@@ -594,6 +594,10 @@ def sample_bodies() -> list[Any]:
         m.NodeRegister(node=make_node("n4", secret_hash="a" * 64)),
         m.NodeRegister(node=make_node("n4", secret_hash="b" * 64)),  # permission_denied: the secret is set once
         m.NodeRegister(node=make_node("n4")),  # keeps its secret
+        m.ClientGC(node_id="n4"),
+        m.ClientGC(),  # every node
+        m.ClientGC(node_id="n9"),  # not_found
+        m.ClientGC(alloc_id="nope"),  # not_found
     ]
 
 

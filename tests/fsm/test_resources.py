@@ -143,5 +143,5 @@ def test_utilization_is_the_mean_cpu_and_memory_fraction_capped_at_one(
 def test_the_methods_add_no_fields_to_the_stored_record(a: Resources) -> None:
     """Resources is stored and replicated: the arithmetic must not change what it packs to."""
     data = codec.encode(a)
-    assert codec.unpack(data) == {"cpu": a.cpu, "memory_mb": a.memory_mb, "disk_mb": a.disk_mb}
+    assert codec.unpack(data) == {"cpu": a.cpu, "memory_mb": a.memory_mb, "disk_mb": a.disk_mb, "devices": a.devices}
     assert codec.load(Resources, data) == a

@@ -46,6 +46,9 @@ ROUTES: list[tuple[str, str, Any, str, str]] = [
     ("GET", "/v1/nodes", None, "node-read", "ns-write"),
     ("GET", f"/v1/node/{NODE_ID}", None, "node-read", "ns-write"),
     ("POST", f"/v1/node/{NODE_ID}/eligibility", {"Eligibility": "eligible"}, "node-write", "node-read"),
+    # Forced client GC: node:write for a node's (Nomad's), submit-job for one alloc's (404 here: no such alloc).
+    ("PUT", f"/v1/client/gc?node_id={NODE_ID}", None, "node-write", "node-read"),
+    ("PUT", "/v1/client/allocation/5d0f3c4e-0000-4000-8000-00000000a110/gc", None, "ns-write", "node-write"),
     ("GET", "/v1/operator/scheduler/configuration", None, "op-read", "node-write"),
     ("GET", "/v1/operator/raft/configuration", None, "op-read", "ns-write"),
     ("PUT", "/v1/system/gc", None, "", "op-write"),

@@ -31,8 +31,8 @@ TIMEOUT = 30
 
 # Keys we serve that Nomad's struct lacks: Caravan's own, kept on purpose.
 CARAVAN_EXTRAS: dict[str, set[str]] = {
-    "job": {"CreateTime", "ModifyTime"},  # our records' wall-clock times
-    "job_list_stub": {"NodePool", "Multiregion"},  # Nomad's server sends these too
+    "job": {"CreateTime", "ModifyTime", "Queue", "PriorityClass"},  # wall-clock times; queue and class by name
+    "job_list_stub": {"NodePool", "Multiregion", "Queue", "PriorityClass"},  # Nomad's server sends the first two too
     "node": {"CreateTime", "ModifyTime"},
     "node_list_stub": set(),
     "allocation": {"JobVersion", "JobType"},  # ours; JobType is what the list stub shows
