@@ -37,6 +37,13 @@ from fsm.apply.nodes import (
     node_update_status,
 )
 from fsm.apply.plans import plan_apply
+from fsm.apply.queues import (
+    priority_class_delete,
+    priority_class_upsert,
+    queue_admission,
+    queue_delete,
+    queue_upsert,
+)
 from fsm.apply.reaps import deployment_reap, eval_reap, job_batch_deregister, node_reap
 from fsm.apply.scheduler_config import scheduler_config_set
 from fsm.apply.summaries import reconcile_summaries
@@ -87,6 +94,11 @@ HANDLERS: dict[MessageType, Handler] = {
     MessageType.SCHEDULER_CONFIG_SET: scheduler_config_set,
     MessageType.ACL_POLICY_UPSERT: acl_policy_upsert,
     MessageType.ACL_POLICY_DELETE: acl_policy_delete,
+    MessageType.QUEUE_UPSERT: queue_upsert,
+    MessageType.QUEUE_DELETE: queue_delete,
+    MessageType.PRIORITY_CLASS_UPSERT: priority_class_upsert,
+    MessageType.PRIORITY_CLASS_DELETE: priority_class_delete,
+    MessageType.QUEUE_ADMISSION: queue_admission,
     MessageType.CLIENT_GC: client_gc,
 }
 assert set(HANDLERS) == set(MessageType), "every message type needs a handler"

@@ -19,6 +19,7 @@ import msgspec
 
 from fsm import codec
 from fsm.errors import CodecError
+from fsm.queues import Eviction, PriorityClass, Queue
 from fsm.record import CompactRecord, field
 from fsm.scheduler_config import SchedulerConfig
 from fsm.structs import (
@@ -67,7 +68,12 @@ class MessageType(IntEnum):
     NODE_BATCH_UPDATE_STATUS = 25
     ACL_POLICY_UPSERT = 26
     ACL_POLICY_DELETE = 27
-    # 28-33 are taken (queues).
+    QUEUE_UPSERT = 28
+    QUEUE_DELETE = 29
+    PRIORITY_CLASS_UPSERT = 30
+    PRIORITY_CLASS_DELETE = 31
+    QUEUE_ADMISSION = 32
+    # 33 is reserved (queues).
     CLIENT_GC = 34
 
 
@@ -256,6 +262,55 @@ class ACLPolicyDelete(CompactRecord):
     names: list[str] = field(default_factory=list)
 
 
+class QueueUpsert(CompactRecord):
+    """Create or replace queues (Kueue's ClusterQueues), checked by the leader and again by apply."""
+
+    queues: list[Queue] = field(default_factory=list)
+
+
+class QueueDelete(CompactRecord):
+    """Delete queues by name; refused while a queue holds admitted or pending workloads."""
+
+    names: list[str] = field(default_factory=list)
+
+
+class PriorityClassUpsert(CompactRecord):
+    classes: list[PriorityClass] = field(default_factory=list)
+
+
+class PriorityClassDelete(CompactRecord):
+    """Delete priority classes; workloads keep the value they were given at submission."""
+
+    names: list[str] = field(default_factory=list)
+
+
+class Admit(CompactRecord):
+    """Admit a pending workload, if it still is pending and still fits when applied."""
+
+    job_id: str
+    create_index: int  # the submission the leader saw (a re-submission since is another)
+
+
+class Evict(CompactRecord):
+    """Evict an admitted workload back to pending, if it is still admitted when applied."""
+
+    job_id: str
+    eviction: Eviction
+
+
+class QueueAdmission(CompactRecord):
+    """One admission cycle's decisions (the leader's), with an eval for each job they touch.
+
+    Apply checks each against the ledger as it stands then: evictions first
+    (they free quota), then admissions in order, each only if it still fits.
+    A decision that no longer holds is skipped, and its eval with it.
+    """
+
+    evictions: list[Evict] = field(default_factory=list)
+    admits: list[Admit] = field(default_factory=list)
+    evals: list[Evaluation] = field(default_factory=list)
+
+
 class Barrier(CompactRecord):
     pass
 
@@ -332,6 +387,11 @@ PAYLOADS: dict[MessageType, type] = {
     MessageType.ACL_POLICY_UPSERT: ACLPolicyUpsert,
     MessageType.ACL_POLICY_DELETE: ACLPolicyDelete,
     MessageType.CLIENT_GC: ClientGC,
+    MessageType.QUEUE_UPSERT: QueueUpsert,
+    MessageType.QUEUE_DELETE: QueueDelete,
+    MessageType.PRIORITY_CLASS_UPSERT: PriorityClassUpsert,
+    MessageType.PRIORITY_CLASS_DELETE: PriorityClassDelete,
+    MessageType.QUEUE_ADMISSION: QueueAdmission,
 }
 MESSAGE_OF: dict[type, MessageType] = {cls: mt for mt, cls in PAYLOADS.items()}
 

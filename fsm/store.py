@@ -19,6 +19,7 @@ import lmdb
 from fsm import codec
 from fsm.digest import full_digest, hexdigest, stored
 from fsm.keys import from_u64, key, key_at, last_part, prefix, u64
+from fsm.queues import PriorityClass, Queue, QueueUsage, Workload
 from fsm.scheduler_config import CONFIG_KEY, CONFIG_TABLE, SchedulerConfig
 from fsm.structs import (
     EVAL_TERMINAL,
@@ -46,6 +47,10 @@ TABLES = (
     "acl_tokens",
     CONFIG_TABLE,
     "acl_policies",
+    "queues",
+    "priority_classes",
+    "workloads",
+    "queue_usage",
 )
 INDEXES = (
     "evals_by_job",
@@ -60,6 +65,8 @@ INDEXES = (
     "acl_by_secret",
     "acl_by_expiry",
     "nodes_by_secret",  # (node secret hash, node id): a client's node secret as a credential
+    "workloads_pending",  # (queue, inverted priority, create index, job id): the line, in order
+    "workloads_admitted",  # (queue, job id)
 )
 SYSTEM = ("index", "meta", "gc_marks", "gc_mark_of", "journal", "requests", "requests_by_time")
 ALL_DBS = TABLES + INDEXES + SYSTEM
@@ -81,6 +88,10 @@ STRUCT_OF = {
     "acl_tokens": ACLToken,
     CONFIG_TABLE: SchedulerConfig,
     "acl_policies": ACLPolicy,
+    "queues": Queue,
+    "priority_classes": PriorityClass,
+    "workloads": Workload,
+    "queue_usage": QueueUsage,
 }
 
 META_APPLIED = b"applied_index"
@@ -331,6 +342,45 @@ class StateReader:
     def node_secret_known(self, secret_hash: str) -> bool:
         """Whether some node registered with this secret (a client's credential for its reads)."""
         return self._any("nodes_by_secret", prefix(secret_hash))
+
+    # -- queues ----------------------------------------------------------
+    def queue(self, name: str) -> Queue | None:
+        return self._get("queues", name.encode(), Queue)
+
+    def queues(self, name_prefix: str = "", limit: int | None = None) -> list[Queue]:
+        return self._list("queues", name_prefix, limit)
+
+    def priority_class(self, name: str) -> PriorityClass | None:
+        return self._get("priority_classes", name.encode(), PriorityClass)
+
+    def priority_classes(self, name_prefix: str = "", limit: int | None = None) -> list[PriorityClass]:
+        return self._list("priority_classes", name_prefix, limit)
+
+    def workload(self, job_id: str) -> Workload | None:
+        return self._get("workloads", job_id.encode(), Workload)
+
+    def queue_usage(self, name: str) -> dict[str, int]:
+        """What the queue has admitted, per resource (the ledger ``fsm.quota`` checks against)."""
+        found = self._get("queue_usage", name.encode(), QueueUsage)
+        return {} if found is None else dict(found.used)
+
+    def pending_workloads(self, queue: str, limit: int | None = None) -> list[Workload]:
+        """The queue's pending workloads in line order: priority, then submission."""
+        ids = [last_part(k) for k in itertools.islice(self._keys("workloads_pending", prefix(queue)), limit)]
+        return [w for w in map(self.workload, ids) if w is not None]
+
+    def pending_ids(self, queue: str) -> list[str]:
+        """The job ids of the queue's line, in order (keys only: no record is read)."""
+        return [last_part(k) for k in self._keys("workloads_pending", prefix(queue))]
+
+    def pending_count(self, queue: str) -> int:
+        return len(self._keys("workloads_pending", prefix(queue)))
+
+    def admitted_workloads(self, queue: str) -> list[Workload]:
+        return [w for w in map(self.workload, self._ids("workloads_admitted", prefix(queue))) if w is not None]
+
+    def admitted_count(self, queue: str) -> int:
+        return len(self._keys("workloads_admitted", prefix(queue)))
 
     # -- scheduler configuration -----------------------------------------
     def scheduler_config(self) -> SchedulerConfig:

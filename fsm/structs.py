@@ -6,7 +6,7 @@ the FSM). Durations are integer nanoseconds, as in Nomad's API.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fsm.record import CompactRecord, Record, field
@@ -107,7 +107,7 @@ class Resources(Record):
         self.memory_mb += other.memory_mb
         self.disk_mb += other.disk_mb
         if other.devices:
-            self.devices = _device_sum(self.devices, other.devices, 1)
+            self.devices = count_sum(self.devices, other.devices, 1)
 
     def subtract(self, other: Resources) -> None:
         """Take ``other`` from this record, in place (nothing clamps it at zero; a device count
@@ -116,7 +116,7 @@ class Resources(Record):
         self.memory_mb -= other.memory_mb
         self.disk_mb -= other.disk_mb
         if other.devices:
-            self.devices = _device_sum(self.devices, other.devices, -1)
+            self.devices = count_sum(self.devices, other.devices, -1)
 
     def exhausted(self, capacity: Resources, used: Resources | None = None) -> str | None:
         """The first dimension ("cpu", "memory", "disk", "device NAME") in which this ask does not fit, or None.
@@ -227,8 +227,10 @@ def device_shortfall(asks: dict[str, int], capacity: dict[str, int], used: dict[
     return found if isinstance(found, str) else None
 
 
-def _device_sum(mine: dict[str, int], other: dict[str, int], sign: int) -> dict[str, int]:
-    """``mine`` plus ``sign`` times ``other``, as a new dict without zero counts (``mine`` may be shared)."""
+def count_sum(mine: Mapping[str, int], other: Mapping[str, int], sign: int = 1) -> dict[str, int]:
+    """``mine`` plus ``sign`` times ``other``, as a new dict without zero counts (``mine`` may be shared).
+
+    Counts by name: a record's devices, and a queue's usage (``fsm.quota``)."""
     out = dict(mine)
     for name, n in other.items():
         total = out.get(name, 0) + sign * n

@@ -16,6 +16,8 @@ from fsm.structs import ACLToken, Allocation, Deployment, Evaluation, Job, Node
 # Change-journal topics, as Nomad's event stream names them.
 TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC = "Job", "Evaluation", "Allocation"
 TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN = "Deployment", "Node", "ACLToken"
+#: Queues (Kueue's ClusterQueues), and workloads: a queued job's place in line and admission.
+TOPIC_QUEUE, TOPIC_WORKLOAD, TOPIC_PRIORITY_CLASS = "Queue", "Workload", "PriorityClass"
 #: Cluster-wide operator settings (Nomad's ``Operator`` topic): the scheduler configuration.
 TOPIC_OPERATOR = "Operator"
 SCHEDULER_CONFIG_UPDATED = "SchedulerConfigUpdated"

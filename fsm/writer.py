@@ -20,6 +20,7 @@ from fsm.structs import (
     CLIENT_TERMINAL,
     EVAL_TERMINAL,
     JOB_DEAD,
+    JOB_PENDING,
     NODE_DOWN,
     SERVER_TERMINAL,
     ACLToken,
@@ -39,6 +40,7 @@ from fsm.topics import (
     TOPIC_TOKEN,
     public_token,
 )
+from fsm.workloads import WorkloadWrites
 
 # GC-mark kinds: the collector scans each kind's marks up to now - threshold.
 GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN = "eval", "job", "deployment", "node", "token"
@@ -47,7 +49,7 @@ GC_KINDS = (GC_EVAL, GC_JOB, GC_DEPLOYMENT, GC_NODE, GC_TOKEN)
 JOB_VERSIONS_KEPT = 6
 
 
-class StateWriter(StateReader):
+class StateWriter(StateReader, WorkloadWrites):
     def __init__(self, store: StateStore, txn: DigestTxn, index: int, now: int) -> None:
         """``txn``: the group's write transaction, shared by every entry of the group.
 
@@ -216,6 +218,7 @@ class StateWriter(StateReader):
             self._delete("job_versions", k)
         self._delete("job_summary", job_id.encode())
         self.unmark(GC_JOB, job_id)
+        self.drop_workload(job_id)
         self.dirty_jobs.discard(job_id)
         self.ended_jobs.discard(job_id)
 
@@ -239,6 +242,8 @@ class StateWriter(StateReader):
             job = codec.load(Job, raw)
             type_, periodic, parameterized, stop, old_status = job.type, job.periodic, job.parameterized, job.stop, job.status
         status = self._derive_status(job_id, type_, periodic, parameterized, stop, k + SEP)
+        if status == JOB_DEAD and not stop and self.waits_in_queue(job_id):
+            status = JOB_PENDING  # evicted, or never admitted: it waits in its queue, it has not ended
         if status != old_status:
             if job is None:
                 job = codec.load(Job, raw)
@@ -250,6 +255,7 @@ class StateWriter(StateReader):
             self.touched.add("jobs")
             self.record_packed(TOPIC_JOB, "JobStatusChanged", job_id, raw)
         if status == JOB_DEAD:
+            self.finish_workload(job_id)
             if self.mark_of(GC_JOB, job_id) is None:
                 self.mark(GC_JOB, job_id, self.now)
         elif not new:  # a job new in this entry has no mark

@@ -5,8 +5,9 @@ caller passes ``now``), so every rule can be tested on hand-built states:
 
 - ``reconcile``: desired allocations per task group versus existing ones
   (place, stop, replace lost, reschedule failed, update on a new version).
-- ``admission``: a separate step in front of placement that may hold back
-  placements (quota cohorts, later); today it admits everything.
+- ``queueing``: queue admission cycles and preemption (Kueue's), before any
+  placement: the leader commits their decisions; a job waiting in its queue
+  is never placed.
 - ``feasibility``: validation rules (hard filters), one small class each.
 - ``ranking``: preference rules combined in strict priority, continuous
   scores quantized into buckets (Protean), ties broken at random.

@@ -1,7 +1,8 @@
 """The scheduler for service and batch jobs (Nomad's generic scheduler), and the entry point.
 
-``schedule(snapshot)`` reconciles every task group, passes the wanted
-placements through admission, picks nodes with the selector, and returns a
+``schedule(snapshot)`` reconciles every task group (a job waiting in its
+queue, ``Snapshot.admitted`` false, wants nothing: its allocs stop), picks
+nodes for the wanted placements with the selector, and returns a
 ``Plan`` whose evals say how the evaluation ended:
 
 - everything placed: the eval is complete;
@@ -44,7 +45,6 @@ from fsm.structs import (
     TaskGroup,
     UpdateStrategy,
 )
-from scheduler.admission import ADMIT_ALL, Admission
 from scheduler.evals import TRIGGER_FOLLOWUP, finish_eval, new_eval
 from scheduler.feasibility import Ask, PlacementContext, ask_for
 from scheduler.plan import Plan
@@ -53,6 +53,8 @@ from scheduler.reconcile import UNLIMITED, GroupPlan, Placement, Rollout, reconc
 from scheduler.reschedule import batch_followups, next_tracker, penalty_nodes, policy_for
 from scheduler.state import Snapshot
 from scheduler.system import schedule_system
+
+STOP_EVICTED = "alloc stopped: its workload was evicted and waits again in queue"
 
 
 def update_strategy(job: Job, group: TaskGroup) -> UpdateStrategy | None:
@@ -122,7 +124,7 @@ def _rollout(job: Job, group: TaskGroup, dep: Deployment | None, stale: frozense
 
 
 def schedule(
-    snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None, top_k: int = 1
+    snap: Snapshot, *, rng: random.Random | None = None, top_k: int = 1
 ) -> Plan:
     """Plan the evaluation in ``snap`` (dispatching system jobs to their own scheduler).
 
@@ -131,11 +133,11 @@ def schedule(
     """
     if snap.job is not None and snap.job.type == "system":
         return schedule_system(snap, rng=rng)
-    return schedule_generic(snap, admission=admission, rng=rng, top_k=top_k)
+    return schedule_generic(snap, rng=rng, top_k=top_k)
 
 
 def schedule_generic(
-    snap: Snapshot, *, admission: Admission = ADMIT_ALL, rng: random.Random | None = None, top_k: int = 1
+    snap: Snapshot, *, rng: random.Random | None = None, top_k: int = 1
 ) -> Plan:
     """Plan a service or batch job's evaluation: reconcile its groups, stop, then place what they want.
 
@@ -147,18 +149,21 @@ def schedule_generic(
     rng = rng or random.Random(ev.id)
     plan = Plan(eval_id=ev.id, job_id=ev.job_id, snapshot_index=snap.index)
     groups: dict[str, TaskGroup] = {}
-    if job is not None and not job.stop:
+    if job is not None and not job.stop and snap.admitted:
         groups = {g.name: g for g in job.task_groups}
     dep = _current_deployment(snap)
     plans = _reconcile_groups(snap, groups, dep)
     selector = _selector(snap, rng, top_k)
     _stop_and_update(plan, plans, selector)
+    if not snap.admitted:
+        for stop in plan.stop:  # the job waits in its queue: it was evicted, nothing of it runs
+            stop.desired_description = f"{STOP_EVICTED} {snap.queue}"
     deployment = _deployment_for(snap, plans, groups, dep)
     if deployment is not None and deployment is not dep:
         plan.deployment = deployment
     dep_id = deployment.id if deployment is not None and deployment.active() else ""
     _join_rollout(plans, groups, job, dep_id)
-    failures, queued = _place_groups(plan, plans, groups, _Placing(snap, selector, admission, dep_id))
+    failures, queued = _place_groups(plan, plans, groups, _Placing(snap, selector, dep_id))
     if plan.deployment is not None and not any(a.deployment_id == plan.deployment.id for a in plan.place):
         plan.deployment = None  # nothing placed: the eval that places them later starts the rollout
     next_eval = _followups(plan, snap, plans)
@@ -227,7 +232,6 @@ class _Placing:
 
     snap: Snapshot
     selector: Selector
-    admission: Admission
     dep_id: str  # the active rollout new allocs join ("" if none)
 
 
@@ -253,25 +257,20 @@ def _place_groups(
 
 
 def _place_group(plan: Plan, job: Job, group: TaskGroup, wanted: list[Placement], placing: _Placing) -> tuple[list[str], int]:
-    """Pass the group's placements through admission and place those admitted on the nodes the
-    selector picks; why some are missing (nothing if none is), and how many."""
-    admitted = placing.admission.admit(job, group, len(wanted))
-    held_back = len(wanted) - admitted.count
+    """Place the group's placements on the nodes the selector picks; why some are missing
+    (nothing if none is), and how many. (Queue admission came before: a job waiting in its
+    queue reaches here with nothing to place.)"""
     ask = ask_for(job, group)
     policy = policy_for(job, group)
     unplaced = 0
-    for p in wanted[: admitted.count]:
+    for p in wanted:
         alloc = _place_one(job, group, ask, policy, p, placing)
         if alloc is None:
             unplaced += 1
         else:
             plan.place.append(alloc)
-    reasons = []
-    if unplaced:
-        reasons.append(placing.selector.failure(ask, unplaced).describe())
-    if held_back:
-        reasons.append(f"{held_back} held back by admission: {admitted.reason or 'not admitted'}")
-    return reasons, unplaced + held_back
+    reasons = [placing.selector.failure(ask, unplaced).describe()] if unplaced else []
+    return reasons, unplaced
 
 
 def _place_one(

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsm.caches import NodeUsageCache
+from fsm.queues import WL_ADMITTED
 from fsm.store import StateReader
 from fsm.structs import Allocation, Deployment, Evaluation, Job, Node, Resources
 from scheduler.index import PlacementIndex
@@ -50,6 +51,9 @@ class Snapshot:
     # Per node, what plans still committing place there (the leader's plan applier; read only):
     # the selector counts it as used, as the applier will when it checks this plan.
     held: dict[str, Resources] = field(default_factory=dict)
+    # False while the job waits in its queue (never admitted, or evicted): nothing of it may run.
+    admitted: bool = True
+    queue: str = ""  # the job's queue, for the stops' description
     # Filled by the selector: per placement, cache hit or miss and the nodes scored.
     stats: PlacementStats = field(default_factory=PlacementStats)
 
@@ -104,7 +108,17 @@ def load_snapshot(
         unpromoted_canaries=_unpromoted_canaries(deployments),
         settled=_settled_versions(deployments),
         policy=Policy.from_config(reader.scheduler_config()),
+        admitted=_admitted(reader, job),
+        queue=job.queue if job is not None else "",
     )
+
+
+def _admitted(reader: StateReader, job: Job | None) -> bool:
+    """Whether the job may run: it names no queue, or its workload is admitted."""
+    if job is None or not job.queue:
+        return True
+    wl = reader.workload(job.id)
+    return wl is not None and wl.state == WL_ADMITTED
 
 
 def _settled_versions(deployments: list[Deployment]) -> dict[str, int]:

@@ -101,6 +101,11 @@ TYPE_CODES: dict[str, int] = {
     "scheduler_config": 9,
     # Not ignorable: a reader that dropped them would authorize differently from its peers.
     "acl_policies": 10,
+    # Not ignorable: a reader that dropped them would admit differently from its peers.
+    "queues": 11,
+    "priority_classes": 12,
+    "workloads": 13,
+    "queue_usage": 14,
     # secondary indexes
     "evals_by_job": 32,
     "evals_by_status": 33,
@@ -114,6 +119,8 @@ TYPE_CODES: dict[str, int] = {
     "acl_by_secret": 41,
     "acl_by_expiry": 42,
     "nodes_by_secret": 43,
+    "workloads_pending": 44,
+    "workloads_admitted": 45,
     # system
     "index": 64,
     "meta": 65,

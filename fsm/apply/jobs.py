@@ -9,6 +9,7 @@ from typing import Any
 
 from fsm import messages as m
 from fsm.apply.evals import upsert_evals
+from fsm.apply.queues import submit_job
 from fsm.apply.rejects import conflict, not_found
 from fsm.apply.summaries import ensure_summary
 from fsm.record import fields, replace
@@ -83,6 +84,8 @@ def job_register(w: StateWriter, msg: m.JobRegister) -> dict[str, Any]:
     if changed:
         w.put_job_version(job, raw)
     ensure_summary(w, job, new=old is None)
+    if job.queue or (old is not None and old.queue):
+        submit_job(w, job)
     w.record_packed(TOPIC_JOB, "JobRegistered", job.id, raw)
     result: dict[str, Any] = {
         "job_modify_index": job.job_modify_index,

@@ -107,14 +107,19 @@ def _place_alloc(w: StateWriter, alloc: Allocation, plan_evals: dict[str, str], 
 
 
 def _check_placement(w: StateWriter, alloc: Allocation, plan_evals: dict[str, str]) -> None:
-    """Refuse an alloc whose job, node or eval is gone, or whose eval is another job's.
+    """Refuse an alloc whose job, node or eval is gone, whose eval is another job's, or whose job
+    waits in its queue.
 
     Every alloc's eval exists and is of the alloc's job: reaps take an eval
     only with its allocs, and a job's GC purge takes the job's evals and
     allocs together, so neither can leave an alloc orphaned.
     """
-    if w.job(alloc.job_id) is None:
+    job = w.job(alloc.job_id)
+    if job is None:
         raise conflict(f"allocation {alloc.id}: job {alloc.job_id} no longer exists")
+    if job.queue and w.waits_in_queue(job.id):
+        # Planned before an eviction (or on a state before admission): quota was never granted.
+        raise conflict(f"allocation {alloc.id}: job {job.id} waits in queue {job.queue}; it is not admitted")
     if w.node(alloc.node_id) is None:
         raise conflict(f"allocation {alloc.id}: node {alloc.node_id} does not exist")
     eval_job = plan_evals.get(alloc.eval_id)

@@ -24,6 +24,7 @@ from node.cli.event import event
 from node.cli.job import job
 from node.cli.nodes import node
 from node.cli.operator import operator
+from node.cli.queue import priority_class_group, queue_group
 from node.cli.server import server_group
 from node.cli.system import debug, system
 
@@ -36,5 +37,5 @@ def main() -> None:
 
 
 for _command in (agent, dev, cluster, job, eval_, alloc, deployment, node, client_group, acl_group, operator,
-                 event, debug, system, server_group):
+                 event, debug, system, server_group, queue_group, priority_class_group):
     main.add_command(_command)

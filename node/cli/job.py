@@ -209,7 +209,21 @@ def job_status(job_id: str | None, address: str, token: str | None, as_json: boo
     # Caravan's queue fields, only when the job names them (most jobs have no queue).
     fields[4:4] = [(label, key) for label, key in (("Queue", "Queue"), ("Priority Class", "PriorityClass")) if data.get(key)]
     click.echo(kv(data, fields))
+    if data.get("Queue"):
+        _print_workload(c, job_id)
     _print_job_details(c, job_id)
+
+
+def _print_workload(c: Ctx, job_id: str) -> None:
+    """Where a queued job stands: admitted or waiting (its place in line and why), and its evictions."""
+    wl = c.read("queue.workload", {"job_id": job_id})
+    state = wl["state"]
+    if state == "pending":
+        state = f"pending, position {wl['position']} in queue {wl['queue']}: {wl.get('reason', '')}"
+    click.echo(f"\nAdmission\n{kv({'State': state}, [('State', 'State')])}")
+    if wl["evictions"]:
+        click.echo("\nEvictions")
+        click.echo(rows(wl["evictions"], [("Index", "index"), ("Reason", "reason"), ("Message", "message")]))
 
 
 def _print_job_details(c: Ctx, job_id: str) -> None:

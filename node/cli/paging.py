@@ -68,12 +68,14 @@ def every_item(c: Ctx, method: str, args: dict[str, Any]) -> Iterator[dict[str, 
 def emit_list(
     c: Ctx, method: str, args: dict[str, Any], columns: Columns, row: Row = dict, *,
     filter_expr: str | None = None, per_page: int | None = None, page_token: str | None = None,
+    json_row: Row | None = None,
 ) -> None:
-    """Print a list as its pages arrive: a table (``row`` shapes an item for it), or JSON under --json."""
+    """Print a list as its pages arrive: a table (``row`` shapes an item for it), or JSON under --json
+    (``json_row`` shapes an item for it, for lists whose RPC rows are not yet in their JSON names)."""
     out = _JSONArray() if c.as_json else _Table(columns, row)
     after = ""
     for items, next_token in pages(c, method, args, filter_expr=filter_expr, per_page=per_page, page_token=page_token):
-        out.add(items)
+        out.add([json_row(i) for i in items] if c.as_json and json_row else items)
         after = next_token
     out.close()
     if per_page and after:

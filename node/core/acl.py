@@ -122,6 +122,17 @@ METHOD_NEEDS: dict[str, Need] = {
     "acl.policy.delete": Need.MANAGEMENT,
     "acl.policy.list": Need.MANAGEMENT,
     "acl.policy.get": Need.MANAGEMENT,
+    # Queues are cluster-wide (as Kueue's ClusterQueues): operators change them; job readers see lines.
+    "queue.upsert": Need.MANAGEMENT,
+    "queue.delete": Need.MANAGEMENT,
+    "queue.stop": Need.MANAGEMENT,
+    "queue.get": Need.READ_JOB,
+    "queue.list": Need.READ_JOB,
+    "queue.pending": Need.READ_JOB,
+    "queue.workload": Need.READ_JOB,
+    "priority_class.upsert": Need.MANAGEMENT,
+    "priority_class.delete": Need.MANAGEMENT,
+    "priority_class.list": Need.READ_JOB,
 }
 #: Without a row: the generic word's own meaning.
 GENERIC_NEEDS = {Need.READ: Need.READ_JOB, Need.WRITE: Need.SUBMIT_JOB}

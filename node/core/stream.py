@@ -24,7 +24,10 @@ from fsm.topics import (
     TOPIC_JOB,
     TOPIC_NODE,
     TOPIC_OPERATOR,
+    TOPIC_PRIORITY_CLASS,
+    TOPIC_QUEUE,
     TOPIC_TOKEN,
+    TOPIC_WORKLOAD,
     full_records,
 )
 from node.wire.errors import BAD_REQUEST, RPCError
@@ -34,6 +37,7 @@ log = structlog.get_logger("caravan.stream")
 
 TOPICS = (
     TOPIC_JOB, TOPIC_EVAL, TOPIC_ALLOC, TOPIC_DEPLOYMENT, TOPIC_NODE, TOPIC_TOKEN, TOPIC_OPERATOR, TOPIC_CLIENT_GC,
+    TOPIC_QUEUE, TOPIC_WORKLOAD, TOPIC_PRIORITY_CLASS,
 )
 ALL_TOPICS = frozenset(TOPICS)
 WILDCARD = "*"

@@ -14,6 +14,7 @@ from node.endpoints import (  # noqa: F401 - imported for their registrations
     jobs,
     nodes,
     operator,
+    queues,
     snapshot,
     system,
     workers,

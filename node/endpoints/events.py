@@ -93,7 +93,10 @@ from fsm.topics import (
     TOPIC_JOB,
     TOPIC_NODE,
     TOPIC_OPERATOR,
+    TOPIC_PRIORITY_CLASS,
+    TOPIC_QUEUE,
     TOPIC_TOKEN,
+    TOPIC_WORKLOAD,
 )
 from node.core.acl import Need
 from node.core.context import RequestContext
@@ -164,6 +167,8 @@ TOPIC_NEEDS = (
     # Client GC requests name only node and alloc ids, which node:read already shows;
     # a node secret passes node:read, so the simulated client can follow them.
     (TOPIC_CLIENT_GC, Need.NODE_READ),
+    # Queues are cluster-wide and their lines name jobs: what a job reader sees (queue.get/pending).
+    (TOPIC_QUEUE, Need.READ_JOB), (TOPIC_WORKLOAD, Need.READ_JOB), (TOPIC_PRIORITY_CLASS, Need.READ_JOB),
 )
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from fsm import messages as m
 from fsm.apply.deployments import healthy_canaries
 from fsm.apply.jobs import same_spec
+from fsm.queues import WL_PENDING
 from fsm.store import StateReader
 from fsm.structs import (
     DEPLOYMENT_CANCELLED,
@@ -66,6 +67,7 @@ DESC_SUCCESSFUL = "Deployment completed successfully"
 DESC_UNHEALTHY = "Failed due to unhealthy allocations"
 DESC_DEADLINE = "Failed due to progress deadline"
 DESC_STOPPED = "Cancelled because job is stopped"
+DESC_EVICTED = "Cancelled because the job was evicted and waits in its queue"
 DESC_NEWER = "Cancelled due to newer version of job"
 DESC_FAILED_BY_USER = "Deployment marked as failed"
 DESC_PAUSED = "Deployment is paused"
@@ -104,6 +106,10 @@ def decide(reader: StateReader, dep: Deployment, now: int, seen_healthy: int | N
     job = reader.job(dep.job_id)
     if job is None or job.stop:
         out.status, out.description = DEPLOYMENT_CANCELLED, DESC_STOPPED
+        return out
+    waiting = reader.workload(job.id) if job.queue else None
+    if waiting is not None and waiting.state == WL_PENDING:
+        out.status, out.description = DEPLOYMENT_CANCELLED, DESC_EVICTED  # readmission starts a new one
         return out
     if job.version != dep.job_version or job.job_modify_index != dep.job_modify_index:
         out.status, out.description = DEPLOYMENT_CANCELLED, DESC_NEWER

@@ -63,8 +63,11 @@ from fsm.topics import (
     TOPIC_DEPLOYMENT,
     TOPIC_EVAL,
     TOPIC_NODE,
+    TOPIC_QUEUE,
+    TOPIC_WORKLOAD,
 )
 from node.core.wakeup import wait_event
+from node.leader.admission import Admitter
 from node.leader.broker import BlockedEvals, EvalBroker
 from node.leader.deployments import DeploymentWatcher
 from node.leader.drainer import Drainer
@@ -82,7 +85,7 @@ from scheduler.index import PlacementIndex
 if TYPE_CHECKING:
     from node.core.api import ServerAPI
 
-TOPICS = (TOPIC_EVAL, TOPIC_ALLOC, TOPIC_NODE, TOPIC_DEPLOYMENT)
+TOPICS = (TOPIC_EVAL, TOPIC_ALLOC, TOPIC_NODE, TOPIC_DEPLOYMENT, TOPIC_WORKLOAD, TOPIC_QUEUE)
 TRIGGER_ALLOC_FAILURE = "alloc-failure"
 TRIGGER_ALLOC_STOP = "alloc-stop"
 TRIGGER_LEADER = "leader-recovery"
@@ -213,6 +216,7 @@ class Lifecycle:
             server, server, self.active_deployments, self.broker, self.writer, log=server.log
         )
         self.drainer = Drainer(server, server, self.nodes, log=server.log)
+        self.admitter = Admitter(server, server, log=server.log)
         self.cursor = Cursor(self, TOPICS)
         self.started = time.monotonic()
         self._rebuilt: Initial | None = None
@@ -259,6 +263,7 @@ class Lifecycle:
                 tg.create_task(self.heartbeats.run())
                 tg.create_task(self.deployments.run())
                 tg.create_task(self.drainer.run())
+                tg.create_task(self.admitter.run())
         finally:
             self.broker.disable()
             if _CURRENT.get(self.server) is self:
@@ -335,6 +340,8 @@ class Lifecycle:
                 capacity |= self._on_alloc(obj, index)
             elif topic == TOPIC_NODE:
                 capacity |= self._on_node(key, obj, index)
+            elif topic == TOPIC_WORKLOAD or topic == TOPIC_QUEUE:
+                self.admitter.poke.set()
             elif topic == TOPIC_DEPLOYMENT:
                 if obj is not None and obj.get("status") in ("running", "paused"):
                     if key not in self.active_deployments:

@@ -21,6 +21,8 @@ from fsm.journal import Retention
 from fsm.keys import SEP, from_u64, key
 from fsm.machine import FSM, ApplyResult
 from fsm.messages import encode_entry
+from fsm.queues import WL_ADMITTED, WL_PENDING
+from fsm.quota import Ledger
 from fsm.record import Record, fields
 from fsm.store import INDEXES, STRUCT_OF, TABLES, StateReader
 from fsm.structs import (
@@ -42,7 +44,9 @@ from fsm.structs import (
     Node,
     Task,
     TaskGroup,
+    count_sum,
 )
+from fsm.workloads import line_key
 
 T0 = 1_700_000_000 * SECOND  # a fixed "leader wall clock" start
 SMALL_MAP = 256 << 20  # test stores are tiny; a small map keeps many open envs cheap
@@ -272,7 +276,21 @@ def expected_indexes(r: StateReader) -> dict[str, dict[bytes, bytes]]:
     for n in rows(r, "nodes"):
         if n.secret_hash:
             out["nodes_by_secret"][key(n.secret_hash, n.id)] = b""
+    for wl in rows(r, "workloads"):
+        if wl.state == WL_PENDING:
+            out["workloads_pending"][line_key(wl)] = b""
+        elif wl.state == WL_ADMITTED:
+            out["workloads_admitted"][key(wl.queue, wl.job_id)] = b""
     return out
+
+
+def expected_queue_usage(r: StateReader) -> dict[str, dict[str, int]]:
+    """Each queue's ledger row recounted from its admitted workloads (the cache equals a fresh sum)."""
+    out: dict[str, dict[str, int]] = {}
+    for wl in rows(r, "workloads"):
+        if wl.state == WL_ADMITTED:
+            out[wl.queue] = count_sum(out.get(wl.queue, {}), wl.usage)
+    return {q: u for q, u in out.items() if u}
 
 
 def expected_job_status(
@@ -397,9 +415,19 @@ def check_invariants(
     for d in deps.values():
         deps_of[d.job_id].append(d)
 
+    # The queue ledger equals a recount of the admitted workloads, and keeps every quota.
+    stored_usage = {u.queue: u.used for u in rows(r, "queue_usage")}
+    assert stored_usage == expected_queue_usage(r), f"queue ledger {stored_usage} != recount"
+    workloads = {wl.job_id: wl for wl in rows(r, "workloads")}
+    ledger = Ledger.build(rows(r, "queues"), stored_usage.items())
+    assert not ledger.violations(), ledger.violations()
+
     # Job status is a re-derivation; summaries equal a recount of the allocs.
     for job in jobs.values():
         want = expected_job_status(job, evals_of[job.id], allocs_of[job.id], deps_of[job.id])
+        wl = workloads.get(job.id)
+        if want == JOB_DEAD and not job.stop and wl is not None and wl.state == WL_PENDING:
+            want = JOB_PENDING  # it waits in its queue
         assert job.status == want, f"job {job.id} status {job.status}, derived {want}"
         assert job.id in summaries, f"job {job.id} has no summary"
         groups = set(summaries[job.id].summary)
@@ -520,7 +548,7 @@ def sample_bodies() -> list[Any]:
 
     job = make_job("web", count=2)
     batch = make_job("etl", type="batch")
-    return [
+    bodies = [
         m.NodeRegister(node=make_node("n1")),
         m.NodeRegister(node=make_node("n2")),
         m.JobRegister(job=job, eval=make_eval("e1", "web")),
@@ -598,6 +626,33 @@ def sample_bodies() -> list[Any]:
         m.ClientGC(),  # every node
         m.ClientGC(node_id="n9"),  # not_found
         m.ClientGC(alloc_id="nope"),  # not_found
+    ]
+    return bodies + _queue_bodies(len(bodies) + 1)
+
+
+def _queue_bodies(first: int) -> list[Any]:
+    """Queues, a priority class, queued jobs admitted, evicted and finished (``first``: the index of the first)."""
+    from fsm import messages as m
+    from fsm.queues import Eviction, PriorityClass, Queue, QuotaLimit
+
+    def queue(name: str) -> Queue:
+        return Queue(name=name, cohort="lab", resources=[QuotaLimit("cpu", nominal=100, borrowing_limit=100)],
+                     reclaim_within_cohort="Any")
+
+    return [
+        m.QueueUpsert(queues=[queue("team-a"), queue("team-b")]),
+        m.QueueUpsert(queues=[Queue(name="bad", stop_policy="Sometimes")]),  # bad_request
+        m.PriorityClassUpsert(classes=[PriorityClass(name="high", value=1000)]),
+        m.JobRegister(job=make_job("qa", type="batch", queue="team-a"), eval=make_eval("qe1", "qa")),
+        m.JobRegister(job=make_job("qb", type="batch", queue="team-b", priority_class="high")),
+        m.JobRegister(job=make_job("qc", queue="nowhere")),  # bad_request: no such queue
+        m.QueueAdmission(admits=[m.Admit("qa", 0), m.Admit("qb", 0)]),  # skipped: another submission
+        m.QueueAdmission(admits=[m.Admit("qa", first + 3), m.Admit("qb", first + 4)], evals=[make_eval("qe2", "qa")]),
+        m.QueueAdmission(evictions=[m.Evict("qa", Eviction("InCohortReclamation", "Preempted", "qb"))]),
+        m.QueueDelete(names=["team-a"]),  # conflict: it holds a workload
+        m.PriorityClassDelete(names=["high"]),
+        m.JobDeregister(job_id="qa", purge=True),
+        m.QueueDelete(names=["team-a"]),
     ]
 
 
