@@ -56,25 +56,57 @@ def _range(value: str, name: str) -> tuple[float, float]:
 
 run_options = [
     click.option("--nodes", type=int, default=3, show_default=True, help="servers (3 or 5)"),
-    click.option("--time", "duration", type=float, default=60.0, show_default=True, help="seconds of faults and load"),
-    click.option("--nemesis", default="kill,pause,partition", show_default=True,
-                 help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, client-kill, drain, "
-                      "clients (adds the failover workload), none"),
-    click.option("--workload", default="register,set", show_default=True,
-                 help="comma list: register, set, lifecycle, journal, failover"),
+    click.option(
+        "--time",
+        "duration",
+        type=float,
+        default=60.0,
+        show_default=True,
+        help="seconds of faults and load",
+    ),
+    click.option(
+        "--nemesis",
+        default="kill,pause,partition",
+        show_default=True,
+        help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, client-kill, drain, "
+        "clients (adds the failover workload), none",
+    ),
+    click.option(
+        "--workload",
+        default="register,set",
+        show_default=True,
+        help="comma list: register, set, lifecycle, journal, failover",
+    ),
     click.option("--register-clients", type=int, default=4, show_default=True),
     click.option("--set-clients", type=int, default=2, show_default=True),
-    click.option("--op-timeout", type=float, default=5.0, show_default=True, help="seconds per client call"),
-    click.option("--think", type=float, default=0.02, show_default=True,
-                 help="mean seconds between one client's operations (0: back to back, for pipelined load)"),
+    click.option(
+        "--op-timeout", type=float, default=5.0, show_default=True, help="seconds per client call"
+    ),
+    click.option(
+        "--think",
+        type=float,
+        default=0.02,
+        show_default=True,
+        help="mean seconds between one client's operations (0: back to back, for pipelined load)",
+    ),
     click.option("--overlap", is_flag=True, help="sometimes hold two different faults at once"),
-    click.option("--quiet", default="2:5", show_default=True, help="seconds between faults, MIN:MAX"),
+    click.option(
+        "--quiet", default="2:5", show_default=True, help="seconds between faults, MIN:MAX"
+    ),
     click.option("--hold", default="2:6", show_default=True, help="seconds a fault lasts, MIN:MAX"),
     click.option("--checker-timeout", type=float, default=120.0, show_default=True),
-    click.option("--compaction-entries", type=int, default=None,
-                 help="servers' raft_compaction_entries (default: 300 with snapshot-lag, else the profile's)"),
-    click.option("--server-env", multiple=True, metavar="NAME=VALUE",
-                 help="environment for the server processes (test-only switches)"),
+    click.option(
+        "--compaction-entries",
+        type=int,
+        default=None,
+        help="servers' raft_compaction_entries (default: 300 with snapshot-lag, else the profile's)",
+    ),
+    click.option(
+        "--server-env",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="environment for the server processes (test-only switches)",
+    ),
 ]
 
 
@@ -112,7 +144,9 @@ def cli() -> None:
 
 @cli.command("run")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="new directory for the run")
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="new directory for the run"
+)
 @_with_run_options
 def run_cmd(seed: int, out: str, **kw: object) -> None:
     """One run: cluster up, load + faults, heal, check, report into OUT."""
@@ -129,10 +163,18 @@ def check_cmd(directory: str, checker_timeout: float) -> None:
 
 
 @cli.command("campaign")
-@click.option("--seeds", default="1,2,3", show_default=True, help="comma list of seeds, or FIRST:COUNT")
-@click.option("--rotate/--mixed", default=False, show_default=True,
-              help="--rotate: one nemesis per run, cycling through --nemesis; --mixed: all of them in every run")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="directory for the runs")
+@click.option(
+    "--seeds", default="1,2,3", show_default=True, help="comma list of seeds, or FIRST:COUNT"
+)
+@click.option(
+    "--rotate/--mixed",
+    default=False,
+    show_default=True,
+    help="--rotate: one nemesis per run, cycling through --nemesis; --mixed: all of them in every run",
+)
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="directory for the runs"
+)
 @_with_run_options
 def campaign_cmd(seeds: str, rotate: bool, out: str, **kw: object) -> None:
     """Several seeded runs; a table of verdicts in OUT/campaign.json. Exits 1 if any run found an anomaly.
@@ -146,7 +188,9 @@ def campaign_cmd(seeds: str, rotate: bool, out: str, **kw: object) -> None:
         else:
             seed_list = [int(s) for s in _split(seeds)]
     except ValueError:
-        raise click.BadParameter(f"{seeds!r} is not a comma list of integers or FIRST:COUNT", param_hint="--seeds") from None
+        raise click.BadParameter(
+            f"{seeds!r} is not a comma list of integers or FIRST:COUNT", param_hint="--seeds"
+        ) from None
     if not seed_list:
         raise click.BadParameter("no seeds given", param_hint="--seeds")
     nemeses = _split(str(kw["nemesis"]))
@@ -164,24 +208,36 @@ def campaign_cmd(seeds: str, rotate: bool, out: str, **kw: object) -> None:
         started = time.monotonic()
         click.echo(f"== run seed {seed}, nemesis {nemesis} -> {run_dir}")
         code = run(options)
-        results = json.loads((run_dir / RESULTS_FILE).read_text()) if (run_dir / RESULTS_FILE).exists() else []
-        table.append({
-            "seed": seed,
-            "nemesis": nemesis,
-            "dir": str(run_dir),
-            "verdict": verdict_word(code),
-            "seconds": round(time.monotonic() - started, 1),
-            "operations": sum(r.get("operations", 0) for r in results),
-            "anomalies": [f"{r['checker']}: {r['summary']}" for r in results if r["status"] == "anomaly"],
-        })
+        results = (
+            json.loads((run_dir / RESULTS_FILE).read_text())
+            if (run_dir / RESULTS_FILE).exists()
+            else []
+        )
+        table.append(
+            {
+                "seed": seed,
+                "nemesis": nemesis,
+                "dir": str(run_dir),
+                "verdict": verdict_word(code),
+                "seconds": round(time.monotonic() - started, 1),
+                "operations": sum(r.get("operations", 0) for r in results),
+                "anomalies": [
+                    f"{r['checker']}: {r['summary']}" for r in results if r["status"] == "anomaly"
+                ],
+            }
+        )
         (root / "campaign.json").write_text(json.dumps(table, indent=2))
         if code == EXIT_ANOMALY or (code == EXIT_UNKNOWN and worst == EXIT_OK):
             worst = code
     click.echo("")
     for row in table:
-        click.echo(f"  seed {row['seed']:>4} {row['nemesis']:28} {row['verdict']:8} {row['operations']:>6} ops  {row['dir']}")
-    click.echo(f"campaign: {len(table)} runs, {sum(r['operations'] for r in table)} operations checked, "
-               f"{sum(1 for r in table if r['verdict'] == 'ANOMALY')} with anomalies")
+        click.echo(
+            f"  seed {row['seed']:>4} {row['nemesis']:28} {row['verdict']:8} {row['operations']:>6} ops  {row['dir']}"
+        )
+    click.echo(
+        f"campaign: {len(table)} runs, {sum(r['operations'] for r in table)} operations checked, "
+        f"{sum(1 for r in table if r['verdict'] == 'ANOMALY')} with anomalies"
+    )
     sys.exit(worst)
 
 

@@ -17,7 +17,10 @@ from jepsen_like.workloads import WORKLOADS as BASE_WORKLOADS
 from jepsen_like.workloads import Workload
 
 FAULTS: dict[str, Callable[[], Fault]] = {**BASE_FAULTS, SilenceClients.name: SilenceClients}
-WORKLOADS: dict[str, Callable[[], Workload]] = {**BASE_WORKLOADS, FailoverWorkload.name: FailoverWorkload}
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    **BASE_WORKLOADS,
+    FailoverWorkload.name: FailoverWorkload,
+}
 
 #: Workloads a nemesis needs: its checker judges what they record (added to a run that lacks them).
 NEEDS_WORKLOAD: dict[str, str] = {SilenceClients.name: FailoverWorkload.name}

@@ -78,21 +78,33 @@ def check_register(events: Sequence[Event], timeout: float = 120.0) -> CheckerRe
         failure = result.failure
         marks = [_mark("register", failure.blocking, "returned, yet cannot be linearized")]
         marks += [_mark("register", op, "could not be linearized next") for op in failure.stuck]
-        marks += [_mark("register", op, "end of the longest linearizable prefix") for op in failure.longest_linearization[-3:]]
+        marks += [
+            _mark("register", op, "end of the longest linearizable prefix")
+            for op in failure.longest_linearization[-3:]
+        ]
         details["key"] = failure.key
         details["explanation"] = result.explanation
         return CheckerResult(
-            "linearizability", "register", "anomaly",
+            "linearizability",
+            "register",
+            "anomaly",
             f"NOT linearizable on key {failure.key!r} ({failure.operations} operations in that key)",
-            len(counted), details, marks,
+            len(counted),
+            details,
+            marks,
         )
     if result.verdict is Verdict.UNKNOWN:
         details["timed_out_keys"] = list(result.timed_out_keys)
-        return CheckerResult("linearizability", "register", "unknown", result.explanation, len(counted), details)
+        return CheckerResult(
+            "linearizability", "register", "unknown", result.explanation, len(counted), details
+        )
     return CheckerResult(
-        "linearizability", "register", "ok",
+        "linearizability",
+        "register",
+        "ok",
         f"{len(counted)} operations on {result.partitions} keys linearizable ({result.elapsed:.1f}s)",
-        len(counted), details,
+        len(counted),
+        details,
     )
 
 
@@ -133,16 +145,33 @@ def check_set(events: Sequence[Event]) -> CheckerResult:
         seen = set(read.output or [])
         missing = [e for t, e in acked if t < read.call_time and e not in seen]
         if missing:
-            stale.append({"read_at": read.call_time, "missing": missing[:20], "count": len(missing)})
-            marks.append(_mark("set", read, f"misses {len(missing)} acknowledged adds, e.g. {missing[:5]}"))
+            stale.append(
+                {"read_at": read.call_time, "missing": missing[:20], "count": len(missing)}
+            )
+            marks.append(
+                _mark("set", read, f"misses {len(missing)} acknowledged adds, e.g. {missing[:5]}")
+            )
             for e in missing[:5]:
                 marks.append(_mark("set", adds[e], "acknowledged, then missing from a later read"))
         for earlier in reads:
             if earlier.return_time is not None and earlier.return_time < read.call_time:
                 gone = sorted(set(earlier.output or []) - seen)
                 if gone:
-                    vanished.append({"seen_at": earlier.call_time, "gone_at": read.call_time, "elements": gone[:20], "count": len(gone)})
-                    marks.append(_mark("set", read, f"{len(gone)} elements seen earlier are gone, e.g. {gone[:5]}"))
+                    vanished.append(
+                        {
+                            "seen_at": earlier.call_time,
+                            "gone_at": read.call_time,
+                            "elements": gone[:20],
+                            "count": len(gone),
+                        }
+                    )
+                    marks.append(
+                        _mark(
+                            "set",
+                            read,
+                            f"{len(gone)} elements seen earlier are gone, e.g. {gone[:5]}",
+                        )
+                    )
                     break
     if stale:
         problems.append(f"{len(stale)} reads missed acknowledged adds")
@@ -154,7 +183,11 @@ def check_set(events: Sequence[Event]) -> CheckerResult:
     if final is None:
         details["final_read"] = False
         status: Status = "anomaly" if problems else "unknown"
-        summary = "; ".join(problems) if problems else "no final read succeeded after healing; cannot check for lost adds"
+        summary = (
+            "; ".join(problems)
+            if problems
+            else "no final read succeeded after healing; cannot check for lost adds"
+        )
         return CheckerResult("set", "set", status, summary, len(adds), details, marks)
 
     present = set(final.output or [])
@@ -173,7 +206,9 @@ def check_set(events: Sequence[Event]) -> CheckerResult:
         recovered=len(present & info_adds),
     )
     for e in lost[:20]:
-        marks.append(_mark("set", adds[e], "acknowledged add missing from the final read (lost write)"))
+        marks.append(
+            _mark("set", adds[e], "acknowledged add missing from the final read (lost write)")
+        )
     for e in resurrected[:20]:
         marks.append(_mark("set", adds[e], "add reported as failed, yet present in the final read"))
     if lost:
@@ -181,15 +216,22 @@ def check_set(events: Sequence[Event]) -> CheckerResult:
     if never:
         problems.append(f"{len(never)} elements present that were never added, e.g. {never[:5]}")
     if resurrected:
-        problems.append(f"{len(resurrected)} adds reported as certainly failed are present, e.g. {resurrected[:5]}")
+        problems.append(
+            f"{len(resurrected)} adds reported as certainly failed are present, e.g. {resurrected[:5]}"
+        )
     if problems:
         marks.append(_mark("set", final, "final read"))
-        return CheckerResult("set", "set", "anomaly", "; ".join(problems), len(adds), details, marks)
+        return CheckerResult(
+            "set", "set", "anomaly", "; ".join(problems), len(adds), details, marks
+        )
     return CheckerResult(
-        "set", "set", "ok",
+        "set",
+        "set",
+        "ok",
         f"{len(ok_adds)} acknowledged adds all present; {len(present & info_adds)} of {len(info_adds)} "
         f"unknown-outcome adds present; nothing unexpected ({len(reads)} reads checked)",
-        len(adds), details,
+        len(adds),
+        details,
     )
 
 
@@ -197,13 +239,21 @@ def check_set(events: Sequence[Event]) -> CheckerResult:
 def check_convergence(observation: dict[str, Any] | None) -> CheckerResult:
     """Verdict over the runner's final digest polls (``convergence.json``)."""
     if not observation:
-        return CheckerResult("convergence", None, "unknown", "no convergence observation was recorded")
+        return CheckerResult(
+            "convergence", None, "unknown", "no convergence observation was recorded"
+        )
     final: dict[str, Any] = observation.get("final") or {}
-    details = {"final": final, "polls": observation.get("polls", 0), "waited": observation.get("waited")}
+    details = {
+        "final": final,
+        "polls": observation.get("polls", 0),
+        "waited": observation.get("waited"),
+    }
     silent = sorted(name for name, obs in final.items() if not obs)
     if silent:
         return CheckerResult(
-            "convergence", None, "anomaly",
+            "convergence",
+            None,
+            "anomaly",
             f"after healing, {', '.join(silent)} never answered (crashed or wedged); see its server log",
             details=details,
         )
@@ -211,7 +261,9 @@ def check_convergence(observation: dict[str, Any] | None) -> CheckerResult:
     if len(indexes) > 1:
         shown = ", ".join(f"{n}@{o['index']}" for n, o in sorted(final.items()))
         return CheckerResult(
-            "convergence", None, "anomaly",
+            "convergence",
+            None,
+            "anomaly",
             f"servers did not reach the same applied index within {observation.get('waited', 0):.0f}s: {shown}",
             details=details,
         )
@@ -219,12 +271,16 @@ def check_convergence(observation: dict[str, Any] | None) -> CheckerResult:
     if len(digests) > 1:
         shown = ", ".join(f"{n}={o['digest'][:12]}" for n, o in sorted(final.items()))
         return CheckerResult(
-            "convergence", None, "anomaly",
+            "convergence",
+            None,
+            "anomaly",
             f"replicas DIVERGED: same applied index {indexes.pop()}, different state digests ({shown})",
             details=details,
         )
     return CheckerResult(
-        "convergence", None, "ok",
+        "convergence",
+        None,
+        "ok",
         f"all {len(final)} servers at applied index {indexes.pop()} with one digest {digests.pop()[:12]}",
         details=details,
     )
@@ -259,14 +315,30 @@ def check_server_logs(cluster_dir: str | Path) -> CheckerResult:
             text = str(record.get("event", "")).lower()
             for marker, meaning in ANOMALY_MARKERS.items():
                 if marker in text:
-                    fatal.append(f"{log.parent.name} {meaning}: {record.get('event')} {record.get('error', '')}"[:300])
+                    fatal.append(
+                        f"{log.parent.name} {meaning}: {record.get('event')} {record.get('error', '')}"[
+                            :300
+                        ]
+                    )
                     break
         counts[log.parent.name] = levels
     details = {"levels": counts, "fatal": fatal[:20]}
     if fatal:
-        return CheckerResult("server-logs", None, "anomaly", f"{len(fatal)} anomalous server log events, first: {fatal[0]}", details=details)
+        return CheckerResult(
+            "server-logs",
+            None,
+            "anomaly",
+            f"{len(fatal)} anomalous server log events, first: {fatal[0]}",
+            details=details,
+        )
     errors = sum(c["error"] + c["critical"] for c in counts.values())
-    return CheckerResult("server-logs", None, "ok", f"no fatal errors ({errors} error/critical log lines)", details=details)
+    return CheckerResult(
+        "server-logs",
+        None,
+        "ok",
+        f"no fatal errors ({errors} error/critical log lines)",
+        details=details,
+    )
 
 
 # -- change journal --------------------------------------------------------------------------------
@@ -274,7 +346,9 @@ def check_journal(path: str | Path) -> CheckerResult:
     """Subscribers' view of the journal: ordered, unique, gap-free, atomic, identical everywhere."""
     p = Path(path)
     if not p.exists():
-        return CheckerResult("journal", "journal", "unknown", "no journal recording (journal.jsonl) found")
+        return CheckerResult(
+            "journal", "journal", "unknown", "no journal recording (journal.jsonl) found"
+        )
     received: dict[str, list[tuple[int, str]]] = {}
     last: dict[str, int] = {}
     resets: dict[str, list[tuple[int, int]]] = {}
@@ -313,22 +387,29 @@ def check_journal(path: str | Path) -> CheckerResult:
             previous = max(previous, index)
             by_index.setdefault(index, {})[server] = digest
     for server, bad in disorder.items():
-        problems.append(f"{server} delivered {len(bad)} batches out of order or twice (e.g. index {bad[0]})")
+        problems.append(
+            f"{server} delivered {len(bad)} batches out of order or twice (e.g. index {bad[0]})"
+        )
     differing = sorted(i for i, seen in by_index.items() if len(set(seen.values())) > 1)
     if differing:
-        problems.append(f"{len(differing)} batches differ between servers (e.g. index {differing[0]}: {by_index[differing[0]]})")
+        problems.append(
+            f"{len(differing)} batches differ between servers (e.g. index {differing[0]}: {by_index[differing[0]]})"
+        )
     gaps: dict[str, list[int]] = {}
     for server in received:
         end = last.get(server, 0)
         have = {i for i, _ in received[server]}
         skipped = resets.get(server, [])
         missing = [
-            i for i in by_index
+            i
+            for i in by_index
             if i <= end and i not in have and not any(lo < i <= hi for lo, hi in skipped)
         ]
         if missing:
             gaps[server] = sorted(missing)
-            problems.append(f"{server} never delivered {len(missing)} batches other servers did (e.g. index {min(missing)})")
+            problems.append(
+                f"{server} never delivered {len(missing)} batches other servers did (e.g. index {min(missing)})"
+            )
     lagging = sorted(s for s in received if last.get(s, 0) < target)
     details = {
         "subscribers": len(received),
@@ -346,26 +427,37 @@ def check_journal(path: str | Path) -> CheckerResult:
     total = sum(len(b) for b in received.values())
     if unknown_items:
         return CheckerResult(
-            "journal", "journal", "unknown",
+            "journal",
+            "journal",
+            "unknown",
             f"the stream sent {sum(unknown_items.values())} items of a shape this harness does not know; "
             "update jepsen_like's subscriber (workloads._stream_batches)",
-            total, details,
+            total,
+            details,
         )
     if problems:
         return CheckerResult("journal", "journal", "anomaly", "; ".join(problems), total, details)
     if not received:
-        return CheckerResult("journal", "journal", "unknown", "no subscriber recorded anything", 0, details)
+        return CheckerResult(
+            "journal", "journal", "unknown", "no subscriber recorded anything", 0, details
+        )
     if lagging:
         return CheckerResult(
-            "journal", "journal", "unknown",
+            "journal",
+            "journal",
+            "unknown",
             f"{', '.join(lagging)} did not reach the final index {target} in time; checked up to where each got",
-            total, details,
+            total,
+            details,
         )
     return CheckerResult(
-        "journal", "journal", "ok",
+        "journal",
+        "journal",
+        "ok",
         f"{len(by_index)} batches, identical on {len(received)} servers, ordered, no duplicates or gaps "
         f"({sum(breaks.values())} resubscriptions after breaks)",
-        total, details,
+        total,
+        details,
     )
 
 
@@ -385,7 +477,9 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
     acked: dict[str, Operation] = {}
     kinds: dict[str, str] = {}
     stopped: set[str] = set()
-    observations: list[tuple[Operation, dict[str, str] | None, set[str] | None]] = []  # (op, seen, scope)
+    observations: list[
+        tuple[Operation, dict[str, str] | None, set[str] | None]
+    ] = []  # (op, seen, scope)
     final: Operation | None = None
     forced = 0
     for op in ops:
@@ -415,12 +509,22 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
         if kinds.get(job) != "keep" or job in stopped:
             continue
         for op, seen, scope in observations:
-            if (scope is None or job in scope) and op.call_time > reg.return_time and job not in seen:  # type: ignore[operator]
+            if (
+                (scope is None or job in scope)
+                and op.call_time > reg.return_time
+                and job not in seen
+            ):  # type: ignore[operator]
                 collected_running.append(job)
-                marks.append(_mark("lifecycle", op, f"running job {job} is missing (collected while running?)"))
+                marks.append(
+                    _mark(
+                        "lifecycle", op, f"running job {job} is missing (collected while running?)"
+                    )
+                )
                 break
     if collected_running:
-        problems.append(f"{len(collected_running)} running jobs disappeared: {sorted(collected_running)[:5]}")
+        problems.append(
+            f"{len(collected_running)} running jobs disappeared: {sorted(collected_running)[:5]}"
+        )
 
     came_back = []
     collected: set[str] = set()
@@ -435,7 +539,11 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
                 if gone_at is None:
                     gone_at = op
                     collected.add(job)
-            elif gone_at is not None and gone_at.return_time is not None and op.call_time > gone_at.return_time:
+            elif (
+                gone_at is not None
+                and gone_at.return_time is not None
+                and op.call_time > gone_at.return_time
+            ):
                 came_back.append(job)
                 marks.append(_mark("lifecycle", gone_at, f"{job} absent here"))
                 marks.append(_mark("lifecycle", op, f"{job} is back after it was collected"))
@@ -455,7 +563,9 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
                 if job_id in ours and job_id not in jobs:
                     orphans.append([kind[:-1], obj_id, job_id])
         if orphans:
-            problems.append(f"{len(orphans)} evaluations/allocations outlive their job, e.g. {orphans[0]}")
+            problems.append(
+                f"{len(orphans)} evaluations/allocations outlive their job, e.g. {orphans[0]}"
+            )
             marks.append(_mark("lifecycle", final, f"orphans: {orphans[:3]}"))
     details = {
         "registered": len(kinds),
@@ -473,15 +583,36 @@ def check_gc(events: Sequence[Event]) -> CheckerResult:
         "pending_allocs_at_end": pending[:50],
     }
     if problems:
-        return CheckerResult("gc-safety", "lifecycle", "anomaly", "; ".join(problems), len(ops), details, marks)
+        return CheckerResult(
+            "gc-safety", "lifecycle", "anomaly", "; ".join(problems), len(ops), details, marks
+        )
     if final is None:
-        return CheckerResult("gc-safety", "lifecycle", "unknown", "no final state was read after healing", len(ops), details)
+        return CheckerResult(
+            "gc-safety",
+            "lifecycle",
+            "unknown",
+            "no final state was read after healing",
+            len(ops),
+            details,
+        )
     if not collected:
-        return CheckerResult("gc-safety", "lifecycle", "unknown", "GC collected no job during the run; nothing was exercised", len(ops), details)
-    liveness = f"; liveness note: {len(pending)} allocations still pending at the end" if pending else ""
+        return CheckerResult(
+            "gc-safety",
+            "lifecycle",
+            "unknown",
+            "GC collected no job during the run; nothing was exercised",
+            len(ops),
+            details,
+        )
+    liveness = (
+        f"; liveness note: {len(pending)} allocations still pending at the end" if pending else ""
+    )
     return CheckerResult(
-        "gc-safety", "lifecycle", "ok",
+        "gc-safety",
+        "lifecycle",
+        "ok",
         f"{len(collected)} of {len(acked)} acknowledged jobs collected; no running job collected, none came back, "
         f"no orphans ({len(observations)} observations, {forced} forced GCs){liveness}",
-        len(ops), details,
+        len(ops),
+        details,
     )

@@ -82,7 +82,9 @@ class Fault:
         """Counters worth keeping in run.json (empty for most faults)."""
         return {}
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         raise NotImplementedError
 
 
@@ -111,7 +113,9 @@ def _pick_target(testbed: Testbed, rng: random.Random) -> tuple[str, str]:
 class Kill(Fault):
     name = "kill"
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         target, why = _pick_target(testbed, rng)
         testbed.kill(target)
 
@@ -125,7 +129,9 @@ class Kill(Fault):
 class KillAll(Fault):
     name = "kill-all"
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         for name in testbed.names:
             testbed.kill(name)
 
@@ -140,7 +146,9 @@ class KillAll(Fault):
 class Pause(Fault):
     name = "pause"
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         target, why = _pick_target(testbed, rng)
         if not testbed.alive(target):
             testbed.start(target)
@@ -161,7 +169,9 @@ class Partition(Fault):
             return "partitions need at least three servers behind the harness's proxies"
         return None
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         names = list(testbed.names)
         if len(names) >= 5 and rng.random() < 0.5:
             rng.shuffle(names)
@@ -238,7 +248,9 @@ class SnapshotLag(Fault):
             return "the servers' status reports no FirstLogIndex / SnapshotInstalls, so a snapshot install cannot be observed"
         return None
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         leader = _await_leader(testbed, "to lag a follower behind")
         followers = sorted(n for n in testbed.names if n != leader and testbed.status(n))
         if not followers:
@@ -248,12 +260,18 @@ class SnapshotLag(Fault):
         testbed.partition([[target], rest])
         self.faults += 1
         status = testbed.status(target, timeout=2.0) or {}
-        progress = LagProgress(target, int(status.get("LastLogIndex") or 0), int(status.get("SnapshotInstalls") or 0))
+        progress = LagProgress(
+            target, int(status.get("LastLogIndex") or 0), int(status.get("SnapshotInstalls") or 0)
+        )
 
         def undo() -> str:
             return self._finish(testbed, progress, rest)
 
-        return undo, [target], f"isolate {target} (follower; at raft index {progress.behind_at}) until the others compact past it"
+        return (
+            undo,
+            [target],
+            f"isolate {target} (follower; at raft index {progress.behind_at}) until the others compact past it",
+        )
 
     def _finish(self, testbed: Testbed, progress: LagProgress, rest: list[str]) -> str:
         compacted = self._wait_compacted(testbed, progress, rest)
@@ -280,7 +298,9 @@ class SnapshotLag(Fault):
                 return True
             if time.monotonic() >= deadline:
                 return False
-            target = testbed.status(progress.target) or {}  # cut off, but its RPC port still answers
+            target = (
+                testbed.status(progress.target) or {}
+            )  # cut off, but its RPC port still answers
             progress.behind_at = max(progress.behind_at, int(target.get("LastLogIndex") or 0))
             wrote = _filler(testbed, rest, self.filler_batch)
             progress.filler += wrote
@@ -346,7 +366,9 @@ class ClockJump(Fault):
                 return f"{name} did not acknowledge a wall-clock offset; is the switch supported by this server version?"
         return None
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         seconds = rng.choice(self.JUMPS) * rng.choice((1, -1))
         target = _await_leader(testbed, "whose clock to jump")
         offset = int(seconds * 1e9)
@@ -375,13 +397,17 @@ class ClientKill(Fault):
     def unavailable(self, testbed: Testbed) -> str | None:
         return _without_client_sim(testbed)
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         testbed.kill_client_sim()
 
         def undo() -> str:
             down = _await_nodes_down(testbed, NODES_DOWN_WAIT)
             testbed.restart_client_sim()
-            return "restarted the simulated client" + ("" if down else f" (its nodes not all down within {NODES_DOWN_WAIT:g}s)")
+            return "restarted the simulated client" + (
+                "" if down else f" (its nodes not all down within {NODES_DOWN_WAIT:g}s)"
+            )
 
         return undo, ["client-sim"], "kill -9 the simulated client"
 
@@ -390,14 +416,20 @@ class ClientKill(Fault):
 NODES_DOWN_WAIT = 30.0
 
 
-def _await_stale(testbed: Testbed, method: str, args: dict[str, Any], done: Callable[[Any], bool], timeout: float) -> bool:
+def _await_stale(
+    testbed: Testbed, method: str, args: dict[str, Any], done: Callable[[Any], bool], timeout: float
+) -> bool:
     """Whether ``done(data)`` held for a stale read of ``method`` (any server's view) within ``timeout``; a list is read whole."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with RPCClient(testbed.running_addresses(), timeout=2.0) as client:
                 call = {**args, "stale": True}
-                data = client.list_all(method, call) if method.endswith(".list") else client.call(method, call)["data"]
+                data = (
+                    client.list_all(method, call)
+                    if method.endswith(".list")
+                    else client.call(method, call)["data"]
+                )
                 if done(data):
                     return True
         except (RPCError, OSError):
@@ -444,7 +476,9 @@ class Drain(Fault):
     def unavailable(self, testbed: Testbed) -> str | None:
         return _without_client_sim(testbed)
 
-    def inject(self, testbed: Testbed, rng: random.Random) -> tuple[Callable[[], str], list[str], str]:
+    def inject(
+        self, testbed: Testbed, rng: random.Random
+    ) -> tuple[Callable[[], str], list[str], str]:
         # A stale view: a running server may not have applied the newest nodes yet (its leader
         # was just paused before telling it the commit index), so look again for a while.
         ready = _ready_nodes(testbed, READY_NODE_WAIT)
@@ -454,12 +488,19 @@ class Drain(Fault):
             node_id = rng.choice(ready)
             deadline = rng.choice([-1, 0, 2, 5, 10])  # seconds; -1: force, 0: none
             ignore_system = rng.random() < 0.3
-            spec = {"Deadline": deadline * 1_000_000_000 if deadline > 0 else deadline, "IgnoreSystemJobs": ignore_system}
+            spec = {
+                "Deadline": deadline * 1_000_000_000 if deadline > 0 else deadline,
+                "IgnoreSystemJobs": ignore_system,
+            }
             # Another fault may hold the leader: a request without an answer may still have
             # started the drain, so the window is kept and ended either way.
             unknown = ""
             try:
-                client.call("node.drain", {"node_id": node_id, "drain_spec": spec}, timeout=DRAIN_CALL_TIMEOUT)
+                client.call(
+                    "node.drain",
+                    {"node_id": node_id, "drain_spec": spec},
+                    timeout=DRAIN_CALL_TIMEOUT,
+                )
             except (RPCError, OSError) as exc:
                 unknown = f" (no answer: {exc})"
         started = time.monotonic()
@@ -487,7 +528,9 @@ DRAIN_CALL_TIMEOUT = 15.0
 
 def _await_drained(testbed: Testbed, node_id: str, timeout: float) -> bool:
     """Whether the node's drain completed within ``timeout``."""
-    return _await_stale(testbed, "node.get", {"node_id": node_id}, lambda node: not node.get("Drain"), timeout)
+    return _await_stale(
+        testbed, "node.get", {"node_id": node_id}, lambda node: not node.get("Drain"), timeout
+    )
 
 
 def _left_on(testbed: Testbed, node_id: str) -> str:
@@ -502,7 +545,11 @@ def _left_on(testbed: Testbed, node_id: str) -> str:
 
 def describe_left(allocs: list[dict[str, Any]], most: int = 6) -> str:
     """What still runs on a node whose drain did not complete: job, group, client status, health, migration mark."""
-    live = [a for a in allocs if a.get("DesiredStatus") == "run" and a.get("ClientStatus") in ("pending", "running")]
+    live = [
+        a
+        for a in allocs
+        if a.get("DesiredStatus") == "run" and a.get("ClientStatus") in ("pending", "running")
+    ]
     if not live:
         return "nothing left running on it"
     parts = []
@@ -529,7 +576,9 @@ def _end_drain(testbed: Testbed, node_id: str, timeout: float) -> None:
     while True:
         try:
             with RPCClient(testbed.running_addresses(), timeout=DRAIN_CALL_TIMEOUT) as client:
-                client.call("node.drain", {"node_id": node_id, "drain_spec": None, "mark_eligible": True})
+                client.call(
+                    "node.drain", {"node_id": node_id, "drain_spec": None, "mark_eligible": True}
+                )
             return
         except (RPCError, OSError) as exc:
             if isinstance(exc, RPCError) and exc.code == NOT_FOUND:
@@ -598,7 +647,9 @@ class Nemesis:
     def _run(self) -> None:
         while not self.stop.wait(self.rng.uniform(*self.timing.quiet)):
             picked = self._pick()
-            hold_range = self.timing.kill_all_hold if picked[0].name == "kill-all" else self.timing.hold
+            hold_range = (
+                self.timing.kill_all_hold if picked[0].name == "kill-all" else self.timing.hold
+            )
             hold = self.rng.uniform(*hold_range)
             active: list[tuple[Fault, Callable[[], str], Any]] = []
             for fault in picked:

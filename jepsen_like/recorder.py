@@ -46,7 +46,9 @@ class HistoryRecorder:
         self._fp = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.events: list[Event] = []
 
-    def record(self, process: int, type: EventType, value: Any = None, key: Hashable | None = None) -> float:
+    def record(
+        self, process: int, type: EventType, value: Any = None, key: Hashable | None = None
+    ) -> float:
         with self._lock:
             t = self.clock.now()
             event = Event(process=process, type=type, time=t, value=value, key=key)
@@ -94,7 +96,9 @@ class FaultLog:
         self._lock = threading.Lock()
         self.faults: list[Fault] = []
 
-    def begin(self, kind: str, targets: list[str], detail: str = "", start: float | None = None) -> Fault:
+    def begin(
+        self, kind: str, targets: list[str], detail: str = "", start: float | None = None
+    ) -> Fault:
         with self._lock:
             when = self.clock.now() if start is None else start
             fault = Fault(kind=kind, start=when, targets=list(targets), detail=detail)
@@ -111,7 +115,9 @@ class FaultLog:
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(f.to_json()) + "\n" for f in self.faults), encoding="utf-8")
+        tmp.write_text(
+            "".join(json.dumps(f.to_json()) + "\n" for f in self.faults), encoding="utf-8"
+        )
         tmp.replace(self.path)
 
 
@@ -119,4 +125,8 @@ def load_faults(path: str | Path) -> list[Fault]:
     p = Path(path)
     if not p.exists():
         return []
-    return [Fault.from_json(json.loads(line)) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        Fault.from_json(json.loads(line))
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]

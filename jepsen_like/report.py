@@ -55,8 +55,12 @@ def write(
     ops = {name: operations_from_events(evs) for name, evs in events.items()}
     end = _end_time(meta, ops, faults)
     plot_note = write_plot(out / PLOT_FILE, ops, faults, end)
-    (out / SUMMARY_FILE).write_text(summary_text(meta, ops, faults, results, code, plot_note), encoding="utf-8")
-    (out / TIMELINE_FILE).write_text(timeline_html(meta, ops, faults, results, code, end), encoding="utf-8")
+    (out / SUMMARY_FILE).write_text(
+        summary_text(meta, ops, faults, results, code, plot_note), encoding="utf-8"
+    )
+    (out / TIMELINE_FILE).write_text(
+        timeline_html(meta, ops, faults, results, code, end), encoding="utf-8"
+    )
 
 
 def _end_time(meta: dict[str, Any], ops: dict[str, list[Operation]], faults: list[Fault]) -> float:
@@ -103,10 +107,13 @@ def summary_text(
     lines.append("operations:")
     for name, group in ops.items():
         counts = Counter(op.status for op in group)
-        kinds = Counter(op.input.get("f", "?") if isinstance(op.input, dict) else "?" for op in group)
+        kinds = Counter(
+            op.input.get("f", "?") if isinstance(op.input, dict) else "?" for op in group
+        )
         lines.append(
             f"  {name}: {len(group)} ({counts.get('ok', 0)} ok, {counts.get('fail', 0)} fail, "
-            f"{counts.get('info', 0)} info); " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+            f"{counts.get('info', 0)} info); "
+            + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         )
     lines.append("")
     lines.append(f"faults: {len(faults)}")
@@ -151,7 +158,9 @@ def timeline_html(
 ) -> str:
     total_lanes = int(meta.get("total_lanes") or 1)
     lane_names = _lane_names(meta)
-    lanes_used = sorted({op.process % total_lanes for group in ops.values() for op in group} | set(lane_names))
+    lanes_used = sorted(
+        {op.process % total_lanes for group in ops.values() for op in group} | set(lane_names)
+    )
     row_of = {lane: i for i, lane in enumerate(lanes_used)}
     px_per_s = 40.0
     left, top, row_h, bar_h = 110, 40, 22, 14
@@ -164,13 +173,15 @@ def timeline_html(
     marked: dict[tuple[str, int, float], list[str]] = {}
     for r in results:
         for h in r.highlight:
-            marked.setdefault((h["workload"], h["process"], round(float(h["call_time"]), 6)), []).append(
-                f"{r.checker}: {h['why']}"
-            )
+            marked.setdefault(
+                (h["workload"], h["process"], round(float(h["call_time"]), 6)), []
+            ).append(f"{r.checker}: {h['why']}")
 
     svg: list[str] = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for s in range(0, int(end) + 1, 5):  # time grid
-        svg.append(f'<line x1="{x(s):.1f}" y1="{top - 8}" x2="{x(s):.1f}" y2="{height - 25}" class="grid"/>')
+        svg.append(
+            f'<line x1="{x(s):.1f}" y1="{top - 8}" x2="{x(s):.1f}" y2="{height - 25}" class="grid"/>'
+        )
         svg.append(f'<text x="{x(s):.1f}" y="{height - 10}" class="tick">{s}s</text>')
     for f in faults:  # fault windows behind everything
         color = FAULT_COLORS.get(f.kind, "#999")
@@ -180,10 +191,14 @@ def timeline_html(
             f'height="{height - top - 17}" fill="{color}" fill-opacity="0.13">'
             f"<title>{html.escape(f'{f.kind} {f.start:.1f}-{f_end:.1f}s: {f.detail}')}</title></rect>"
         )
-        svg.append(f'<text x="{x(f.start) + 2:.1f}" y="{top - 12}" class="fault" fill="{color}">{html.escape(f.kind)}</text>')
+        svg.append(
+            f'<text x="{x(f.start) + 2:.1f}" y="{top - 12}" class="fault" fill="{color}">{html.escape(f.kind)}</text>'
+        )
     for lane, row in row_of.items():
         y = top + row * row_h
-        svg.append(f'<text x="4" y="{y + bar_h - 2}" class="lane">{html.escape(lane_names.get(lane, f"lane {lane}"))}</text>')
+        svg.append(
+            f'<text x="4" y="{y + bar_h - 2}" class="lane">{html.escape(lane_names.get(lane, f"lane {lane}"))}</text>'
+        )
     anchors: list[tuple[str, str, str]] = []
     for workload, group in ops.items():
         for op in group:
@@ -192,7 +207,9 @@ def timeline_html(
             t_end = op.return_time if op.return_time is not None else end
             w = max(1.5, (t_end - op.call_time) * px_per_s)
             reasons = marked.get((workload, op.process, round(float(op.call_time), 6)))
-            title = html.escape(f"{workload} {_describe(op)}" + ("\n" + "\n".join(reasons) if reasons else ""))
+            title = html.escape(
+                f"{workload} {_describe(op)}" + ("\n" + "\n".join(reasons) if reasons else "")
+            )
             attrs = f'fill="{STATUS_COLORS[op.status]}"'
             if op.status == "info":
                 attrs += ' fill-opacity="0.35"'
@@ -213,17 +230,23 @@ def timeline_html(
         for r in results
     )
     anomaly_list = "".join(
-        f"<li><a href='#{ident}'>{html.escape(text)}</a> &mdash; {html.escape(why)}</li>" for ident, text, why in anchors
+        f"<li><a href='#{ident}'>{html.escape(text)}</a> &mdash; {html.escape(why)}</li>"
+        for ident, text, why in anchors
     )
     explanations = "".join(
         f"<pre>{html.escape(str(r.details.get('explanation')))}</pre>"
         for r in results
         if isinstance(r.details, dict) and r.details.get("explanation")
     )
-    legend = " ".join(
-        f"<span class='key' style='background:{c}'></span>{k}" for k, c in STATUS_COLORS.items()
-    ) + " &nbsp; faults: " + " ".join(
-        f"<span class='key' style='background:{c};opacity:.4'></span>{k}" for k, c in FAULT_COLORS.items()
+    legend = (
+        " ".join(
+            f"<span class='key' style='background:{c}'></span>{k}" for k, c in STATUS_COLORS.items()
+        )
+        + " &nbsp; faults: "
+        + " ".join(
+            f"<span class='key' style='background:{c};opacity:.4'></span>{k}"
+            for k, c in FAULT_COLORS.items()
+        )
     )
     options = meta.get("options", {})
     title = f"jepsen_like run, seed {meta.get('seed')}: {_verdict(code)}"
@@ -240,20 +263,22 @@ tr.anomaly td {{ color: #d50000; font-weight: bold; }} tr.unknown td {{ color: #
 pre {{ background: #fafafa; padding: 8px; overflow-x: auto; }}
 </style></head><body>
 <h1 class="verdict-{code}">{html.escape(title)}</h1>
-<p>{options.get('nodes')} servers, {options.get('time')}s, nemesis {html.escape(','.join(options.get('nemeses', [])))},
-workloads {html.escape(','.join(options.get('workloads', [])))}; {sum(len(g) for g in ops.values())} operations, {len(faults)} faults.
+<p>{options.get("nodes")} servers, {options.get("time")}s, nemesis {html.escape(",".join(options.get("nemeses", [])))},
+workloads {html.escape(",".join(options.get("workloads", [])))}; {sum(len(g) for g in ops.values())} operations, {len(faults)} faults.
 Hover a bar for the operation; anomalous operations are outlined in red.</p>
 <table>{rows}</table>
-{('<h2>Anomalous operations</h2><ul>' + anomaly_list + '</ul>') if anomaly_list else ''}
+{("<h2>Anomalous operations</h2><ul>" + anomaly_list + "</ul>") if anomaly_list else ""}
 {explanations}
 <p>{legend}</p>
-<div class="scroll">{''.join(svg)}</div>
+<div class="scroll">{"".join(svg)}</div>
 </body></html>
 """
 
 
 # -- plot ----------------------------------------------------------------------------------------
-def write_plot(path: Path, ops: dict[str, list[Operation]], faults: Sequence[Fault], end: float) -> str:
+def write_plot(
+    path: Path, ops: dict[str, list[Operation]], faults: Sequence[Fault], end: float
+) -> str:
     """Throughput and latency over time with fault windows; returns a note for the summary."""
     try:
         import matplotlib
@@ -295,8 +320,13 @@ def write_plot(path: Path, ops: dict[str, list[Operation]], faults: Sequence[Fau
     for f in faults:
         color = FAULT_COLORS.get(f.kind, "#999")
         for ax in (ax_tp, ax_lat):
-            ax.axvspan(f.start, f.end if f.end is not None else end, color=color, alpha=0.15,
-                       label=f.kind if ax is ax_lat and f.kind not in seen else None)
+            ax.axvspan(
+                f.start,
+                f.end if f.end is not None else end,
+                color=color,
+                alpha=0.15,
+                label=f.kind if ax is ax_lat and f.kind not in seen else None,
+            )
         seen.add(f.kind)
     ax_lat.legend(loc="upper right", fontsize=8)
     fig.tight_layout()

@@ -105,10 +105,14 @@ class RunOptions:
             raise RunError("--time must be positive")
         unknown = [n for n in self.nemeses if n not in FAULTS and n != "none"]
         if unknown:
-            raise RunError(f"unknown nemesis {', '.join(unknown)}; choose from {', '.join(FAULTS)} or none")
+            raise RunError(
+                f"unknown nemesis {', '.join(unknown)}; choose from {', '.join(FAULTS)} or none"
+            )
         unknown = [w for w in self.workloads if w not in WORKLOADS]
         if unknown:
-            raise RunError(f"unknown workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+            raise RunError(
+                f"unknown workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
+            )
         if not self.workloads:
             raise RunError("give at least one workload")
         if "lifecycle" in self.workloads and {"set", "register"} & set(self.workloads):
@@ -207,11 +211,20 @@ def code_version() -> str:
     """
     root = Path(cl.__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -241,7 +254,9 @@ def run(options: RunOptions, log: Any = print) -> int:
         lane += workload.lanes
     final_lane = lane
     total_lanes = lane + 1
-    meta["lanes"] = {w.name: [w.first_lane, w.lanes] for w in workloads} | {"final": [final_lane, 1]}
+    meta["lanes"] = {w.name: [w.first_lane, w.lanes] for w in workloads} | {
+        "final": [final_lane, 1]
+    }
     meta["total_lanes"] = total_lanes
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2))
 
@@ -250,11 +265,26 @@ def run(options: RunOptions, log: Any = print) -> int:
     with _server_env(env):
         extra = merge_server_configs([w.server_config for w in workloads if w.server_config])
         testbed = Testbed.create(
-            out / "cluster", options.nodes, extra_config=extra,
-            compaction_entries=compaction_entries(options), clock_file=clock_file,
+            out / "cluster",
+            options.nodes,
+            extra_config=extra,
+            compaction_entries=compaction_entries(options),
+            clock_file=clock_file,
         )
         try:
-            return _run_on(testbed, options, workloads, out, clock, nemesis_rng, rng, meta, total_lanes, final_lane, log)
+            return _run_on(
+                testbed,
+                options,
+                workloads,
+                out,
+                clock,
+                nemesis_rng,
+                rng,
+                meta,
+                total_lanes,
+                final_lane,
+                log,
+            )
         finally:
             testbed.teardown()
             if not options.keep_cluster_data:
@@ -322,7 +352,13 @@ def _run_on(
     recorders = {w.name: HistoryRecorder(out / history_file(w.name), clock) for w in active}
     fault_log = FaultLog(out / FAULTS_FILE, clock)
     nemesis = Nemesis(
-        testbed, faults, nemesis_rng, fault_log, stop, Timing(quiet=options.quiet, hold=options.hold), overlap=options.overlap
+        testbed,
+        faults,
+        nemesis_rng,
+        fault_log,
+        stop,
+        Timing(quiet=options.quiet, hold=options.hold),
+        overlap=options.overlap,
     )
 
     threads: list[threading.Thread] = []
@@ -345,8 +381,10 @@ def _run_on(
     for thread in threads + lingering:
         thread.start()
     nemesis.start()
-    log(f"running {', '.join(w.name for w in active) or 'no workload'} for {options.time:g}s under "
-        f"{', '.join(f.name for f in faults) or 'no faults'} (seed {options.seed})")
+    log(
+        f"running {', '.join(w.name for w in active) or 'no workload'} for {options.time:g}s under "
+        f"{', '.join(f.name for f in faults) or 'no faults'} (seed {options.seed})"
+    )
     stop.wait(options.time)
     stop.set()
     for thread in threads:
@@ -364,11 +402,20 @@ def _run_on(
     log(f"healed; leader {leader}")
 
     final_ctx = RunContext(
-        addresses=testbed.rpc_addresses, clock=clock, stop=threading.Event(), servers=list(testbed.names),
-        out=str(out), op_timeout=max(options.op_timeout, 10.0), total_lanes=total_lanes,
+        addresses=testbed.rpc_addresses,
+        clock=clock,
+        stop=threading.Event(),
+        servers=list(testbed.names),
+        out=str(out),
+        op_timeout=max(options.op_timeout, 10.0),
+        total_lanes=total_lanes,
     )
     for workload in active:
-        workload.final(Lane(final_lane, final_ctx, recorders[workload.name]), final_ctx, time.monotonic() + 60.0)
+        workload.final(
+            Lane(final_lane, final_ctx, recorders[workload.name]),
+            final_ctx,
+            time.monotonic() + 60.0,
+        )
     for thread in lingering:
         thread.join(30.0)
     for workload in active:
@@ -417,12 +464,16 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
 
     out = Path(out)
     if not (out / RUN_FILE).exists():
-        raise RunError(f"{out} has no {RUN_FILE}; is it a run directory written by 'jepsen_like run'?")
+        raise RunError(
+            f"{out} has no {RUN_FILE}; is it a run directory written by 'jepsen_like run'?"
+        )
     meta = json.loads((out / RUN_FILE).read_text())
     results: list[checkers.CheckerResult] = []
     for name, reason in (meta.get("skipped") or {}).items():
         kind, _, what = name.partition(" ")
-        results.append(checkers.CheckerResult(kind, what if kind == "workload" else None, "skipped", reason))
+        results.append(
+            checkers.CheckerResult(kind, what if kind == "workload" else None, "skipped", reason)
+        )
     events: dict[str, list[Any]] = {}
     for name in meta.get("active_workloads", []):
         path = out / history_file(name)
@@ -447,7 +498,9 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
     for error in meta.get("harness_errors") or []:
         results.append(checkers.CheckerResult("harness", None, "unknown", error))
     faults = load_faults(out / FAULTS_FILE)
-    (out / RESULTS_FILE).write_text(json.dumps([r.to_json() for r in results], indent=2, default=str))
+    (out / RESULTS_FILE).write_text(
+        json.dumps([r.to_json() for r in results], indent=2, default=str)
+    )
     code = exit_code(results)
     report.write(out, meta, events, faults, results, code)
     for r in results:

@@ -77,7 +77,9 @@ class Testbed:
     proxies: LinkProxies | None
     paused: set[str] = field(default_factory=set)
     client_sim: subprocess.Popen[bytes] | None = None
-    client_sim_args: list[str] = field(default_factory=list)  # `node.cli` args, to start it again (client-kill)
+    client_sim_args: list[str] = field(
+        default_factory=list
+    )  # `node.cli` args, to start it again (client-kill)
     #: the servers' ``raft_compaction_entries`` when the testbed set one (None: the profile's default)
     compaction_entries: int | None = None
     #: the file (in each server's data_dir) its wall-clock offset is read from, when the servers run
@@ -149,16 +151,28 @@ class Testbed:
             for i, low in enumerate(nodes):
                 for high in nodes[i + 1 :]:
                     via = net.add(high.id, low.id, low.raft_addr)
-                    if not via < high.raft_addr:  # the dialing rule above; cannot fail with this layout
-                        raise TestbedError(f"proxy address {via} does not sort below {high.raft_addr}")
-                    views[high.id] = [replace(n, raft_addr=via) if n.id == low.id else n for n in views[high.id]]
+                    if (
+                        not via < high.raft_addr
+                    ):  # the dialing rule above; cannot fail with this layout
+                        raise TestbedError(
+                            f"proxy address {via} does not sort below {high.raft_addr}"
+                        )
+                    views[high.id] = [
+                        replace(n, raft_addr=via) if n.id == low.id else n for n in views[high.id]
+                    ]
         for node in nodes:
             Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
-            Path(node.config_file).write_text(cl.render_config(node, views[node.id], str(password_file), extra_config))
+            Path(node.config_file).write_text(
+                cl.render_config(node, views[node.id], str(password_file), extra_config)
+            )
         cluster = cl.Cluster(dir=str(root), nodes=nodes)
         cluster.save()
         return cls(
-            directory=root, cluster=cluster, proxies=net, compaction_entries=compaction_entries, clock_file=clock_file
+            directory=root,
+            cluster=cluster,
+            proxies=net,
+            compaction_entries=compaction_entries,
+            clock_file=clock_file,
         )
 
     # -- names ----------------------------------------------------------------------
@@ -224,9 +238,19 @@ class Testbed:
         Its state file keeps the node ids, so a restart brings the same nodes back.
         """
         self.client_sim_args = [
-            "client", "sim", "--nodes", str(nodes),
-            "--servers", ",".join(self.rpc_addresses), "--seed", str(seed), "--name-prefix", "sim",
-            "--state-file", self.client_sim_state_file]
+            "client",
+            "sim",
+            "--nodes",
+            str(nodes),
+            "--servers",
+            ",".join(self.rpc_addresses),
+            "--seed",
+            str(seed),
+            "--name-prefix",
+            "sim",
+            "--state-file",
+            self.client_sim_state_file,
+        ]
         self._spawn_client_sim()
 
     def kill_client_sim(self) -> None:
@@ -292,7 +316,9 @@ class Testbed:
         """
         self.silence_generation += 1
         generation = self.silence_generation
-        write_json_atomically(self.silence_file, {"generation": generation, "silenced": sorted(node_ids)})
+        write_json_atomically(
+            self.silence_file, {"generation": generation, "silenced": sorted(node_ids)}
+        )
         deadline = time.monotonic() + timeout
         while self.client_sim_running():
             if read_ack(self.silence_file) == generation:
@@ -345,7 +371,9 @@ class Testbed:
         A dead or paused server cannot acknowledge (False); it takes the offset when it runs again.
         """
         if self.clock_file is None:
-            raise TestbedError("the servers run without the wall-clock switch (CARAVAN_UNSAFE_WALL_CLOCK_FILE)")
+            raise TestbedError(
+                "the servers run without the wall-clock switch (CARAVAN_UNSAFE_WALL_CLOCK_FILE)"
+            )
         path = Path(self.node(name).data_dir) / self.clock_file
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -383,7 +411,9 @@ class Testbed:
             if name is not None:
                 return name
             time.sleep(0.1)
-        raise TestbedError(f"no leader within {timeout:g}s; see the server logs under {self.directory}")
+        raise TestbedError(
+            f"no leader within {timeout:g}s; see the server logs under {self.directory}"
+        )
 
     def client(self, name: str, timeout: float = 5.0) -> RPCClient:
         return RPCClient([self.node(name).rpc_addr], timeout=timeout)

@@ -80,7 +80,17 @@ Outcome = Literal["fail", "info"]
 
 #: Answers that reject the request itself: it was validated and refused, or
 #: applied as a deterministic error (no effect).
-DEFINITE_ERRORS = frozenset({BAD_REQUEST, CONFLICT, NOT_FOUND, PERMISSION_DENIED, MALFORMED, FRAME_TOO_LARGE, UNKNOWN_METHOD})
+DEFINITE_ERRORS = frozenset(
+    {
+        BAD_REQUEST,
+        CONFLICT,
+        NOT_FOUND,
+        PERMISSION_DENIED,
+        MALFORMED,
+        FRAME_TOO_LARGE,
+        UNKNOWN_METHOD,
+    }
+)
 
 SET_BUCKETS = 16
 
@@ -149,7 +159,9 @@ class Lane:
         self.recorder.record(self.process, "invoke", value, key)
         self.ops += 1
 
-    def complete(self, type: Literal["ok", "fail", "info"], value: Any = None, key: Any = None) -> None:
+    def complete(
+        self, type: Literal["ok", "fail", "info"], value: Any = None, key: Any = None
+    ) -> None:
         self.recorder.record(self.process, type, value, key)
         if type == "info":
             self.process += self.ctx.total_lanes
@@ -258,7 +270,9 @@ class RegisterWorkload(Workload):
         lane.complete("ok", value, key)
         return True, value, int(job["JobModifyIndex"])
 
-    def _register(self, lane: Lane, client: RPCClient, key: str, value: int, enforce: int | None) -> None:
+    def _register(
+        self, lane: Lane, client: RPCClient, key: str, value: int, enforce: int | None
+    ) -> None:
         args: dict[str, Any] = {"job": _job(key, {"v": str(value)})}
         if enforce is not None:
             args["enforce_index"] = enforce
@@ -389,7 +403,9 @@ failover_heartbeat_ttl = "10s"
 """
 
 
-def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = True) -> dict[str, Any]:
+def _keep_job(
+    job_id: str, count: int, release: int = 0, auto_promote: bool = True
+) -> dict[str, Any]:
     """A service that runs until the end of the run; its rollouts finish within a second.
 
     Each ``release`` changes the task's config, so the allocs are replaced
@@ -400,14 +416,35 @@ def _keep_job(job_id: str, count: int, release: int = 0, auto_promote: bool = Tr
     comes first.
     """
     spec = _job(job_id, {})
-    update = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "HealthyDeadline": 3_000_000_000,
-              "ProgressDeadline": 10_000_000_000, "Canary": 1, "AutoPromote": auto_promote}
+    update = {
+        "MaxParallel": 1,
+        "MinHealthyTime": 500_000_000,
+        "HealthyDeadline": 3_000_000_000,
+        "ProgressDeadline": 10_000_000_000,
+        "Canary": 1,
+        "AutoPromote": auto_promote,
+    }
     # An alloc that crashes in a rollout is replaced within the run (Nomad's shortest delay).
     reschedule = {"Delay": 5_000_000_000, "DelayFunction": "constant", "Unlimited": True}
     # A node drain (the drain nemesis) moves them one at a time, each step once the last replacement is healthy.
     migrate = {"MaxParallel": 1, "MinHealthyTime": 500_000_000, "HealthyDeadline": 3_000_000_000}
-    spec["TaskGroups"] = [{"Name": "g", "Count": count, "Update": update, "Migrate": migrate, "ReschedulePolicy": reschedule, "Tasks": [
-        {"Name": "t", "Driver": "sim", "Config": {"release": release, "unhealthy_rate": 0.05}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
+    spec["TaskGroups"] = [
+        {
+            "Name": "g",
+            "Count": count,
+            "Update": update,
+            "Migrate": migrate,
+            "ReschedulePolicy": reschedule,
+            "Tasks": [
+                {
+                    "Name": "t",
+                    "Driver": "sim",
+                    "Config": {"release": release, "unhealthy_rate": 0.05},
+                    "Resources": {"CPU": 10, "MemoryMB": 10},
+                }
+            ],
+        }
+    ]
     return spec
 
 
@@ -468,8 +505,16 @@ class LifecycleWorkload(Workload):
             return
         super().run_lane(lane, ctx, rng)
 
-    def _call(self, lane: Lane, client: RPCClient, value: dict[str, Any], method: str, args: dict[str, Any],
-              shape: Callable[[Any], Any], read: bool = False) -> Any:
+    def _call(
+        self,
+        lane: Lane,
+        client: RPCClient,
+        value: dict[str, Any],
+        method: str,
+        args: dict[str, Any],
+        shape: Callable[[Any], Any],
+        read: bool = False,
+    ) -> Any:
         lane.invoke(value)
         try:
             result = client.call(method, args)
@@ -508,8 +553,14 @@ class LifecycleWorkload(Workload):
                 self.keeps += 1
         if want_keep:
             job_id = f"keep-{self.ctx.unique()}"
-            self._call(lane, client, {"f": "run", "job": job_id, "kind": "keep"}, "job.register",
-                       {"job": _keep_job(job_id, 1)}, lambda r: None)
+            self._call(
+                lane,
+                client,
+                {"f": "run", "job": job_id, "kind": "keep"},
+                "job.register",
+                {"job": _keep_job(job_id, 1)},
+                lambda r: None,
+            )
             with self._lock:
                 self.keep_ids.append(job_id)
         elif roll < 0.15 and keep_ids:
@@ -526,8 +577,14 @@ class LifecycleWorkload(Workload):
                     self.releases[job_id] = self.releases.get(job_id, 0) + 1
                 release = self.releases.get(job_id, 0)
             spec = _keep_job(job_id, count, release, auto_promote=rng.random() < 0.5)
-            self._call(lane, client, {"f": "scale", "job": job_id, "count": count, "release": release}, "job.register",
-                       {"job": spec}, lambda r: None)
+            self._call(
+                lane,
+                client,
+                {"f": "scale", "job": job_id, "count": count, "release": release},
+                "job.register",
+                {"job": spec},
+                lambda r: None,
+            )
             return
         elif roll < 0.17 and keep_ids:
             self._hold_or_resume(lane, client, rng.choice(keep_ids))
@@ -540,22 +597,64 @@ class LifecycleWorkload(Workload):
             run_for = f"{rng.randint(300, 2000)}ms"
             spec = _job(job_id, {})
             spec["Type"] = "batch"
-            spec["TaskGroups"] = [{"Name": "g", "Count": rng.randint(1, 2), "Tasks": [{
-                "Name": "t", "Driver": "sim", "Config": {"run_for": run_for}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]
-            self._call(lane, client, {"f": "run", "job": job_id, "kind": "batch"}, "job.register", {"job": spec}, lambda r: None)
+            spec["TaskGroups"] = [
+                {
+                    "Name": "g",
+                    "Count": rng.randint(1, 2),
+                    "Tasks": [
+                        {
+                            "Name": "t",
+                            "Driver": "sim",
+                            "Config": {"run_for": run_for},
+                            "Resources": {"CPU": 10, "MemoryMB": 10},
+                        }
+                    ],
+                }
+            ]
+            self._call(
+                lane,
+                client,
+                {"f": "run", "job": job_id, "kind": "batch"},
+                "job.register",
+                {"job": spec},
+                lambda r: None,
+            )
         elif roll < 0.8 and (stoppable := [j for j in known if j not in keep_ids]):
             # Only life jobs: keep jobs run to the end (and are rescaled, which
             # would register a stopped and collected one again).
             job_id = rng.choice(stoppable)
-            self._call(lane, client, {"f": "stop", "job": job_id}, "job.stop", {"job_id": job_id}, lambda r: None)
+            self._call(
+                lane,
+                client,
+                {"f": "stop", "job": job_id},
+                "job.stop",
+                {"job_id": job_id},
+                lambda r: None,
+            )
             return
         elif roll < 0.9:
-            self._call(lane, client, {"f": "gc"}, "system.gc", {}, lambda r: {k: v for k, v in r.items() if isinstance(v, int)})
+            self._call(
+                lane,
+                client,
+                {"f": "gc"},
+                "system.gc",
+                {},
+                lambda r: {k: v for k, v in r.items() if isinstance(v, int)},
+            )
             return
         else:
             job_id = rng.choice(known)
-            self._call(lane, client, {"f": "get", "job": job_id}, "job.get", {"job_id": job_id},
-                       lambda r: {job_id: r["data"]["Status"] + ("/stop" if r["data"].get("Stop") else "")}, read=True)
+            self._call(
+                lane,
+                client,
+                {"f": "get", "job": job_id},
+                "job.get",
+                {"job_id": job_id},
+                lambda r: {
+                    job_id: r["data"]["Status"] + ("/stop" if r["data"].get("Stop") else "")
+                },
+                read=True,
+            )
             return
         with self._lock:
             self.registered.append(job_id)
@@ -574,14 +673,29 @@ class LifecycleWorkload(Workload):
         if not active:
             return
         dep = max(active, key=lambda d: d["CreateIndex"])
-        waiting = any(s.get("DesiredCanaries") and not s.get("Promoted") for s in (dep.get("TaskGroups") or {}).values())
+        waiting = any(
+            s.get("DesiredCanaries") and not s.get("Promoted")
+            for s in (dep.get("TaskGroups") or {}).values()
+        )
         if waiting and dep["Status"] == "running":  # refused while a canary is not yet healthy
-            self._call(lane, client, {"f": "promote", "deployment": dep["ID"]}, "deployment.promote",
-                       {"deployment_id": dep["ID"]}, lambda r: None)
+            self._call(
+                lane,
+                client,
+                {"f": "promote", "deployment": dep["ID"]},
+                "deployment.promote",
+                {"deployment_id": dep["ID"]},
+                lambda r: None,
+            )
             return
         pause = dep["Status"] == "running"
-        self._call(lane, client, {"f": "pause" if pause else "resume", "deployment": dep["ID"]}, "deployment.pause",
-                   {"deployment_id": dep["ID"], "pause": pause}, lambda r: None)
+        self._call(
+            lane,
+            client,
+            {"f": "pause" if pause else "resume", "deployment": dep["ID"]},
+            "deployment.pause",
+            {"deployment_id": dep["ID"], "pause": pause},
+            lambda r: None,
+        )
 
     def _sicken(self, lane: Lane, client: RPCClient, rng: random.Random, job_id: str) -> None:
         """A health check fails: a running alloc of a keep job's active rollout is reported unhealthy.
@@ -596,37 +710,75 @@ class LifecycleWorkload(Workload):
         except (RPCError, OSError):
             return
         active = {d["ID"] for d in deployments if d["Status"] in ("running", "paused")}
-        running = [a for a in allocs if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run" and a["DeploymentID"] in active]
+        running = [
+            a
+            for a in allocs
+            if a["ClientStatus"] == "running"
+            and a["DesiredStatus"] == "run"
+            and a["DeploymentID"] in active
+        ]
         if not running:
             return
         alloc = rng.choice(sorted(running, key=lambda a: a["ID"]))
         with self._lock:
             self.resting[job_id] = time.monotonic() + 15.0
         health = {"Healthy": False, "Timestamp": time.time_ns()}
-        self._call(lane, client, {"f": "sicken", "job": job_id, "alloc": alloc["ID"]}, "alloc.update",
-                   {"allocs": [{"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}]}, lambda r: None)
+        self._call(
+            lane,
+            client,
+            {"f": "sicken", "job": job_id, "alloc": alloc["ID"]},
+            "alloc.update",
+            {
+                "allocs": [
+                    {"ID": alloc["ID"], "ClientStatus": "running", "DeploymentStatus": health}
+                ]
+            },
+            lambda r: None,
+        )
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Force GC until it finds nothing more, then record jobs, evals and allocs."""
         rng = random.Random(1)
         with ctx.client(rng) as client:
             for _ in range(3):
-                self._call(lane, client, {"f": "gc"}, "system.gc", {}, lambda r: {k: v for k, v in r.items() if isinstance(v, int)})
+                self._call(
+                    lane,
+                    client,
+                    {"f": "gc"},
+                    "system.gc",
+                    {},
+                    lambda r: {k: v for k, v in r.items() if isinstance(v, int)},
+                )
                 ctx.stop.wait(1.0)  # let reaps of the previous pass settle before the next
             while time.monotonic() < deadline:
                 lane.invoke({"f": "final"})
                 try:
-                    jobs = {j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "")
-                            for prefix in ("life-", "keep-") for j in client.list_all("job.list", {"prefix": prefix})}
-                    evals = [[e["ID"], e["JobID"], e["Status"]] for e in client.list_all("eval.list", {})]
-                    allocs = [[a["ID"], a["JobID"], a["ClientStatus"], a.get("NodeID", ""), a.get("DesiredStatus", "")]
-                              for a in client.list_all("alloc.list", {})]
+                    jobs = {
+                        j["ID"]: j["Status"] + ("/stop" if j.get("Stop") else "")
+                        for prefix in ("life-", "keep-")
+                        for j in client.list_all("job.list", {"prefix": prefix})
+                    }
+                    evals = [
+                        [e["ID"], e["JobID"], e["Status"]] for e in client.list_all("eval.list", {})
+                    ]
+                    allocs = [
+                        [
+                            a["ID"],
+                            a["JobID"],
+                            a["ClientStatus"],
+                            a.get("NodeID", ""),
+                            a.get("DesiredStatus", ""),
+                        ]
+                        for a in client.list_all("alloc.list", {})
+                    ]
                     nodes = {n["ID"]: n.get("Status", "") for n in client.list_all("node.list", {})}
                 except (RPCError, OSError) as err:
                     lane.complete("fail", {"error": error_text(err)})
                     ctx.stop.wait(0.5)
                     continue
-                lane.complete("ok", {"jobs": jobs, "evals": evals, "allocs": allocs, "nodes": nodes})
+                lane.complete(
+                    "ok", {"jobs": jobs, "evals": evals, "allocs": allocs, "nodes": nodes}
+                )
                 return
 
 
@@ -699,34 +851,68 @@ class JournalWorkload(Workload):
         self.last[server] = 0
         client = RPCClient([address], timeout=ctx.op_timeout)
         while not self.done.is_set():
-            self._write({"t": ctx.clock.now(), "server": server, "kind": "subscribe", "index": last})
+            self._write(
+                {"t": ctx.clock.now(), "server": server, "kind": "subscribe", "index": last}
+            )
             try:
                 for item in client.stream(
                     "event.stream",
-                    {"index": last, "heartbeat": self.heartbeat, "encoding": "msgpack", "group": self.group},
+                    {
+                        "index": last,
+                        "heartbeat": self.heartbeat,
+                        "encoding": "msgpack",
+                        "group": self.group,
+                    },
                     idle_timeout=3 * self.heartbeat + 2,
                 ):
                     now = ctx.clock.now()
                     batches = _stream_batches(item)
-                    if batches is None:  # a shape this harness does not know: say so, never skip silently
-                        self._write({"t": now, "server": server, "kind": "unknown_item", "keys": sorted(map(str, item))})
+                    if (
+                        batches is None
+                    ):  # a shape this harness does not know: say so, never skip silently
+                        self._write(
+                            {
+                                "t": now,
+                                "server": server,
+                                "kind": "unknown_item",
+                                "keys": sorted(map(str, item)),
+                            }
+                        )
                         continue
                     for batch in batches:
                         raw = batch.get("raw") or b""
                         index = int(batch["index"])
-                        self._write({
-                            "t": now, "server": server, "kind": "batch", "index": index,
-                            "hash": hashlib.blake2b(raw, digest_size=12).hexdigest(), "size": len(raw),
-                        })
+                        self._write(
+                            {
+                                "t": now,
+                                "server": server,
+                                "kind": "batch",
+                                "index": index,
+                                "hash": hashlib.blake2b(raw, digest_size=12).hexdigest(),
+                                "size": len(raw),
+                            }
+                        )
                         last = max(last, index)
                     if "progress" in item:
                         last = max(last, int(item["progress"]))
-                        self._write({"t": now, "server": server, "kind": "progress", "index": int(item["progress"])})
+                        self._write(
+                            {
+                                "t": now,
+                                "server": server,
+                                "kind": "progress",
+                                "index": int(item["progress"]),
+                            }
+                        )
                     self.last[server] = last
                     if self.done.is_set():
                         break
             except RPCError as err:
-                record: dict[str, Any] = {"t": ctx.clock.now(), "server": server, "kind": "break", "error": error_text(err)}
+                record: dict[str, Any] = {
+                    "t": ctx.clock.now(),
+                    "server": server,
+                    "kind": "break",
+                    "error": error_text(err),
+                }
                 if err.code == "reset_required":
                     record["kind"] = "reset"
                     record["oldest_index"] = err.details.get("oldest_index")
@@ -736,7 +922,14 @@ class JournalWorkload(Workload):
                     last = max(last, resume)
                 self._write(record)
             except OSError as err:
-                self._write({"t": ctx.clock.now(), "server": server, "kind": "break", "error": error_text(err)})
+                self._write(
+                    {
+                        "t": ctx.clock.now(),
+                        "server": server,
+                        "kind": "break",
+                        "error": error_text(err),
+                    }
+                )
             if not self.done.is_set():
                 self.done.wait(0.2)  # back off before resubscribing to a server that is down
         self._write({"t": ctx.clock.now(), "server": server, "kind": "end", "index": last})

@@ -70,23 +70,40 @@ class Cluster:
         for node in self.nodes:
             if name in (node.id, node.rpc_addr):
                 return node
-        raise ClusterError(f"no server {name!r} in {self.dir}; known: {', '.join(n.id for n in self.nodes)}")
+        raise ClusterError(
+            f"no server {name!r} in {self.dir}; known: {', '.join(n.id for n in self.nodes)}"
+        )
 
     def save(self) -> None:
         path = Path(self.dir) / CLUSTER_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"dir": self.dir, "acl": self.acl, "client_pid": self.client_pid,
-                                   "nodes": [asdict(n) for n in self.nodes]}, indent=2))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "dir": self.dir,
+                    "acl": self.acl,
+                    "client_pid": self.client_pid,
+                    "nodes": [asdict(n) for n in self.nodes],
+                },
+                indent=2,
+            )
+        )
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, directory: str) -> Cluster:
         path = Path(directory) / CLUSTER_FILE
         if not path.exists():
-            raise ClusterError(f"no cluster in {directory}: run 'caravan cluster up --dir {directory}' first")
+            raise ClusterError(
+                f"no cluster in {directory}: run 'caravan cluster up --dir {directory}' first"
+            )
         data = json.loads(path.read_text())
-        return cls(dir=data["dir"], acl=data.get("acl", False), client_pid=data.get("client_pid", 0),
-                   nodes=[ClusterNode(**n) for n in data["nodes"]])
+        return cls(
+            dir=data["dir"],
+            acl=data.get("acl", False),
+            client_pid=data.get("client_pid", 0),
+            nodes=[ClusterNode(**n) for n in data["nodes"]],
+        )
 
 
 #: Where local servers listen when the kernel's ephemeral range cannot be read (Linux's default
@@ -118,7 +135,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         port = rng.randrange(low, high)
         if port_is_free(host, port):
             return port
-    raise ClusterError(f"no free port between {low} and {high} on {host}; stop some servers and retry")
+    raise ClusterError(
+        f"no free port between {low} and {high} on {host}; stop some servers and retry"
+    )
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -169,7 +188,9 @@ def _toml_str(value: str) -> str:
     return json.dumps(value)
 
 
-def render_config(node: ClusterNode, members: list[ClusterNode], password_file: str, extra: str = "") -> str:
+def render_config(
+    node: ClusterNode, members: list[ClusterNode], password_file: str, extra: str = ""
+) -> str:
     lines = [
         f"node_id = {_toml_str(node.id)}",
         f"data_dir = {_toml_str(node.data_dir)}",
@@ -195,14 +216,18 @@ def render_config(node: ClusterNode, members: list[ClusterNode], password_file: 
     return "\n".join(lines) + "\n"
 
 
-def plan(directory: str, count: int, hosts: list[str] | None = None, extra_config: str = "") -> Cluster:
+def plan(
+    directory: str, count: int, hosts: list[str] | None = None, extra_config: str = ""
+) -> Cluster:
     """Lay out ``count`` servers under ``directory`` with free loopback ports and configs.
 
     A directory that held a cluster before keeps each server's addresses
     where they are still free (see ``_Addresses``).
     """
     if count not in (1, 3, 5):
-        raise ClusterError("--nodes must be 1, 3 or 5 (an odd number keeps a majority through one or two failures)")
+        raise ClusterError(
+            "--nodes must be 1, 3 or 5 (an odd number keeps a majority through one or two failures)"
+        )
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     password_file = root / "raft-password"
@@ -230,7 +255,9 @@ def plan(directory: str, count: int, hosts: list[str] | None = None, extra_confi
         )
     for node in nodes:
         Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(node.config_file).write_text(render_config(node, nodes, str(password_file), extra_config))
+        Path(node.config_file).write_text(
+            render_config(node, nodes, str(password_file), extra_config)
+        )
     return Cluster(dir=str(root), nodes=nodes)
 
 
@@ -306,7 +333,9 @@ def wait_for_leader(addresses: list[str], timeout: float = 30.0) -> dict[str, An
                 if leader and leader.get("Role") == "leader":
                     return leader
         time.sleep(0.1)
-    raise ClusterError(f"no leader elected within {timeout:g}s; check the server logs in the cluster directory")
+    raise ClusterError(
+        f"no leader elected within {timeout:g}s; check the server logs in the cluster directory"
+    )
 
 
 def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float = 30.0) -> Cluster:
@@ -319,7 +348,9 @@ def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float
     if path.exists():
         existing = Cluster.load(directory)
         if any(alive(n.pid) for n in existing.nodes):
-            raise ClusterError(f"a cluster is already running in {directory}: 'caravan cluster down --dir {directory}' first")
+            raise ClusterError(
+                f"a cluster is already running in {directory}: 'caravan cluster down --dir {directory}' first"
+            )
         acl = existing.acl  # the data dirs still hold the bootstrapped ACLs
         stop_client(existing)  # one left behind by a killed 'caravan dev' would double its nodes
     cluster = plan(directory, count, extra_config=extra_config)
@@ -332,7 +363,9 @@ def up(directory: str, count: int = 3, *, extra_config: str = "", timeout: float
     return cluster
 
 
-def prepare_join(cluster: Cluster, name: str, join: list[str], extra_config: str = "") -> ClusterNode:
+def prepare_join(
+    cluster: Cluster, name: str, join: list[str], extra_config: str = ""
+) -> ClusterNode:
     """Wipe one stopped server's data dir and rewrite its config to join the cluster at ``join``.
 
     The server keeps its id and addresses (a replacement "in its place");
@@ -342,7 +375,9 @@ def prepare_join(cluster: Cluster, name: str, join: list[str], extra_config: str
     """
     node = cluster.node(name)
     if alive(node.pid):
-        raise ClusterError(f"{name} is still running (pid {node.pid}); stop it before wiping its data dir")
+        raise ClusterError(
+            f"{name} is still running (pid {node.pid}); stop it before wiping its data dir"
+        )
     shutil.rmtree(node.data_dir, ignore_errors=True)
     password_file = str(Path(cluster.dir) / "raft-password")
     extra = "\n".join([f"join = [{', '.join(_toml_str(a) for a in join)}]", extra_config])
@@ -401,7 +436,9 @@ def wait_serving(nodes: list[ClusterNode], timeout: float = 60.0) -> None:
             return
         if time.monotonic() > deadline:
             names = ", ".join(n.id for n in pending)
-            raise ClusterError(f"{names} did not answer within {timeout:g}s; see {pending[0].log_file}")
+            raise ClusterError(
+                f"{names} did not answer within {timeout:g}s; see {pending[0].log_file}"
+            )
         time.sleep(0.05)
 
 
