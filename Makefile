@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement bench-failover clean jepsen
+.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement bench-failover clean jepsen jepsen-member
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -39,6 +39,15 @@ JEPSEN_ARGS ?=
 jepsen: $(STAMP)
 	$(BIN)/python -m jepsen_like campaign --seeds $(JEPSEN_SEEDS) --rotate --nemesis $(JEPSEN_NEMESIS) \
 		--time $(JEPSEN_TIME) --workload $(JEPSEN_WORKLOAD) $(JEPSEN_ARGS) --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
+
+# The member nemesis at five servers (remove, wipe and re-add, replace), one
+# seeded run per seed, the campaign's workloads checked. Runs without the raft
+# proxies, so no partitions beside it (jepsen_like/testbed.py says why).
+JEPSEN_MEMBER_SEEDS ?= 1:3
+JEPSEN_MEMBER_NODES ?= 5
+jepsen-member: $(STAMP)
+	$(BIN)/python -m jepsen_like campaign --seeds $(JEPSEN_MEMBER_SEEDS) --nodes $(JEPSEN_MEMBER_NODES) --nemesis member \
+		--time $(JEPSEN_TIME) --workload $(JEPSEN_WORKLOAD) $(JEPSEN_ARGS) --out $(JEPSEN_OUT)/member-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

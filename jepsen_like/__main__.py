@@ -68,14 +68,14 @@ run_options = [
         "--nemesis",
         default="kill,pause,partition",
         show_default=True,
-        help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, client-kill, drain, "
+        help="comma list: kill, kill-all, pause, partition, snapshot-lag, clock, client-kill, drain, member, "
         "clients (adds the failover workload), none",
     ),
     click.option(
         "--workload",
         default="register,set",
         show_default=True,
-        help="comma list: register, set, lifecycle, journal, failover",
+        help="comma list: register, set, lifecycle, journal, failover, quota",
     ),
     click.option("--register-clients", type=int, default=4, show_default=True),
     click.option("--set-clients", type=int, default=2, show_default=True),

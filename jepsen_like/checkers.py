@@ -12,8 +12,12 @@ HTML timeline can highlight them.
   that was never attempted or that definitely failed; a read never misses an
   add acknowledged before it started; an element once read never vanishes
   from a read that started after.
-* convergence -- after healing, every server reaches the same applied index
-  with the same state digest (observations recorded by the runner).
+* convergence -- after healing, every current member reaches the same
+  applied index with the same state digest, and every one lists the same
+  members, the set the run ended with (observations recorded by the runner).
+* up-after-heal -- after each heal every server that should run was up; one
+  that was not is an anomaly, or a harness failure when the harness could
+  not give it its port back (``jepsen_like.health``).
 * server-logs -- a server that stopped on a fatal apply error, or raft
   truncating entries it had already applied, is an anomaly (``ANOMALY_MARKERS``);
   other error/critical lines are counted for the summary.
@@ -236,54 +240,142 @@ def check_set(events: Sequence[Event]) -> CheckerResult:
 
 
 # -- convergence ----------------------------------------------------------------------------
-def check_convergence(observation: dict[str, Any] | None) -> CheckerResult:
-    """Verdict over the runner's final digest polls (``convergence.json``)."""
+def check_convergence(
+    observation: dict[str, Any] | None, excused: dict[str, str] | None = None
+) -> CheckerResult:
+    """Verdict over the runner's final digest polls and member lists (``convergence.json``).
+
+    ``excused``: servers the harness could not bring back (name -> why);
+    they are left out rather than counted as never answering, since the
+    run cannot say whether they would have converged.
+    """
     if not observation:
         return CheckerResult(
             "convergence", None, "unknown", "no convergence observation was recorded"
         )
-    final: dict[str, Any] = observation.get("final") or {}
+    excused = excused or {}
+    final: dict[str, Any] = {
+        n: o for n, o in (observation.get("final") or {}).items() if n not in excused
+    }
     details = {
         "final": final,
         "polls": observation.get("polls", 0),
         "waited": observation.get("waited"),
+        "members": observation.get("members"),
+        "excused": excused,
     }
-    silent = sorted(name for name, obs in final.items() if not obs)
-    if silent:
-        return CheckerResult(
-            "convergence",
-            None,
-            "anomaly",
-            f"after healing, {', '.join(silent)} never answered (crashed or wedged); see its server log",
-            details=details,
-        )
-    indexes = {obs["index"] for obs in final.values()}
-    if len(indexes) > 1:
-        shown = ", ".join(f"{n}@{o['index']}" for n, o in sorted(final.items()))
-        return CheckerResult(
-            "convergence",
-            None,
-            "anomaly",
-            f"servers did not reach the same applied index within {observation.get('waited', 0):.0f}s: {shown}",
-            details=details,
-        )
-    digests = {obs["digest"] for obs in final.values()}
-    if len(digests) > 1:
-        shown = ", ".join(f"{n}={o['digest'][:12]}" for n, o in sorted(final.items()))
-        return CheckerResult(
-            "convergence",
-            None,
-            "anomaly",
-            f"replicas DIVERGED: same applied index {indexes.pop()}, different state digests ({shown})",
-            details=details,
-        )
+    problem = _divergence(final, observation) or _member_disagreement(observation, excused)
+    if problem:
+        return CheckerResult("convergence", None, "anomaly", problem, details=details)
+    left_out = (
+        f"; {', '.join(sorted(excused))} left out (the harness could not bring it back)"
+        if excused
+        else ""
+    )
+    members = (
+        f" and members {', '.join(observation['expected_members'])}"
+        if observation.get("expected_members")
+        else ""
+    )
+    index, digest = next(((o["index"], o["digest"]) for o in final.values()), (0, ""))
     return CheckerResult(
         "convergence",
         None,
         "ok",
-        f"all {len(final)} servers at applied index {indexes.pop()} with one digest {digests.pop()[:12]}",
+        f"all {len(final)} servers at applied index {index} with one digest {digest[:12]}{members}{left_out}",
         details=details,
     )
+
+
+def _divergence(final: dict[str, Any], observation: dict[str, Any]) -> str:
+    """Why the servers' final observations do not agree ("" when they do): silent, apart, or diverged."""
+    silent = sorted(name for name, obs in final.items() if not obs)
+    if silent:
+        return f"after healing, {', '.join(silent)} never answered (crashed or wedged); see its server log"
+    indexes = {obs["index"] for obs in final.values()}
+    if len(indexes) > 1:
+        shown = ", ".join(f"{n}@{o['index']}" for n, o in sorted(final.items()))
+        waited = observation.get("waited", 0)
+        return f"servers did not reach the same applied index within {waited:.0f}s: {shown}"
+    if len({obs["digest"] for obs in final.values()}) > 1:
+        shown = ", ".join(f"{n}={o['digest'][:12]}" for n, o in sorted(final.items()))
+        return f"replicas DIVERGED: same applied index {indexes.pop()}, different state digests ({shown})"
+    return ""
+
+
+def _member_disagreement(observation: dict[str, Any], excused: dict[str, str]) -> str:
+    """Servers whose member list is not the one the run ended with ("" when all agree or none was recorded)."""
+    expected = observation.get("expected_members")
+    if not expected:
+        return ""  # a run recorded before member lists were
+    views = {n: v for n, v in (observation.get("members") or {}).items() if n not in excused}
+    wrong = {n: v for n, v in views.items() if v is None or sorted(v) != sorted(expected)}
+    if not wrong:
+        return ""
+    shown = "; ".join(
+        f"{n} lists {', '.join(v) if v is not None else 'nothing (no answer)'}"
+        for n, v in sorted(wrong.items())
+    )
+    return f"member lists differ after healing: {shown} (expected {', '.join(expected)})"
+
+
+# -- servers up after each heal ------------------------------------------------------------------
+HARNESS = "harness"
+UP_AFTER_HEAL = "up-after-heal"
+
+
+def check_heals(meta: dict[str, Any]) -> list[CheckerResult]:
+    """The per-heal checks' findings (``run.json``): harness failures and anomalies, kept apart.
+
+    A harness failure (``unknown``) makes the run inconclusive; a server
+    that would not come back on healthy ports is the product's anomaly.
+    """
+    if "heal_checks" not in meta:
+        return []  # recorded before per-heal checks
+    misses = meta.get("not_up") or []
+    results = [
+        CheckerResult(
+            HARNESS,
+            None,
+            "unknown",
+            f"{m['server']} not up after healing {m.get('after')}: {m['cause']}",
+            details=m,
+        )
+        for m in misses
+        if m.get("kind") == "harness"
+    ]
+    anomalies = [m for m in misses if m.get("kind") != "harness"]
+    if anomalies:
+        first = anomalies[0]
+        results.append(
+            CheckerResult(
+                UP_AFTER_HEAL,
+                None,
+                "anomaly",
+                f"{len(anomalies)} server(s) not up after a heal; first: {first['server']} after {first.get('after')} "
+                f"(at {first.get('at', 0):.1f}s): {first['cause']}",
+                details={"not_up": anomalies},
+            )
+        )
+    elif not results:
+        results.append(
+            CheckerResult(
+                UP_AFTER_HEAL,
+                None,
+                "ok",
+                f"every server up after each of {meta['heal_checks']} heals",
+            )
+        )
+    return results
+
+
+def split_failures(
+    results: Sequence[CheckerResult],
+) -> tuple[list[CheckerResult], list[CheckerResult]]:
+    """(product anomalies, harness failures): what the product did wrong, and what the harness could not do."""
+    anomalies = [r for r in results if r.status == "anomaly"]
+    harness = [r for r in results if r.checker == HARNESS]
+    return anomalies, harness
 
 
 # -- server logs ------------------------------------------------------------------------------
@@ -354,6 +446,8 @@ def check_journal(path: str | Path) -> CheckerResult:
     resets: dict[str, list[tuple[int, int]]] = {}
     breaks: dict[str, int] = {}
     unknown_items: dict[str, int] = {}
+    # servers the member nemesis replaced: their subscriber stopped early, by design
+    retired: set[str] = set()
     target = 0
     for line in p.read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -371,6 +465,8 @@ def check_journal(path: str | Path) -> CheckerResult:
             last[server] = max(last.get(server, 0), int(r.get("index") or 0))
         elif kind == "break":
             breaks[server] = breaks.get(server, 0) + 1
+        elif kind == "retired":
+            retired.add(server)
         elif kind == "unknown_item":
             unknown_items[server] = unknown_items.get(server, 0) + 1
         elif kind == "reset":
@@ -410,7 +506,7 @@ def check_journal(path: str | Path) -> CheckerResult:
             problems.append(
                 f"{server} never delivered {len(missing)} batches other servers did (e.g. index {min(missing)})"
             )
-    lagging = sorted(s for s in received if last.get(s, 0) < target)
+    lagging = sorted(s for s in received if last.get(s, 0) < target and s not in retired)
     details = {
         "subscribers": len(received),
         "batches": {s: len(b) for s, b in received.items()},
@@ -422,6 +518,7 @@ def check_journal(path: str | Path) -> CheckerResult:
         "differing": differing[:50],
         "disorder": {s: d[:50] for s, d in disorder.items()},
         "lagging": lagging,
+        "retired": sorted(retired),
         "unknown_items": unknown_items,
     }
     total = sum(len(b) for b in received.values())

@@ -38,10 +38,15 @@ Faults (``--nemesis`` names):
 * ``clock`` -- jump the leader's wall clock by a seeded offset (±0.5 s to
   ±1 day), then restore it; needs the servers' test-only wall-clock switch,
   which the runner turns on when this nemesis is enabled (``ClockJump``).
+* ``member`` -- kill -9 and remove-peer a server, then re-add it wiped or
+  join a new server in its place (``jepsen_like.member_fault``; listed in
+  ``catalogue``; the runner then builds the testbed without raft proxies).
 
 Every fault is recorded as a window (start, end, targets) in faults.jsonl;
-the nemesis always undoes its own fault, waits (bounded) for a leader before
-its next quiet period, and the runner heals everything at the end regardless.
+the nemesis always undoes its own fault, waits (bounded) for a leader, checks
+that every server that should be up is up (``jepsen_like.health``: one that
+is not is reported at once, with its cause, as a harness failure or an
+anomaly), and the runner heals everything at the end regardless.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jepsen_like.health import UP_WAIT, NotUp, check_up
+from jepsen_like.recorder import Fault as Window
 from jepsen_like.recorder import FaultLog
 from jepsen_like.testbed import Testbed, TestbedError
 from node.wire.errors import NOT_FOUND, RPCError
@@ -67,12 +74,16 @@ class Timing:
     hold: tuple[float, float] = (2.0, 6.0)
     kill_all_hold: tuple[float, float] = (0.5, 2.0)
     settle: float = 30.0  # longest wait for a leader after a fault is undone
+    up_wait: float = UP_WAIT  # longest wait, after a heal, for every server to run and answer
 
 
 class Fault:
     """One kind of fault: ``inject`` returns an undo function and the affected servers."""
 
     name = "fault"
+    #: never held together with another fault (``--overlap``): kill-all leaves nothing to overlap with,
+    #: and a membership change must be the only change under way
+    exclusive = False
 
     def unavailable(self, testbed: Testbed) -> str | None:
         """A reason this fault cannot run on this cluster, or None."""
@@ -93,7 +104,7 @@ class Fault:
 LEADER_WAIT = 10.0
 
 
-def _await_leader(testbed: Testbed, purpose: str) -> str:
+def await_leader(testbed: Testbed, purpose: str) -> str:
     """The leader, waiting up to LEADER_WAIT for an election; TestbedError naming ``purpose`` if none."""
     try:
         return testbed.wait_for_leader(LEADER_WAIT)
@@ -101,7 +112,7 @@ def _await_leader(testbed: Testbed, purpose: str) -> str:
         raise TestbedError(f"no leader within {LEADER_WAIT:g}s {purpose}") from None
 
 
-def _pick_target(testbed: Testbed, rng: random.Random) -> tuple[str, str]:
+def pick_target(testbed: Testbed, rng: random.Random) -> tuple[str, str]:
     """(server, why): the leader half of the time, else a random server."""
     if rng.random() < 0.5:
         leader = testbed.leader()
@@ -116,7 +127,7 @@ class Kill(Fault):
     def inject(
         self, testbed: Testbed, rng: random.Random
     ) -> tuple[Callable[[], str], list[str], str]:
-        target, why = _pick_target(testbed, rng)
+        target, why = pick_target(testbed, rng)
         testbed.kill(target)
 
         def undo() -> str:
@@ -128,6 +139,7 @@ class Kill(Fault):
 
 class KillAll(Fault):
     name = "kill-all"
+    exclusive = True
 
     def inject(
         self, testbed: Testbed, rng: random.Random
@@ -149,7 +161,7 @@ class Pause(Fault):
     def inject(
         self, testbed: Testbed, rng: random.Random
     ) -> tuple[Callable[[], str], list[str], str]:
-        target, why = _pick_target(testbed, rng)
+        target, why = pick_target(testbed, rng)
         if not testbed.alive(target):
             testbed.start(target)
         testbed.pause(target)
@@ -181,7 +193,7 @@ class Partition(Fault):
             what = f"split {'+'.join(minority)} | {'+'.join(majority)}"
             targets = minority
         else:
-            target, why = _pick_target(testbed, rng)
+            target, why = pick_target(testbed, rng)
             rest = [n for n in names if n != target]
             testbed.partition([[target], rest])
             what = f"isolate {target} ({why})"
@@ -251,7 +263,7 @@ class SnapshotLag(Fault):
     def inject(
         self, testbed: Testbed, rng: random.Random
     ) -> tuple[Callable[[], str], list[str], str]:
-        leader = _await_leader(testbed, "to lag a follower behind")
+        leader = await_leader(testbed, "to lag a follower behind")
         followers = sorted(n for n in testbed.names if n != leader and testbed.status(n))
         if not followers:
             raise TestbedError("no live follower to lag")
@@ -370,7 +382,7 @@ class ClockJump(Fault):
         self, testbed: Testbed, rng: random.Random
     ) -> tuple[Callable[[], str], list[str], str]:
         seconds = rng.choice(self.JUMPS) * rng.choice((1, -1))
-        target = _await_leader(testbed, "whose clock to jump")
+        target = await_leader(testbed, "whose clock to jump")
         offset = int(seconds * 1e9)
         if not testbed.set_clock_offset(target, offset):
             testbed.set_clock_offset(target, 0, timeout=0.5)
@@ -617,8 +629,14 @@ class Nemesis:
         stop: threading.Event,
         timing: Timing | None = None,
         overlap: bool = False,
+        report: Callable[[str], Any] | None = None,
     ) -> None:
         self.testbed = testbed
+        self.report = report or (lambda line: None)
+        self.not_up: list[NotUp] = []  # every server found not up after a heal, in order
+        self.heal_checks = 0
+        # (server, kind) not up at the last check: each reported once while it stays down
+        self._down: set[tuple[str, str]] = set()
         self.overlap = overlap
         self.faults = faults
         self.rng = rng
@@ -639,9 +657,9 @@ class Nemesis:
     def _pick(self) -> list[Fault]:
         """One fault, or with ``overlap`` half of the time two different ones held together."""
         first = self.rng.choice(self.faults)
-        if not self.overlap or first.name == "kill-all" or self.rng.random() < 0.5:
+        if not self.overlap or first.exclusive or self.rng.random() < 0.5:
             return [first]
-        others = [f for f in self.faults if f.name not in (first.name, "kill-all")]
+        others = [f for f in self.faults if f.name != first.name and not f.exclusive]
         return [first, self.rng.choice(others)] if others else [first]
 
     def _run(self) -> None:
@@ -671,6 +689,29 @@ class Nemesis:
                     self.errors.append(f"{fault.name}: {done}")
                 self.log.end(window, done)
             self._settle()
+            self.check_healed([window for _, _, window in active])
+
+    def check_healed(self, windows: list[Window], after: str = "") -> list[NotUp]:
+        """After a heal: every server that should run (all but paused ones) is up, or reported now.
+
+        A server still down from an earlier heal is not reported again for
+        the same kind of failure; one found not up is also noted in the
+        window it followed, so the timeline shows where it stayed down.
+        """
+        names = [n for n in self.testbed.names if n not in self.testbed.paused]
+        found = check_up(self.testbed, names, self.timing.up_wait)
+        self.heal_checks += 1
+        after = after or "+".join(w.kind for w in windows)
+        for miss in found:
+            miss.after, miss.at = after, self.log.clock.now()
+            if (miss.server, miss.kind) in self._down:
+                continue
+            self.not_up.append(miss)
+            self.report(miss.line())
+            for window in windows[-1:]:
+                self.log.note(window, f"NOT UP: {miss.server} ({miss.kind})")
+        self._down = {(m.server, m.kind) for m in found}
+        return found
 
     def _settle(self) -> None:
         """Wait (bounded) until some server leads again, so the quiet time is time the cluster can serve.

@@ -113,6 +113,12 @@ class FaultLog:
                 fault.detail = f"{fault.detail}; {detail}" if fault.detail else detail
             self._save()
 
+    def note(self, fault: Fault, detail: str) -> None:
+        """Add to a window's detail after it closed (what a check after the heal found)."""
+        with self._lock:
+            fault.detail = f"{fault.detail}; {detail}" if fault.detail else detail
+            self._save()
+
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(

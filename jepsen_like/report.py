@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jepsen_like.checkers import CheckerResult
+from jepsen_like.checkers import CheckerResult, split_failures
 from jepsen_like.history import Event, Operation, operations_from_events
 from jepsen_like.recorder import Fault
 
@@ -40,6 +40,7 @@ FAULT_COLORS = {
     "client-kill": "#64b5cd",
     "drain": "#ccb974",
     "clients": "#8c613c",
+    "member": "#937860",
 }
 STATUS_COLORS = {"ok": "#4caf50", "fail": "#9e9e9e", "info": "#ff9800"}
 
@@ -103,6 +104,7 @@ def summary_text(
         explanation = r.details.get("explanation") if isinstance(r.details, dict) else None
         if explanation:
             lines += ["    " + line for line in str(explanation).splitlines()]
+    lines += failure_lines(results, meta)
     lines.append("")
     lines.append("operations:")
     for name, group in ops.items():
@@ -127,6 +129,34 @@ def summary_text(
     lines.append("")
     lines.append(f"plot: {plot_note}")
     return "\n".join(lines) + "\n"
+
+
+def failure_lines(results: list[CheckerResult], meta: dict[str, Any]) -> list[str]:
+    """Product anomalies and harness failures, apart: a bug found, or a run that could not be carried out as meant."""
+    anomalies, harness = split_failures(results)
+    lines = ["", f"product anomalies: {len(anomalies)}"]
+    lines += [
+        f"  {r.checker}{'/' + r.workload if r.workload else ''}: {r.summary}" for r in anomalies
+    ]
+    lines.append(
+        f"harness failures: {len(harness)}"
+        + (
+            " (the harness could not do what it meant to: the run is inconclusive there, not a product finding)"
+            if harness
+            else ""
+        )
+    )
+    lines += [f"  {r.summary}" for r in harness]
+    if "heal_checks" in meta:
+        lines.append(
+            f"heal checks: {meta['heal_checks']} (every server that should run, up and answering after each heal)"
+        )
+    members = meta.get("members") or {}
+    if members.get("retired"):
+        lines.append(
+            f"members at the end: {', '.join(members.get('final', []))}; retired: {', '.join(members['retired'])}"
+        )
+    return lines
 
 
 # -- timeline ---------------------------------------------------------------------------------

@@ -7,11 +7,13 @@ Phases (all times on the run's monotonic clock):
 2. faults -- client lanes run for ``--time`` seconds while the nemesis
    injects faults;
 3. heal -- clients stop, the nemesis undoes its current fault, the runner
-   undoes anything left (continue, restart, heal the network) and waits for
-   a leader;
+   undoes anything left (continue, restart, heal the network), waits for
+   a leader and checks every server is up (as the nemesis does after each
+   heal: ``jepsen_like.health``);
 4. final -- workloads' final reads (the set's read of everything), then the
-   convergence observation: poll ``debug.digest`` (stale) on every server
-   until all report one applied index;
+   convergence observation: poll ``debug.digest`` (stale) on every current
+   member until all report one applied index, and read each one's member
+   list (after the member nemesis, the set it left);
 5. check + report -- ``checkers`` over the recorded files, then
    ``report.write`` (results.json, summary.txt, timeline.html, plot.png).
 
@@ -36,8 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from jepsen_like import checkers
-from jepsen_like.catalogue import FAULTS, NEEDS_WORKLOAD, WORKLOADS
+from jepsen_like.catalogue import (
+    FAULTS,
+    NEEDS_NO_PROXIES,
+    NEEDS_WORKLOAD,
+    WORKLOAD_CHECKS,
+    WORKLOADS,
+)
 from jepsen_like.failover_check import check_failover
+from jepsen_like.health import NotUp
 from jepsen_like.history import load_events
 from jepsen_like.nemesis import Nemesis, Timing
 from jepsen_like.recorder import (
@@ -91,7 +100,7 @@ class RunOptions:
     overlap: bool = False
     checker_timeout: float = 120.0
     convergence_wait: float = 60.0
-    #: the servers' raft_compaction_entries; None: SNAPSHOT_LAG_COMPACTION when snapshot-lag is enabled,
+    #: the servers' raft_compaction_entries; None: SNAPSHOT_LAG_COMPACTION when snapshot-lag or member is enabled,
     #: else the profile's default
     compaction_entries: int | None = None
     #: extra environment for the server processes (test-only switches)
@@ -197,10 +206,14 @@ def _build_workloads(options: RunOptions) -> list[Workload]:
 
 
 def compaction_entries(options: RunOptions) -> int | None:
-    """The servers' compaction threshold: as given, or small enough for snapshot-lag when it runs."""
+    """The servers' compaction threshold: as given, or small when snapshot-lag or member runs.
+
+    Small, so a lagging follower (snapshot-lag) and a new member (member)
+    catch up by snapshot install, the path worth testing.
+    """
     if options.compaction_entries is not None:
         return options.compaction_entries
-    return SNAPSHOT_LAG_COMPACTION if "snapshot-lag" in options.nemeses else None
+    return SNAPSHOT_LAG_COMPACTION if {"snapshot-lag", "member"} & set(options.nemeses) else None
 
 
 def code_version() -> str:
@@ -270,6 +283,7 @@ def run(options: RunOptions, log: Any = print) -> int:
             extra_config=extra,
             compaction_entries=compaction_entries(options),
             clock_file=clock_file,
+            proxies=not NEEDS_NO_PROXIES & set(options.nemeses),
         )
         try:
             return _run_on(
@@ -340,10 +354,10 @@ def _run_on(
 
     stop = threading.Event()
     ctx = RunContext(
-        addresses=testbed.rpc_addresses,
+        addresses=testbed.client_addresses,  # the testbed keeps both current when a server is replaced
         clock=clock,
         stop=stop,
-        servers=list(testbed.names),
+        servers=testbed.client_names,
         out=str(out),
         op_timeout=options.op_timeout,
         think=options.think,
@@ -359,6 +373,7 @@ def _run_on(
         stop,
         Timing(quiet=options.quiet, hold=options.hold),
         overlap=options.overlap,
+        report=log,
     )
 
     threads: list[threading.Thread] = []
@@ -392,12 +407,7 @@ def _run_on(
     nemesis.join(60.0)
     meta["phases"]["faults_end"] = clock.now()
 
-    testbed.heal_all()
-    try:
-        leader = testbed.wait_for_leader(60.0)
-    except TestbedError as exc:
-        leader = None
-        crashes.append(f"after healing: {exc}")
+    leader, still_down = _final_heal(testbed, nemesis, crashes)
     meta["phases"]["healed"] = clock.now()
     log(f"healed; leader {leader}")
 
@@ -421,7 +431,10 @@ def _run_on(
     for workload in active:
         workload.close()
     meta["phases"]["final_reads"] = clock.now()
-    observation = observe_convergence(testbed, options.convergence_wait)
+    skip = {
+        miss.server for miss in still_down if miss.kind == "harness"
+    }  # not waited for: they cannot answer
+    observation = observe_convergence(testbed, options.convergence_wait, skip)
     (out / CONVERGENCE_FILE).write_text(json.dumps(observation, indent=2))
     meta["phases"]["end"] = clock.now()
     for recorder in recorders.values():
@@ -429,6 +442,10 @@ def _run_on(
 
     meta["skipped"] = skipped
     meta["harness_errors"] = crashes + nemesis.errors
+    meta["heal_checks"] = nemesis.heal_checks
+    meta["not_up"] = [miss.to_json() for miss in nemesis.not_up]
+    meta["down_at_end"] = [miss.to_json() for miss in still_down]
+    meta["members"] = {"final": testbed.names, "retired": [n.id for n in testbed.retired]}
     meta["notes"] = ctx.notes
     meta["proxies"] = testbed.proxies.stats() if testbed.proxies else {}
     meta["compaction_entries"] = testbed.compaction_entries
@@ -438,15 +455,46 @@ def _run_on(
     return check_dir(out, log=log, checker_timeout=options.checker_timeout)
 
 
-def observe_convergence(testbed: Testbed, wait: float) -> dict[str, Any]:
-    """Poll every server's stale digest until all report one applied index (or ``wait`` passes)."""
+def _final_heal(
+    testbed: Testbed, nemesis: Nemesis, crashes: list[str]
+) -> tuple[str | None, list[NotUp]]:
+    """Undo every fault left, wait for a leader, and check every server is up: (the leader or None, those not up).
+
+    A server not up here is reported like one after any heal; one the
+    harness could not bring back (its port held elsewhere) is excused from
+    the convergence verdict (``excused_servers``), since the run cannot say
+    whether it would have converged.
+    """
+    try:
+        testbed.heal_all()
+    except Exception as exc:  # noqa: BLE001 - a server the harness could not start is reported below
+        crashes.append(f"healing: {type(exc).__name__}: {exc}")
+    leader = None
+    try:
+        leader = testbed.wait_for_leader(60.0)
+    except TestbedError as exc:
+        crashes.append(f"after healing: {exc}")
+    return leader, nemesis.check_healed([], after="the end of the run")
+
+
+def excused_servers(meta: dict[str, Any]) -> dict[str, str]:
+    """Servers the final heal found down for the harness's own failure: name -> cause."""
+    return {
+        m["server"]: m["cause"] for m in meta.get("down_at_end") or [] if m.get("kind") == "harness"
+    }
+
+
+def observe_convergence(
+    testbed: Testbed, wait: float, skip: set[str] | None = None
+) -> dict[str, Any]:
+    """Poll every member's stale digest until all report one applied index (or ``wait`` passes); then their member lists."""
     started = time.monotonic()
     polls = 0
     final: dict[str, Any] = {}
     while True:
         polls += 1
         final = {}
-        for name in testbed.names:
+        for name in [n for n in testbed.names if n not in (skip or set())]:
             d = testbed.digest(name)
             final[name] = {"digest": d["digest"], "index": d["index"]} if d else None
         answered = [o for o in final.values() if o]
@@ -455,7 +503,17 @@ def observe_convergence(testbed: Testbed, wait: float) -> dict[str, Any]:
         if time.monotonic() - started > wait:
             break
         time.sleep(0.2)  # polling a condition with a deadline
-    return {"final": final, "polls": polls, "waited": round(time.monotonic() - started, 3)}
+    members = {
+        name: sorted(ids) if (ids := testbed.peer_ids(name)) is not None else None
+        for name in testbed.names
+    }
+    return {
+        "final": final,
+        "polls": polls,
+        "waited": round(time.monotonic() - started, 3),
+        "members": members,
+        "expected_members": sorted(testbed.names),
+    }
 
 
 def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0) -> int:
@@ -489,14 +547,18 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
     if "failover" in events:
         windows = ((meta.get("nemesis_stats") or {}).get("clients") or {}).get("windows") or []
         results.append(check_failover(events["failover"], windows))
+    for name, check in WORKLOAD_CHECKS.items():  # workloads that bring their own checker (catalogue)
+        if name in events:
+            results.append(check(events[name]))
     convergence = None
     if (out / CONVERGENCE_FILE).exists():
         convergence = json.loads((out / CONVERGENCE_FILE).read_text())
-    results.append(checkers.check_convergence(convergence))
+    results.append(checkers.check_convergence(convergence, excused_servers(meta)))
+    results += checkers.check_heals(meta)
     if (out / "cluster").exists():
         results.append(checkers.check_server_logs(out / "cluster"))
     for error in meta.get("harness_errors") or []:
-        results.append(checkers.CheckerResult("harness", None, "unknown", error))
+        results.append(checkers.CheckerResult(checkers.HARNESS, None, "unknown", error))
     faults = load_faults(out / FAULTS_FILE)
     (out / RESULTS_FILE).write_text(
         json.dumps([r.to_json() for r in results], indent=2, default=str)

@@ -28,6 +28,14 @@ harness, and the configs differ between servers only in the raft_addr of
 lower-ranked peers. Leader names stay consistent: a server maps the raft
 address it sees to an RPC address through its own config, and RPC
 addresses are the same in every config.
+
+Membership changes need a testbed without the proxies (``proxies=False``):
+a live membership change travels through the raft log as one raft address
+per member (``raft/members.py``), so every server must know each member by
+the same address string, which the per-server views above cannot give. The
+member nemesis's runs therefore have no partitions (``Partition.unavailable``
+says so). Every port comes from the launcher's address book
+(``node.devcluster.AddressBook``), kept for the run's life.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,9 +70,35 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 IDENTITY_NET = "127.0.1."
+#: seconds a membership change may take to show in every running member's configuration
+MEMBER_WAIT = 30.0
 PROXY_HOST = "127.0.0.1"
 RPC_HOST = "127.0.0.1"
+
+
+def _new_node(root: Path, name: str, book: cl.AddressBook, raft_host: str) -> cl.ClusterNode:
+    """A server's layout under ``root``: addresses from the run's one address book, files in its own dir.
+
+    Its HTTP API gets a port of its own too: by default every server would
+    race for 4646 (and take a developer's), the losers logging a warning per start.
+    """
+    return cl.ClusterNode(
+        id=name,
+        rpc_addr=book.get(RPC_HOST),
+        raft_addr=book.get(raft_host),
+        data_dir=str(root / name / "data"),
+        log_file=str(root / name / "server.log"),
+        config_file=str(root / name / "server.toml"),
+        http_address=book.get(RPC_HOST),
+    )
 
 
 @dataclass
@@ -87,6 +122,22 @@ class Testbed:
     clock_file: str | None = None
     #: generations of the simulated client's silence control file (``client.silence``), written so far
     silence_generation: int = 0
+    #: the launcher's address book: every port a server of this run holds or held, so a server
+    #: added mid-run (the member nemesis) never lands on another's port
+    book: cl.AddressBook = field(default_factory=cl.AddressBook)
+    #: the config text every server gets besides its own lines (workload settings, compaction)
+    extra_config: str = ""
+    #: servers removed from the cluster for good (the member nemesis's replace), kept for teardown
+    retired: list[cl.ClusterNode] = field(default_factory=list)
+    #: the RPC addresses the workloads' clients use, and the servers' names in the same order: a
+    #: replacement takes its predecessor's place in both, in place (the lanes read these lists)
+    client_addresses: list[str] = field(default_factory=list)
+    client_names: list[str] = field(default_factory=list)
+    #: per server, the sizes of its output and log files when it was last started: what it said
+    #: since then is what explains a start that failed (``jepsen_like.health``)
+    output_marks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: servers the harness killed and has not started since: down by its own hand, not the product's
+    killed: set[str] = field(default_factory=set)
 
     @classmethod
     def create(
@@ -120,31 +171,10 @@ class Testbed:
         password_file.write_text(secrets.token_urlsafe(24) + "\n")
         password_file.chmod(0o600)
         nodes: list[cl.ClusterNode] = []
-        handed: set[tuple[str, int]] = set()
-
-        def port(host: str) -> int:
-            """A free port not yet handed to another server here (free_port draws at random)."""
-            while (host, found := cl.free_port(host)) in handed:
-                pass
-            handed.add((host, found))
-            return found
-
+        book = cl.AddressBook()
         for k in range(1, count + 1):
             host = f"{IDENTITY_NET}{k}" if proxies else RPC_HOST
-            name = f"server{k}"
-            nodes.append(
-                cl.ClusterNode(
-                    id=name,
-                    rpc_addr=f"{RPC_HOST}:{port(RPC_HOST)}",
-                    raft_addr=f"{host}:{port(host)}",
-                    data_dir=str(root / name / "data"),
-                    log_file=str(root / name / "server.log"),
-                    config_file=str(root / name / "server.toml"),
-                    # a port of its own: by default every server would race for 4646 (and take
-                    # a developer's), the losers logging a warning per start
-                    http_address=f"{RPC_HOST}:{port(RPC_HOST)}",
-                )
-            )
+            nodes.append(_new_node(root, f"server{k}", book, host))
         net = LinkProxies(PROXY_HOST) if proxies else None
         views: dict[str, list[cl.ClusterNode]] = {n.id: list(nodes) for n in nodes}
         if net is not None:
@@ -173,6 +203,10 @@ class Testbed:
             proxies=net,
             compaction_entries=compaction_entries,
             clock_file=clock_file,
+            book=book,
+            extra_config=extra_config,
+            client_addresses=cluster.rpc_addresses,
+            client_names=[n.id for n in nodes],
         )
 
     # -- names ----------------------------------------------------------------------
@@ -208,7 +242,12 @@ class Testbed:
         node = self.node(name)
         if cl.alive(node.pid):
             return
+        self.output_marks[name] = (
+            _size(Path(node.log_file).with_suffix(".out")),
+            _size(Path(node.log_file)),
+        )
         cl.start_node(node)
+        self.killed.discard(name)
         self.paused.discard(name)
         self.cluster.save()
 
@@ -216,6 +255,7 @@ class Testbed:
         """kill -9 (works on a paused process too)."""
         cl.kill(self.cluster, name, signal.SIGKILL)
         self.paused.discard(name)
+        self.killed.add(name)
 
     def alive(self, name: str) -> bool:
         return cl.alive(self.node(name).pid)
@@ -428,6 +468,134 @@ class Testbed:
         except (RPCError, OSError):
             return None
 
+    # -- membership (the member nemesis) ------------------------------------------------------
+    def caravan(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``caravan ARGS``, the operator's own command, to completion: its output, or TestbedError with why.
+
+        The member nemesis changes membership the way an operator does
+        (``operator raft remove-peer``, ``server join``), so the commands
+        themselves are under test too.
+        """
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "node.cli", *args],
+                capture_output=True,
+                text=True,
+                cwd=str(cl.REPO_ROOT),
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise TestbedError(f"caravan {' '.join(args[:3])}: {exc}") from None
+        if done.returncode != 0:
+            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            raise TestbedError(
+                f"caravan {' '.join(args[:3])} exited {done.returncode}: {said[-1] if said else ''}"
+            )
+        return done.stdout.strip()
+
+    def peer_ids(self, name: str, timeout: float = 3.0) -> set[str] | None:
+        """The voters ``name`` lists (``operator.raft.peers``, its own view), or None when it does not answer."""
+        if name in self.paused or not self.alive(name):
+            return None
+        try:
+            with self.client(name, timeout) as client:
+                return {
+                    str(p["ID"])
+                    for p in client.call("operator.raft.peers", {"stale": True}, timeout=timeout)
+                }
+        except (RPCError, OSError, KeyError, TypeError):
+            return None
+
+    def wait_members(
+        self, expected: set[str], among: list[str], timeout: float = MEMBER_WAIT
+    ) -> None:
+        """Until every server in ``among`` lists exactly ``expected``; TestbedError naming who does not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            views = {name: self.peer_ids(name) for name in among}
+            wrong = {n: v for n, v in views.items() if v != expected}
+            if not wrong:
+                return
+            if time.monotonic() >= deadline:
+                shown = "; ".join(
+                    f"{n}: {sorted(v) if v is not None else 'no answer'}"
+                    for n, v in sorted(wrong.items())
+                )
+                raise TestbedError(f"members not {sorted(expected)} within {timeout:g}s: {shown}")
+            time.sleep(0.2)  # polling the members' configurations with a deadline
+
+    def remove_member(self, name: str) -> str:
+        """``caravan operator raft remove-peer --id NAME`` through the other running servers; waits until all drop it."""
+        others = [n for n in self.names if n != name and self.alive(n) and n not in self.paused]
+        addresses = ",".join(self.node(n).rpc_addr for n in others)
+        said = self.caravan("operator", "raft", "remove-peer", "--id", name, "--address", addresses)
+        self.wait_members(set(self.names) - {name}, others)
+        return said
+
+    def retire(self, name: str) -> None:
+        """Drop a removed (and stopped) server from the testbed for good; its files stay for the report."""
+        node = self.node(name)
+        self.cluster.nodes.remove(node)
+        self.retired.append(node)
+        self.cluster.save()
+
+    def rejoin(self, name: str) -> str:
+        """Wipe the stopped server's data dir, start it afresh at its own addresses, and ``caravan server join`` it."""
+        others = [n for n in self.names if n != name and self.alive(n)]
+        # join = []: the fresh server waits to be told (``server join``)
+        node = cl.prepare_join(self.cluster, name, [], self.extra_config)
+        self.start(name)
+        self._wait_answering(name)
+        said = self.caravan(
+            "server", "join", self.node(others[0]).rpc_addr, "--address", node.rpc_addr
+        )
+        self.wait_members(set(self.names), self.names)
+        return said
+
+    def add_server(self, in_place_of: str = "") -> str:
+        """A fresh server with a new id and new addresses, joining by its ``join`` setting; returns its name.
+
+        ``in_place_of``: a retired server whose place in the workloads' lists it takes.
+        """
+        numbers = [
+            int(n.id.removeprefix("server"))
+            for n in self.cluster.nodes + self.retired
+            if n.id[6:].isdigit()
+        ]
+        node = _new_node(
+            self.directory, f"server{max(numbers, default=0) + 1}", self.book, RPC_HOST
+        )
+        Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
+        others = [n for n in self.names if self.alive(n)]
+        self.cluster.nodes.append(node)
+        cl.prepare_join(
+            self.cluster, node.id, [self.node(n).rpc_addr for n in others], self.extra_config
+        )
+        self.start(node.id)
+        self.wait_members(set(self.names), self.names)
+        if (
+            in_place_of in self.client_names
+        ):  # one item each, in place: a lane reads them without a lock
+            slot = self.client_names.index(in_place_of)
+            self.client_addresses[slot], self.client_names[slot] = node.rpc_addr, node.id
+        else:
+            self.client_addresses.append(node.rpc_addr)
+            self.client_names.append(node.id)
+        return node.id
+
+    def _wait_answering(self, name: str, timeout: float = 30.0) -> None:
+        """Until a just-started server answers RPC (any role: one waiting to join stays "starting")."""
+        deadline = time.monotonic() + timeout
+        while cl.status_of(self.node(name).rpc_addr) is None:
+            if not self.alive(name):
+                raise TestbedError(
+                    f"{name} exited as it started; see {Path(self.node(name).log_file).with_suffix('.out')}"
+                )
+            if time.monotonic() >= deadline:
+                raise TestbedError(f"{name} did not answer within {timeout:g}s of its start")
+            time.sleep(0.1)
+
     # -- teardown -----------------------------------------------------------------------------
     def teardown(self) -> None:
         """Stop every server (continuing paused ones first, or SIGTERM waits) and the proxies."""
@@ -439,7 +607,9 @@ class Testbed:
         try:
             cl.down(self.cluster, timeout=10.0)
         finally:
-            for node in self.cluster.nodes:  # belt and braces: never leave a server behind
+            for node in (
+                self.cluster.nodes + self.retired
+            ):  # belt and braces: never leave a server behind
                 if cl.alive(node.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(node.pid, signal.SIGKILL)

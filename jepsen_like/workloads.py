@@ -851,6 +851,9 @@ class JournalWorkload(Workload):
         self.last[server] = 0
         client = RPCClient([address], timeout=ctx.op_timeout)
         while not self.done.is_set():
+            if ctx.servers[slot] != server:  # the member nemesis put a new server in this place
+                client.close()
+                server, last, client = self._follow(ctx, slot, server, last)
             self._write(
                 {"t": ctx.clock.now(), "server": server, "kind": "subscribe", "index": last}
             )
@@ -865,74 +868,69 @@ class JournalWorkload(Workload):
                     },
                     idle_timeout=3 * self.heartbeat + 2,
                 ):
-                    now = ctx.clock.now()
-                    batches = _stream_batches(item)
-                    if (
-                        batches is None
-                    ):  # a shape this harness does not know: say so, never skip silently
-                        self._write(
-                            {
-                                "t": now,
-                                "server": server,
-                                "kind": "unknown_item",
-                                "keys": sorted(map(str, item)),
-                            }
-                        )
-                        continue
-                    for batch in batches:
-                        raw = batch.get("raw") or b""
-                        index = int(batch["index"])
-                        self._write(
-                            {
-                                "t": now,
-                                "server": server,
-                                "kind": "batch",
-                                "index": index,
-                                "hash": hashlib.blake2b(raw, digest_size=12).hexdigest(),
-                                "size": len(raw),
-                            }
-                        )
-                        last = max(last, index)
-                    if "progress" in item:
-                        last = max(last, int(item["progress"]))
-                        self._write(
-                            {
-                                "t": now,
-                                "server": server,
-                                "kind": "progress",
-                                "index": int(item["progress"]),
-                            }
-                        )
-                    self.last[server] = last
+                    last = self._take(item, server, ctx.clock.now(), last)
                     if self.done.is_set():
                         break
-            except RPCError as err:
-                record: dict[str, Any] = {
-                    "t": ctx.clock.now(),
-                    "server": server,
-                    "kind": "break",
-                    "error": error_text(err),
-                }
-                if err.code == "reset_required":
-                    record["kind"] = "reset"
-                    record["oldest_index"] = err.details.get("oldest_index")
-                    last = int(err.details.get("oldest_index") or last)
-                resume = err.details.get("resume_index")
-                if isinstance(resume, int):
-                    last = max(last, resume)
-                self._write(record)
-            except OSError as err:
-                self._write(
-                    {
-                        "t": ctx.clock.now(),
-                        "server": server,
-                        "kind": "break",
-                        "error": error_text(err),
-                    }
-                )
+            except (RPCError, OSError) as err:
+                last = self._broke(err, server, ctx.clock.now(), last)
             if not self.done.is_set():
                 self.done.wait(0.2)  # back off before resubscribing to a server that is down
         self._write({"t": ctx.clock.now(), "server": server, "kind": "end", "index": last})
+
+    def _take(self, item: dict[str, Any], server: str, now: float, last: int) -> int:
+        """Record one stream item's batches and progress; returns the subscriber's new position."""
+        batches = _stream_batches(item)
+        if batches is None:  # a shape this harness does not know: say so, never skip silently
+            keys = sorted(map(str, item))
+            self._write({"t": now, "server": server, "kind": "unknown_item", "keys": keys})
+            return last
+        for batch in batches:
+            raw = batch.get("raw") or b""
+            index = int(batch["index"])
+            digest = hashlib.blake2b(raw, digest_size=12).hexdigest()
+            record = {"t": now, "server": server, "kind": "batch", "index": index}
+            self._write(record | {"hash": digest, "size": len(raw)})
+            last = max(last, index)
+        if "progress" in item:
+            last = max(last, int(item["progress"]))
+            record = {"t": now, "server": server, "kind": "progress"}
+            self._write(record | {"index": int(item["progress"])})
+        self.last[server] = last
+        return last
+
+    def _broke(self, err: Exception, server: str, now: float, last: int) -> int:
+        """Record a broken subscription (a reset when the server compacted past us); where to resubscribe."""
+        record: dict[str, Any] = {
+            "t": now,
+            "server": server,
+            "kind": "break",
+            "error": error_text(err),
+        }
+        if isinstance(err, RPCError):
+            if err.code == "reset_required":
+                record["kind"] = "reset"
+                record["oldest_index"] = err.details.get("oldest_index")
+                last = int(err.details.get("oldest_index") or last)
+            resume = err.details.get("resume_index")
+            if isinstance(resume, int):
+                last = max(last, resume)
+        self._write(record)
+        return last
+
+    def _follow(
+        self, ctx: RunContext, slot: int, old: str, last: int
+    ) -> tuple[str, int, RPCClient]:
+        """Subscribe to the server that took ``old``'s place, from index 0; ``old`` is retired from the check.
+
+        From 0, not from where ``old`` got: the checker compares each
+        server's whole journal, and a new server's starts where it caught up
+        (a snapshot install answers ``reset_required``, which it excuses).
+        """
+        self._write({"t": ctx.clock.now(), "server": old, "kind": "retired", "index": last})
+        server = ctx.servers[slot]
+        self.last.pop(old, None)
+        self.last[server] = 0
+        return server, 0, RPCClient([ctx.addresses[slot]], timeout=ctx.op_timeout)
 
     def final(self, lane: Lane, ctx: RunContext, deadline: float) -> None:
         """Let every subscriber reach the index the cluster has applied, then stop them."""
@@ -944,7 +942,7 @@ class JournalWorkload(Workload):
             except (RPCError, OSError):
                 continue
         while time.monotonic() < deadline:
-            if self.last and all(v >= target for v in self.last.values()):
+            if self.last and all(v >= target for v in list(self.last.values())):
                 break
             ctx.stop.wait(0.2)  # polling the subscribers' progress with a deadline
         self._write({"t": ctx.clock.now(), "server": "*", "kind": "target", "index": target})

@@ -151,12 +151,17 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
-class _Addresses:
+class AddressBook:
     """Hands out listen addresses: a server's previous one while it is free, else a fresh port.
 
     Restarting a cluster directory keeps its addresses, so the
     ``CARAVAN_ADDRESS`` a user exported, and the peers in each server's
-    config, stay valid across ``caravan dev`` / ``cluster up`` runs.
+    config, stay valid across ``caravan dev`` / ``cluster up`` runs. One
+    book never hands out the same port twice (``free_port`` draws at
+    random), and its ports lie below the ephemeral range, so a stopped
+    server's port is still there when it restarts. The fault harness keeps
+    one book for a run's life, so a server it adds mid-run never lands on
+    a port another server holds.
     """
 
     def __init__(self) -> None:
@@ -222,7 +227,7 @@ def plan(
     """Lay out ``count`` servers under ``directory`` with free loopback ports and configs.
 
     A directory that held a cluster before keeps each server's addresses
-    where they are still free (see ``_Addresses``).
+    where they are still free (see ``AddressBook``).
     """
     if count not in (1, 3, 5):
         raise ClusterError(
@@ -236,7 +241,7 @@ def plan(
         password_file.chmod(0o600)
     hosts = hosts or ["127.0.0.1"] * count
     previous = _previous_nodes(root)
-    addresses = _Addresses()
+    addresses = AddressBook()
     nodes = []
     for i in range(count):
         host = hosts[i]
@@ -307,9 +312,27 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
     except (OSError, IndexError):
         return True
+    return state not in ("Z", "X") or _threads_running(pid)
+
+
+def _threads_running(pid: int) -> bool:
+    """Whether any thread of ``pid`` still runs. A multi-threaded server's main thread turns
+    zombie before its other threads have exited and closed their sockets: the process is not
+    gone (its ports still bound) until every thread is, and a restart then found them taken."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def status_of(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
