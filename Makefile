@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement bench-failover clean jepsen jepsen-member
+.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement bench-failover bench-queues clean jepsen jepsen-member
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -94,6 +94,15 @@ bench-placement: $(STAMP)
 FAILOVER_ARGS ?=
 bench-failover: $(STAMP)
 	$(BIN)/python -m tests.bench.failover_bench $(FAILOVER_ARGS)
+
+# Kueue's baseline scheduler benchmark (issue 33), about five minutes on 2 cores: 5 cohorts
+# of 6 queues, 15,000 workloads at Kueue's pace on 3 servers and simulated clients; wall
+# time, minimum queue usage and time to admission per class beside Kueue's published means,
+# with a no-queue run of the same jobs as the baseline. Not part of `bench`.
+# Options by flags, e.g. QUEUES_ARGS="--scale 0.1 --no-baseline" (1,500 workloads, ~30 s).
+QUEUES_ARGS ?=
+bench-queues: $(STAMP)
+	$(BIN)/python -m tests.bench.queues $(QUEUES_ARGS)
 
 clean:
 	rm -rf $(VENV) .caravan .pytest_cache .hypothesis

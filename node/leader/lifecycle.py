@@ -216,7 +216,7 @@ class Lifecycle:
             server, server, self.active_deployments, self.broker, self.writer, log=server.log
         )
         self.drainer = Drainer(server, server, self.nodes, log=server.log)
-        self.admitter = Admitter(server, server, log=server.log)
+        self.admitter = Admitter(server, server, max_entry_bytes=entry_bytes, log=server.log)
         self.cursor = Cursor(self, TOPICS)
         self.started = time.monotonic()
         self._rebuilt: Initial | None = None
@@ -340,7 +340,9 @@ class Lifecycle:
                 capacity |= self._on_alloc(obj, index)
             elif topic == TOPIC_NODE:
                 capacity |= self._on_node(key, obj, index)
-            elif topic == TOPIC_WORKLOAD or topic == TOPIC_QUEUE:
+            elif topic == TOPIC_QUEUE or (topic == TOPIC_WORKLOAD and (obj is None or obj.get("state") != "admitted")):
+                # A workload that waits, ends or goes may let another in; an admission (the
+                # admitter's own, which goes again after a pass that moved) does not.
                 self.admitter.poke.set()
             elif topic == TOPIC_DEPLOYMENT:
                 if obj is not None and obj.get("status") in ("running", "paused"):

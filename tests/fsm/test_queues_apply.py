@@ -231,3 +231,27 @@ def _run(h: Harness, replica: Harness, queues: list[Queue], actions: list[tuple[
     mine, theirs = dump(h.fsm), dump(replica.fsm)
     for db in ("workloads", "queue_usage", "workloads_pending", "workloads_admitted", "queues"):
         assert mine[db] == theirs[db], f"replicas disagree on {db}"
+
+
+def test_a_pass_never_exceeds_the_entry_limit_and_the_rest_follows(h: Harness) -> None:
+    """A burst of admissions (and their evals) is cut to fit the raft entry limit; what is cut
+    is admitted by the next passes (an entry too large was refused and the service wedged)."""
+    from node.core.writes import entry_size
+
+    h.ok(m.QueueUpsert(queues=[Queue(name="big", resources=[QuotaLimit(GPU, nominal=1000)])]))
+    for i in range(300):
+        h.ok(m.JobRegister(job=gpu_job(f"j{i}", "big", 1)))
+    limit = 16 * 1024
+    passes = 0
+    while True:
+        with h.reader() as r:
+            body = decide(r, max_admits=1000, max_entry_bytes=limit)
+        if body is None:
+            break
+        assert entry_size(body) <= limit
+        assert {ev.job_id for ev in body.evals} == {a.job_id for a in body.admits}
+        h.ok(body)
+        passes += 1
+    assert passes > 1
+    with h.reader() as r:
+        assert r.admitted_count("big") == 300 and r.pending_count("big") == 0
