@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DIR ?= .caravan/dev
 
-.PHONY: install run test lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement bench-failover bench-queues clean jepsen jepsen-member
+.PHONY: install run test test-slow lint bench bench-fsm bench-raft bench-cluster bench-snapshot bench-gc bench-journal bench-lifecycle bench-http bench-placement bench-failover bench-queues clean jepsen jepsen-member
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
@@ -21,7 +21,11 @@ run: $(STAMP)
 	$(BIN)/caravan dev --dir $(DIR) --nodes 3
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15 tests
+
+# What `make test` leaves out for time: whole fault-harness and benchmark runs (minutes).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
 
 # Fault-injection campaign (minutes): one 60 s run per seed, cycling the
 # nemeses, each checked for lost writes, non-linearizable reads and diverged

@@ -28,6 +28,7 @@ from tests.jepsen.support import short_run
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # a whole run (CI time): `make test-slow`
 def test_member_nemesis_keeps_the_checkers_valid_and_converges_on_the_new_members(
     tmp_path: Path,
 ) -> None:

@@ -295,6 +295,7 @@ def test_the_workload_and_its_checker_are_in_the_catalogue() -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # a whole run (CI time): `make test-slow`
 def test_a_short_run_under_kill_and_pause_keeps_every_quota(tmp_path: Path) -> None:
     """Three servers, the simulated client, queued jobs under kill and pause for 20 s: the quota checker passes."""
     out = tmp_path / "quota"

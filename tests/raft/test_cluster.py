@@ -79,6 +79,8 @@ def test_replication_group_commit_and_status(cluster: Any) -> None:
     assert st["role"] == "leader" and st["leader"] == c.addrs[leader]
     assert {p["address"] for p in st["peers"]} == {c.addrs[i] for i in followers(c, leader)}
     for f in followers(c, leader):
+        # A follower that voted knows its role before the new leader's first append names the leader.
+        wait_for(lambda f=f: c.status(f)["leader"] == c.addrs[leader], 10, f"node {f} to learn the leader")
         fst = c.status(f)
         assert fst["role"] == "follower" and fst["leader"] == c.addrs[leader]
         res = c.call(f, "submit", entry=b"x")

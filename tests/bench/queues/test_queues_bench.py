@@ -60,6 +60,7 @@ def test_figures_follow_kueues_definitions() -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # a whole run (CI time): `make test-slow`
 def test_bench_runs_end_to_end_at_a_tenth(capsys: pytest.CaptureFixture[str]) -> None:
     code = bench.main(["--scale", "0.1", "--no-baseline", "--progress", "0", "--timeout", "240"])
     out = capsys.readouterr().out
