@@ -671,13 +671,15 @@ class Nemesis:
             hold = self.rng.uniform(*hold_range)
             active: list[tuple[Fault, Callable[[], str], Any]] = []
             for fault in picked:
+                leader = self.testbed.leader()  # for the report's availability: was it hit?
                 start = self.log.clock.now()
                 try:
                     undo, targets, what = fault.inject(self.testbed, self.rng)
                 except Exception as exc:  # noqa: BLE001 - a failed injection is reported, not fatal
                     self.errors.append(f"{fault.name}: could not inject: {exc}")
                     continue
-                active.append((fault, undo, self.log.begin(fault.name, targets, what, start=start)))
+                window = self.log.begin(fault.name, targets, what, start=start, leader=leader)
+                active.append((fault, undo, window))
             if not active:
                 continue
             self.stop.wait(hold)  # hold the fault(s) (ends early when the run stops)

@@ -72,6 +72,10 @@ class Fault:
     end: float | None = None
     targets: list[str] = field(default_factory=list)
     detail: str = ""
+    #: the server that led when the fault began (None: none answered, or not recorded)
+    leader: str | None = None
+    #: when the injection was done (the partition cut, the kill sent); ``start`` is before it
+    injected: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +88,8 @@ class Fault:
             end=data.get("end"),
             targets=list(data.get("targets") or []),
             detail=data.get("detail", ""),
+            leader=data.get("leader"),
+            injected=data.get("injected"),
         )
 
 
@@ -97,11 +103,23 @@ class FaultLog:
         self.faults: list[Fault] = []
 
     def begin(
-        self, kind: str, targets: list[str], detail: str = "", start: float | None = None
+        self,
+        kind: str,
+        targets: list[str],
+        detail: str = "",
+        start: float | None = None,
+        leader: str | None = None,
     ) -> Fault:
         with self._lock:
-            when = self.clock.now() if start is None else start
-            fault = Fault(kind=kind, start=when, targets=list(targets), detail=detail)
+            now = self.clock.now()
+            fault = Fault(
+                kind=kind,
+                start=now if start is None else start,
+                targets=list(targets),
+                detail=detail,
+                leader=leader,
+                injected=now,  # begin() follows the injection
+            )
             self.faults.append(fault)
             self._save()
             return fault

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jepsen_like import availability
 from jepsen_like.checkers import CheckerResult, split_failures
 from jepsen_like.history import Event, Operation, operations_from_events
 from jepsen_like.recorder import Fault
@@ -122,6 +123,10 @@ def summary_text(
     for f in faults:
         end = f"{f.end:.1f}" if f.end is not None else "open"
         lines.append(f"  {f.start:7.1f}-{end:>7}s {f.kind:12} {f.detail}")
+    figures = next((r for r in results if r.checker == "availability"), None)
+    if figures is not None and figures.details.get("windows"):
+        lines.append("")
+        lines += availability.summary_lines(figures.details)
     if meta.get("skipped"):
         lines.append("")
         lines.append("skipped:")

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jepsen_like import checkers
+from jepsen_like import availability, checkers
 from jepsen_like.catalogue import (
     FAULTS,
     NEEDS_NO_PROXIES,
@@ -47,11 +47,12 @@ from jepsen_like.catalogue import (
 )
 from jepsen_like.failover_check import check_failover
 from jepsen_like.health import NotUp
-from jepsen_like.history import load_events
+from jepsen_like.history import load_events, operations_from_events
 from jepsen_like.nemesis import Nemesis, Timing
 from jepsen_like.recorder import (
     FAULTS_FILE,
     Clock,
+    Fault,
     FaultLog,
     HistoryRecorder,
     history_file,
@@ -560,6 +561,8 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
     for error in meta.get("harness_errors") or []:
         results.append(checkers.CheckerResult(checkers.HARNESS, None, "unknown", error))
     faults = load_faults(out / FAULTS_FILE)
+    if faults:  # informational figures, recomputed from the recorded files alone
+        results.append(availability.result(availability_of(meta, events, faults)))
     (out / RESULTS_FILE).write_text(
         json.dumps([r.to_json() for r in results], indent=2, default=str)
     )
@@ -569,6 +572,14 @@ def check_dir(out: str | Path, log: Any = print, checker_timeout: float = 120.0)
         log(f"  {r.status:8} {r.checker}{'/' + r.workload if r.workload else ''}: {r.summary}")
     log(f"verdict: {verdict_word(code)} -- report in {out}")
     return code
+
+
+def availability_of(
+    meta: dict[str, Any], events: dict[str, list[Any]], faults: list[Fault]
+) -> list[availability.WindowAvailability]:
+    """Each fault window's availability (``jepsen_like.availability``) from a run's files."""
+    ops = {name: operations_from_events(evs) for name, evs in events.items()}
+    return availability.windows(ops, faults, (meta.get("phases") or {}).get("faults_end"))
 
 
 def exit_code(results: list[checkers.CheckerResult]) -> int:

@@ -30,6 +30,11 @@ Where each mechanism lives (numbers from shared/reference/pysyncobj.md)
   crash-safe, :mod:`raft.journal`);
 - raft/leadership.py, raft/barrier.py: leadership announcements and
   transfer; batched barriers for linearizable reads;
+- raft/quorum.py: check-quorum (a leader out of touch with a majority for
+  an election timeout steps down and answers its pending writes), quorum
+  contact for forwarding, and no campaign straight after a rejoin;
+  raft/transport.py's keep-alives keep idle follower links from timing out
+  (their loss cost every election a round);
 - raft/members.py, raft/membership.py: live membership (dynamic mode): the
   member table (id, raft and RPC address) carried by the membership entries
   and the dump's node set, ``members.json`` for restarts, and who may
@@ -170,6 +175,13 @@ class RaftNode:
         """The leader this node is in contact with, or None (see ``Replica.known_leader``:
         a follower past its election deadline names no leader)."""
         return self._obj.known_leader()
+
+    @property
+    def quorum_contact_lost(self) -> bool:
+        """Whether this node has been cut off from a majority of the voters for over an
+        election timeout (raft/quorum.py): until that changes it hears of no leader, so
+        a request waiting here for one waits in vain."""
+        return self._obj.quorum_contact_lost
 
     @property
     def max_entry_bytes(self) -> int:

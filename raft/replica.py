@@ -23,13 +23,16 @@ from raft.errors import NotLeaderError, RaftError
 from raft.leadership import Leadership
 from raft.members import MemberState, starting_members
 from raft.membership import Membership
+from raft.quorum import CheckQuorum
 from raft.repair import LogRepair
 from raft.replica_base import ReplicaOwner
 from raft.transport import CaravanTransport
 from raft.waiters import Waiter
 
 
-class Replica(Membership, ApplyPath, CommandQueue, Durability, LogRepair, Leadership):
+class Replica(
+    Membership, CheckQuorum, ApplyPath, CommandQueue, Durability, LogRepair, Leadership
+):
     """The SyncObj subclass. Everything here runs on pysyncobj's tick thread
     unless marked otherwise. All attributes are assigned *before*
     ``SyncObj.__init__`` because pysyncobj starts the tick thread (and may
@@ -51,6 +54,7 @@ class Replica(Membership, ApplyPath, CommandQueue, Durability, LogRepair, Leader
         self.setup_durability(config)
         self.setup_repair(config)
         self.setup_leadership(config)
+        self.setup_check_quorum(config)
         self._auth = LinkAuthenticator(config.password)
         self._barriers = BarrierBatches()
         self._func_id = -1
@@ -89,6 +93,7 @@ class Replica(Membership, ApplyPath, CommandQueue, Durability, LogRepair, Leader
         # before held acks/votes leave: make the journal durable (fsync mode).
         self.sync_journal()
         self.gate_campaign()
+        self.check_quorum()
         super()._onTick(timeToWait)
         # pysyncobj returns early (no tick callbacks) while the port is not
         # bound; make sure applied entries are committed on that path too.

@@ -76,5 +76,6 @@ def _status_once(obj: Replica, config: RaftConfig) -> dict[str, Any]:
         "halted": obj.halted,
         "member": obj.is_member,
         "ignored_votes": obj.ignored_votes,
+        "check_quorum": obj.quorum_stats,
         "members": [m.to_wire() for m in obj.member_list()],
     }

@@ -96,7 +96,13 @@ async def forward_request(
                 if exc.code not in RETRY_FORWARD or remaining <= 0:
                     raise
                 maybe_ran = maybe_ran or exc.code not in NOT_EXECUTED
-        elif remaining <= 0 or time.monotonic() - started >= NO_LEADER_HOLD:
+        elif (
+            remaining <= 0
+            or time.monotonic() - started >= NO_LEADER_HOLD
+            # Cut off from a quorum, this server will hear of no leader: holding
+            # the request only keeps its client from trying another server.
+            or getattr(server.raft, "quorum_contact_lost", False)
+        ):
             if maybe_ran:
                 raise RPCError(
                     UNKNOWN_OUTCOME,

@@ -8,8 +8,10 @@ The rules, so the CLI and a forwarding follower behave the same way:
 - A connection lost after the request went out, or an ``unknown_outcome``
   answer, leaves the request possibly executed. If the call is idempotent
   (reads, and writes, which servers deduplicate by request id) it is resent
-  with the *same* request id; otherwise the caller gets ``unknown_outcome``
-  carrying the request id, so it can decide and retry with that id itself.
+  with the *same* request id, to the next server (the one that could not
+  tell may be a leader cut off from its cluster); otherwise the caller gets
+  ``unknown_outcome`` carrying the request id, so it can decide and retry
+  with that id itself.
 - Everything stops at the call's deadline. Every other error is final.
 
 ``Attempt`` keeps one call's bookkeeping (which address next, when, whether
@@ -151,11 +153,14 @@ class Attempt:
         """Decide on an error answer: return to retry, raise to give up."""
         self.only_refused = False
         if err.code == UNKNOWN_OUTCOME and self.idempotent:
-            # Ask the same server again: it may learn the outcome.
+            # Resend with the same request id, to the next server: the one that
+            # answered may be a deposed leader cut off from the cluster, which
+            # would learn nothing, and the cluster applies each id once
+            # wherever it arrives.
             self.maybe_executed = True
             self.last_error = err
             self.no_leader = None
-            self.wait = True
+            self._next_address()
             return
         if err.code not in NOT_EXECUTED:
             raise err

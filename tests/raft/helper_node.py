@@ -200,14 +200,18 @@ class Control:
         """Drop every raft message to and from this node (a symmetric
         partition that keeps the TCP connections up, so the other side's
         leader goes on pipelining into the void, as it does to a paused
-        process)."""
+        process). Check-quorum (raft/quorum.py) is off meanwhile: a leader cut
+        off keeps appending the long uncommitted tail these tests need, as a
+        paused leader does, instead of stepping down after an election timeout."""
         obj = self.node._obj
         if on:
             obj.caravan_on_message = lambda node, message, deliver: None
             obj.caravan_on_send = lambda node, message, send: True
+            obj.check_quorum = lambda: None
         else:
             obj.__dict__.pop("caravan_on_message", None)
             obj.__dict__.pop("caravan_on_send", None)
+            obj.__dict__.pop("check_quorum", None)
         return {"ok": True}
 
     def op_entries(self, start: int = 0, prefix_len: int = 64) -> dict[str, Any]:

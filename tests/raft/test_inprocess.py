@@ -8,6 +8,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,9 @@ def test_membership_changes_are_refused_when_disabled(single_node: Any) -> None:
 def test_second_membership_change_is_refused_while_first_is_uncommitted(single_node: Any) -> None:
     node, _ = single_node(dynamic_membership=True)
     # Adding an unreachable peer makes the quorum 2 of 2: the change cannot commit.
+    # Check-quorum (raft/quorum.py) would depose the leader an election timeout
+    # later; keep it leading, so the second change meets the guard, not that.
+    node._obj.check_quorum = lambda: None
     with pytest.raises(UnknownOutcomeError):
         node.add_peer("127.0.0.1:1", timeout=0.5)
     with pytest.raises(MembershipChangeError, match="another change is still uncommitted"):
@@ -406,6 +410,52 @@ def test_leadership_callbacks_follow_a_transfer_and_lost_quorum_gives_unknown_ou
                 nodes.pop(a).destroy()
         with pytest.raises(UnknownOutcomeError):
             nodes[target].submit_sync(b"no-quorum", timeout=0.5)
+    finally:
+        for n in nodes.values():
+            n.destroy()
+
+
+def test_a_leader_cut_off_from_its_quorum_steps_down_and_answers_its_writes(
+    tmp_path: Path,
+) -> None:
+    """Check-quorum (raft/quorum.py): within about an election timeout, not pysyncobj's 2.5 s fallback."""
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    nodes: dict[str, RaftNode] = {}
+    try:
+        for a in addrs:
+            cfg = RaftConfig(
+                self_address=a, peers=addrs, data_dir=tmp_path / a.replace(":", "_"), password="pw"
+            )
+            nodes[a] = RaftNode(cfg, MemTarget())
+        leader = wait_for(
+            lambda: next((a for a, n in nodes.items() if n.status()["leader_ready"]), None),
+            15,
+            "leader",
+        )
+        node = nodes.pop(leader)
+        for other in list(nodes):
+            nodes.pop(other).destroy()
+        nodes[leader] = node
+        answered = threading.Event()
+        errors: list[Any] = []
+
+        def done(_result: Any, _index: Any, error: Any) -> None:
+            errors.append(error)
+            answered.set()
+
+        cut = time.monotonic()
+        try:
+            node.submit(b"cannot-commit", done)
+        except NotLeaderError:  # a slow machine: the lease ran out while the others stopped
+            answered.set()
+            errors.append(UnknownOutcomeError("stepped down before the submit"))
+        assert answered.wait(5.0), "the cut-off leader never answered its write"
+        waited = time.monotonic() - cut
+        assert isinstance(errors[0], UnknownOutcomeError)
+        assert waited < 1.5, f"answered only after {waited:.2f}s"
+        assert not node.is_leader
+        assert node.status()["check_quorum"]["check_quorum_step_downs"] == 1
+        wait_for(lambda: node.quorum_contact_lost, 3, "quorum contact to count as lost")
     finally:
         for n in nodes.values():
             n.destroy()
