@@ -166,14 +166,15 @@ def test_isolated_leader_is_replaced_and_rejoins(testbed_factory: Callable[..., 
 
 
 @pytest.mark.cluster
-def test_writes_on_a_cut_off_leader_are_answered_when_it_rejoins(testbed_factory: Callable[..., Testbed]) -> None:
-    """Writes a cut-off leader appended but never committed are discarded when it rejoins.
+def test_writes_on_a_cut_off_leader_are_answered_and_land_exactly_once(testbed_factory: Callable[..., Testbed]) -> None:
+    """Writes in flight on a cut-off leader are answered at once and land exactly once.
 
-    raft reports such an entry as discarded, which means it can never be
-    applied, so the server answers ``not_leader`` and even a caller that does
-    not resend on an unknown outcome sends the write on to the new leader.
-    Before, the server answered ``unknown_outcome`` and such a caller could
-    not tell whether its write had happened.
+    The leader steps down when it loses its quorum (check-quorum) and answers
+    its uncommitted writes with ``unknown_outcome`` at once: the next leader may
+    still commit an entry it replicated before the cut. A client that resends
+    on an unknown outcome (writes carry a request id the cluster deduplicates)
+    sends each write on to the new leader, where it is applied exactly once.
+    Before check-quorum the writes waited for the heal, however long it took.
     """
     tb = testbed_factory(3)
     tb.start_all()
@@ -187,7 +188,7 @@ def test_writes_on_a_cut_off_leader_are_answered_when_it_rejoins(testbed_factory
         job = _job(job_id, {})
         try:
             with RPCClient(addresses, timeout=40) as client:
-                results[job_id] = client.call("job.register", {"job": job}, idempotent=False)
+                results[job_id] = client.call("job.register", {"job": job})
         except RPCError as exc:
             results[job_id] = exc
 
