@@ -65,15 +65,20 @@ async def queue_get(request: web.Request) -> web.Response:
     return reply(request, queue_status_to_json(data), index)
 
 
-async def queue_upsert(request: web.Request) -> web.Response:
-    """Create or replace a queue from its JSON form; its Name, if set, must be the path's."""
+async def _upsert(request: web.Request, kind: str, wrapper: str, reader: Any, method: str, arg: str) -> web.Response:
+    """Read the body (its Name, if set, must be the path's) with the spec's reader, then write it."""
     name = request.match_info["name"]
-    body = _named_body(await json_body(request), name, "queue", "Queue")
+    body = _named_body(await json_body(request), name, kind, wrapper)
     try:
-        queue = read_queue(body)
+        obj = reader(body)
     except QueueSpecError as exc:
         raise bad(str(exc)) from None
-    return await _write(request, "queue.upsert", {"queue": codec.to_wire(queue)})
+    return await _write(request, method, {arg: codec.to_wire(obj)})
+
+
+async def queue_upsert(request: web.Request) -> web.Response:
+    """Create or replace a queue from its JSON form."""
+    return await _upsert(request, "queue", "Queue", read_queue, "queue.upsert", "queue")
 
 
 async def queue_delete(request: web.Request) -> web.Response:
@@ -127,13 +132,9 @@ async def priority_class_get(request: web.Request) -> web.Response:
 
 async def priority_class_upsert(request: web.Request) -> web.Response:
     """Create or replace a priority class from ``{"Name", "Value", "Description"}``."""
-    name = request.match_info["name"]
-    body = _named_body(await json_body(request), name, "priority class", "PriorityClass")
-    try:
-        pc = read_priority_class(body)
-    except QueueSpecError as exc:
-        raise bad(str(exc)) from None
-    return await _write(request, "priority_class.upsert", {"priority_class": codec.to_wire(pc)})
+    return await _upsert(
+        request, "priority class", "PriorityClass", read_priority_class, "priority_class.upsert", "priority_class"
+    )
 
 
 async def priority_class_delete(request: web.Request) -> web.Response:
