@@ -19,7 +19,7 @@ import lmdb
 from fsm import codec
 from fsm.digest import full_digest, hexdigest, stored
 from fsm.keys import from_u64, key, key_at, last_part, prefix, u64
-from fsm.queues import PriorityClass, Queue, QueueUsage, Workload
+from fsm.queues import WL_ADMITTED, PriorityClass, Queue, QueueUsage, Workload
 from fsm.scheduler_config import CONFIG_KEY, CONFIG_TABLE, SchedulerConfig
 from fsm.structs import (
     EVAL_TERMINAL,
@@ -358,6 +358,11 @@ class StateReader:
 
     def workload(self, job_id: str) -> Workload | None:
         return self._get("workloads", job_id.encode(), Workload)
+
+    def workload_admitted(self, job_id: str) -> bool:
+        """Whether the job's workload is admitted (a job that names no queue has none)."""
+        wl = self.workload(job_id)
+        return wl is not None and wl.state == WL_ADMITTED
 
     def queue_usage(self, name: str) -> dict[str, int]:
         """What the queue has admitted, per resource (the ledger ``fsm.quota`` checks against)."""

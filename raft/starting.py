@@ -42,6 +42,11 @@ class StartingRaft:
     def max_entry_bytes(self) -> int:
         return self.config.max_entry_bytes
 
+    @property
+    def quorum_contact_lost(self) -> bool:
+        """Not cut off: starting (a request waits for a leader as it would during an election)."""
+        return False
+
     def submit(self, entry: bytes, callback: Any = None) -> None:
         raise NotLeaderError("raft is starting; no leader known yet")
 

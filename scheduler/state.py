@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsm.caches import NodeUsageCache
-from fsm.queues import WL_ADMITTED
 from fsm.store import StateReader
 from fsm.structs import Allocation, Deployment, Evaluation, Job, Node, Resources
 from scheduler.index import PlacementIndex
@@ -117,8 +116,7 @@ def _admitted(reader: StateReader, job: Job | None) -> bool:
     """Whether the job may run: it names no queue, or its workload is admitted."""
     if job is None or not job.queue:
         return True
-    wl = reader.workload(job.id)
-    return wl is not None and wl.state == WL_ADMITTED
+    return reader.workload_admitted(job.id)
 
 
 def _settled_versions(deployments: list[Deployment]) -> dict[str, int]:

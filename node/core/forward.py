@@ -101,7 +101,7 @@ async def forward_request(
             or time.monotonic() - started >= NO_LEADER_HOLD
             # Cut off from a quorum, this server will hear of no leader: holding
             # the request only keeps its client from trying another server.
-            or getattr(server.raft, "quorum_contact_lost", False)
+            or server.raft.quorum_contact_lost
         ):
             if maybe_ran:
                 raise RPCError(

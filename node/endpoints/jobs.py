@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fsm import messages as m
-from fsm.queues import WL_ADMITTED
 from fsm.store import StateReader
 from fsm.structs import Job
 from node.core.acl import Need
@@ -46,7 +45,7 @@ async def _register(server: ServerAPI, ctx: RequestContext, job: Job, enforce: i
     admitted, and the admission's entry carries the eval that places it.
     """
     ev = None
-    if not (job.periodic or job.parameterized) and (not job.queue or await server.local(lambda r: _admitted(r, job.id))):
+    if not (job.periodic or job.parameterized) and (not job.queue or await server.local(lambda r: r.workload_admitted(job.id))):
         ev = new_eval(job, "job-register", job_modify_index=0)
     result = await server.write(ctx, Need.WRITE, m.JobRegister(job=job, eval=ev, enforce_index=enforce))
     value = result["value"]
@@ -57,11 +56,6 @@ async def _register(server: ServerAPI, ctx: RequestContext, job: Job, enforce: i
         "Index": result["index"],
         "Warnings": "\n".join(warnings),
     }
-
-
-def _admitted(reader: StateReader, job_id: str) -> bool:
-    wl = reader.workload(job_id)
-    return wl is not None and wl.state == WL_ADMITTED
 
 
 @method("job.stop")
