@@ -47,7 +47,7 @@ from node.core.testhooks import (
     raft_data_only,
 )
 from node.core.wakeup import CoalescedWake, wait_event
-from node.core.writes import WRITE_TIMEOUT, WriteQueue
+from node.core.writes import CLIENT, LEADER, WRITE_TIMEOUT, WriteQueue
 from node.endpoints.registry import METHODS, STREAMS
 from node.leader import gc as leader_gc
 from node.leader import lifecycle
@@ -444,16 +444,17 @@ class Server:
         return on
 
     # -- writes -------------------------------------------------------------------------
-    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
+    async def propose(self, body: Any, rid: str | None = None, *, lane: str = LEADER) -> dict[str, Any]:
         """Leader-internal write (GC reaps, plans): {index, value}; raises RPCError.
 
         Raises ``not_leader`` when this server lost leadership: callers are
-        leader loops, which are cancelled then anyway.
+        leader loops, which are cancelled then anyway. ``lane`` is
+        ``CLIENT`` for a write a caller waits on (node/core/writes.py).
         """
         if not self.raft.is_leader:
             raise RPCError.not_leader(self.leader_rpc())
         entry = encode_entry(body, time=time.time_ns(), rid=rid or new_uuid())
-        result, index = await self.writes.submit(entry)
+        result, index = await self.writes.submit(entry, lane)
         if not result.ok:
             raise RPCError(result.code or BAD_REQUEST, result.error)
         return {"index": result.index or index, "value": result.value, "duplicate": result.duplicate}
@@ -470,7 +471,7 @@ class Server:
         # the client just created may not have reached this server yet.
         self.ensure_leader()
         await self.authorize(ctx, need)
-        return await self.propose(body, ctx.request_id)
+        return await self.propose(body, ctx.request_id, lane=CLIENT)
 
     def ensure_leader(self) -> None:
         """Send the request on to the leader unless this server is it."""

@@ -16,6 +16,8 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from node.core.writes import LEADER
+
 if TYPE_CHECKING:
     import structlog
 
@@ -72,8 +74,8 @@ class ServerAPI(Protocol):
     async def authorize(self, ctx: RequestContext, need: Need) -> None:
         """Check the caller's token for ``need``; raises RPCError."""
 
-    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
-        """Leader-internal write: {index, value}."""
+    async def propose(self, body: Any, rid: str | None = None, *, lane: str = LEADER) -> dict[str, Any]:
+        """Leader-internal write: {index, value}; ``lane=CLIENT`` for one a caller waits on (node/core/writes.py)."""
 
     async def write(self, ctx: RequestContext, need: Need, body: Any) -> dict[str, Any]:
         """A client's write through the leader: {index, value, duplicate}."""

@@ -1,12 +1,23 @@
-"""The leader's write path: client writes coalesced into as few raft entries as keep raft busy.
+"""The leader's write path: writes coalesced into as few raft entries as keep raft busy.
 
 Every write the leader proposes (clients' through ``ServerAPI.write``, its
-own through ``propose``) is encoded, then queued here. At most
-``MAX_WRITE_ENTRIES_IN_FLIGHT`` of our entries are uncommitted at once; the
-writes that arrive meanwhile go out together as one ``Batch`` entry, each
-keeping its request id, result and error. This is what lets pipelined
+own through ``propose``) is encoded, then queued here in one of two lanes:
+
+* ``CLIENT`` -- what a caller waits on: users' writes, nodes' status;
+* ``LEADER`` -- the leader's own bulk work: plans, mark-downs, GC reaps,
+  eval batches, admissions.
+
+Each lane has at most ``MAX_WRITE_ENTRIES_IN_FLIGHT`` uncommitted entries;
+the writes that arrive meanwhile go out together as one ``Batch`` entry,
+each keeping its request id, result and error. This is what lets pipelined
 registrations run near raw pysyncobj's rate: the log carries fewer, larger
 entries, and the tick thread wakes the loop once per batch of commits.
+
+The lanes never share an entry or a slot. A client's write that shared a
+Batch with a mark-down of a thousand nodes would wait for that entry's
+apply (tens of ms on every server), and one that waited for a slot held by
+plans would wait for the leader's whole backlog: during a node-loss storm
+that made client write p99 thirty times its quiet value (issue #34).
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ import collections
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fsm.machine import ApplyResult
@@ -31,9 +42,12 @@ from raft import errors as raft_errors
 from raft.node import RaftNode, encoded_entry_size
 
 WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before its outcome is unknown
-# Leader-side coalescing: while this many raft entries of writes are in flight,
-# new writes wait and go out together as one Batch entry (fsm/messages.py).
+# Leader-side coalescing: while this many raft entries of a lane's writes are in
+# flight, its new writes wait and go out together as one Batch entry (fsm/messages.py).
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
+CLIENT = "client"
+LEADER = "leader"
+LANES = (CLIENT, LEADER)
 # Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
 BATCH_OVERHEAD = 256
 ITEM_OVERHEAD = 16
@@ -57,6 +71,20 @@ class _Queued:
     future: asyncio.Future[tuple[ApplyResult, int]]
 
 
+@dataclass
+class _Lane:
+    """One lane's writes waiting for an entry, and its entries in flight."""
+
+    name: str
+    queue: collections.deque[_Queued] = field(default_factory=collections.deque)
+    queued_cost: int = 0
+    in_flight: set[object] = field(default_factory=set)
+    flush_scheduled: bool = False
+
+    def may_send(self, limit: int) -> bool:
+        return len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self.queued_cost >= limit
+
+
 class WriteQueue:
     """Coalesces encoded entries into raft submissions; one per server, used only while it leads."""
 
@@ -69,56 +97,53 @@ class WriteQueue:
         self.raft = raft
         self.settle = settle  # hands a tick-thread result to the loop (the server batches the wake-ups)
         self.rpc_of_raft = rpc_of_raft
-        self.queue: collections.deque[_Queued] = collections.deque()
-        self.queued_cost = 0
-        self.in_flight: set[object] = set()
-        self._flush_scheduled = False
+        self.lanes = {name: _Lane(name) for name in LANES}
 
-    async def submit(self, entry: bytes) -> tuple[ApplyResult, int]:
-        """Put ``entry`` on the log, alone or in one Batch entry with other writes.
+    def in_flight(self, lane: str) -> int:
+        """Entries of ``lane`` proposed and not yet answered."""
+        return len(self.lanes[lane].in_flight)
+
+    async def submit(self, entry: bytes, lane: str = CLIENT) -> tuple[ApplyResult, int]:
+        """Put ``entry`` on the log, alone or in one Batch entry with other writes of its lane.
 
         A write goes out at once when fewer than MAX_WRITE_ENTRIES_IN_FLIGHT of
-        our entries are uncommitted (after the writes already runnable on the
-        loop joined it), else it waits for one to commit, and the writes that
+        its lane's entries are uncommitted (after the writes already runnable on
+        the loop joined it), else it waits for one to commit, and the writes that
         waited go out together. Each keeps its own request id, result and
         error; a batch never exceeds the entry size limit (an entry too large
         alone is submitted alone and refused as before).
         """
+        waiting = self.lanes[lane]
         # What the entry adds to a Batch entry in the raft log: its bytes and
         # their msgpack header (raft.encoded_entry_size: pickle adds a few bytes).
         cost = len(entry) + ITEM_OVERHEAD
         future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
-        self.queue.append(_Queued(entry, cost, future))
-        self.queued_cost += cost
-        if not self._flush_scheduled and (
-            len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT
-            or self.queued_cost + BATCH_OVERHEAD >= self.raft.max_entry_bytes
-        ):
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        waiting.queue.append(_Queued(entry, cost, future))
+        waiting.queued_cost += cost
+        if not waiting.flush_scheduled and waiting.may_send(self.raft.max_entry_bytes - BATCH_OVERHEAD):
+            waiting.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush, waiting)
         # No wait_for/shield per write (two extra futures and a timer each):
         # the entry's own timer answers every write in it at WRITE_TIMEOUT, and
         # a write still queued then goes out with the next entry. A cancelled
         # waiter (its connection closed) leaves the write queued or in flight.
         return await future
 
-    def _flush(self) -> None:
-        """Loop: submit what is queued, as one entry per size-limited run."""
-        self._flush_scheduled = False
+    def _flush(self, lane: _Lane) -> None:
+        """Loop: submit what ``lane`` has queued, as one entry per size-limited run."""
+        lane.flush_scheduled = False
         limit = self.raft.max_entry_bytes - BATCH_OVERHEAD
-        while self.queue and (
-            len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self.queued_cost >= limit
-        ):
-            items = [self.queue.popleft()]
+        while lane.queue and lane.may_send(limit):
+            items = [lane.queue.popleft()]
             size = items[0].cost
-            while self.queue and size + self.queue[0].cost <= limit:
-                item = self.queue.popleft()
+            while lane.queue and size + lane.queue[0].cost <= limit:
+                item = lane.queue.popleft()
                 items.append(item)
                 size += item.cost
-            self.queued_cost -= size
-            self._submit_items(items)
+            lane.queued_cost -= size
+            self._submit_items(lane, items)
 
-    def _submit_items(self, items: list[_Queued]) -> None:
+    def _submit_items(self, lane: _Lane, items: list[_Queued]) -> None:
         loop = asyncio.get_running_loop()
         if len(items) == 1:
             entry = items[0].entry
@@ -141,27 +166,29 @@ class WriteQueue:
         except raft_errors.RaftError as exc:
             self._fail_items(items, RPCError(UNAVAILABLE, str(exc)))
             return
-        self.in_flight.add(token)
+        lane.in_flight.add(token)
         # Never let a lost callback stall the queue or its writers: at the
         # deadline the entry stops counting as in flight and its writers
         # learn that the outcome is unknown.
-        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_expired, items, token)
-        future.add_done_callback(lambda f: self._entry_done(f, items, token, expiry))
+        expiry = loop.call_later(WRITE_TIMEOUT, self._entry_expired, lane, items, token)
+        future.add_done_callback(lambda f: self._entry_done(f, lane, items, token, expiry))
 
-    def _entry_expired(self, items: list[_Queued], token: object) -> None:
-        self._entry_settled(token)
+    def _entry_expired(self, lane: _Lane, items: list[_Queued], token: object) -> None:
+        self._entry_settled(lane, token)
         self._fail_items(items, RPCError(UNKNOWN_OUTCOME, "the write was not confirmed in time; retry with the same request id"))
 
-    def _entry_settled(self, token: object) -> None:
-        if token in self.in_flight:
-            self.in_flight.discard(token)
-            if self.queue and not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+    def _entry_settled(self, lane: _Lane, token: object) -> None:
+        if token in lane.in_flight:
+            lane.in_flight.discard(token)
+            if lane.queue and not lane.flush_scheduled:
+                lane.flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush, lane)
 
-    def _entry_done(self, future: asyncio.Future[Any], items: list[_Queued], token: object, expiry: asyncio.TimerHandle) -> None:
+    def _entry_done(
+        self, future: asyncio.Future[Any], lane: _Lane, items: list[_Queued], token: object, expiry: asyncio.TimerHandle
+    ) -> None:
         expiry.cancel()
-        self._entry_settled(token)
+        self._entry_settled(lane, token)
         (result, index), error = future.result()
         if error is not None:
             if isinstance(error, raft_errors.OverloadedError):

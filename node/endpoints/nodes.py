@@ -20,6 +20,7 @@ from node.core.acl import Need, check_node_secret, hash_secret
 from node.core.api import Forward
 from node.core.context import RequestContext
 from node.core.paging import table_rows
+from node.core.writes import CLIENT
 from node.endpoints.listing import list_page
 from node.endpoints.registry import arg, bad, by_prefix, found, id_arg, method
 from node.spec.nomadjson import from_nomad, to_nomad
@@ -180,7 +181,8 @@ async def node_heartbeat(server: ServerAPI, ctx: RequestContext, args: dict[str,
     ttl = server.heartbeats.grant([node_id for node_id, node in nodes.items() if node is not None], server.config.scheduler)
     for node_id in down:
         result = await server.propose(
-            m.NodeUpdateStatus(node_id=node_id, status=NODE_READY, status_description="node heartbeat received")
+            m.NodeUpdateStatus(node_id=node_id, status=NODE_READY, status_description="node heartbeat received"),
+            lane=CLIENT,
         )
         index = max(index, result["index"])
     return {"HeartbeatTTL": ttl, "Unknown": unknown, "Index": index}

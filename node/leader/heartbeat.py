@@ -38,7 +38,7 @@ from fsm import messages as m
 from fsm.structs import NODE_DOWN
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
-from node.leader.nodeevals import CoveredDowns, down_batches
+from node.leader.nodeevals import NODES_PER_BATCH, CoveredDowns, down_batches
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import NOT_LEADER, RPCError
 
@@ -172,22 +172,29 @@ class HeartbeatMonitor:
                     self._stop()
                     return
                 todo = [n for n in node_ids if self.heartbeats.deadline(n) is None]
-                if not todo:
-                    return
-                budget = self.max_entry_bytes // 2
-                read_at, batches = await self.state.local(
-                    lambda r: (r.applied_index, down_batches(r, todo, budget=budget))
-                )
-                for i, msg in enumerate(batches):
-                    error = await self._propose(msg, read_at)
-                    if error is not None:
-                        if error.code == NOT_LEADER or not self.is_leader():
-                            self._stop()
-                        else:
-                            self._retry_later([n for b in batches[i:] for n in b.node_ids], error)
+                # A share at a time: each read of the nodes' allocs is short, and
+                # the loop and raft thread get turns between them.
+                for start in range(0, len(todo), NODES_PER_BATCH):
+                    if not await self._mark_share(todo[start : start + NODES_PER_BATCH], todo[start:]):
                         return
         finally:
             self.marking.difference_update(node_ids)
+
+    async def _mark_share(self, share: list[str], rest: list[str]) -> bool:
+        """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned)."""
+        budget = self.max_entry_bytes // 2
+        read_at, batches = await self.state.local(lambda r: (r.applied_index, down_batches(r, share, budget=budget)))
+        for i, msg in enumerate(batches):
+            error = await self._propose(msg, read_at)
+            if error is None:
+                continue
+            if error.code == NOT_LEADER or not self.is_leader():
+                self._stop()
+            else:
+                done = {n for b in batches[:i] for n in b.node_ids}
+                self._retry_later([n for n in rest if n not in done], error)
+            return False
+        return True
 
     async def _propose(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> RPCError | None:
         """Commit one mark-down entry; the error if it did not.

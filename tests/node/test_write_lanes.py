@@ -1,0 +1,94 @@
+"""The leader's write lanes: a client's write never waits for, nor shares an entry with, the leader's bulk work.
+
+A raft stand-in records each submitted entry and answers only when the test
+says so, so "in flight" is exact; the queue under test is the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fsm import messages as m
+from fsm.machine import ApplyResult
+from fsm.messages import decode_entry, encode_entry
+from node.core.writes import CLIENT, LEADER, MAX_WRITE_ENTRIES_IN_FLIGHT, WriteQueue
+
+
+class HeldRaft:
+    """Takes entries and holds their callbacks until ``commit``."""
+
+    max_entry_bytes = 48 * 1024
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[bytes, Any]] = []
+
+    def submit(self, entry: bytes, done: Any) -> None:
+        self.entries.append((entry, done))
+
+    def commit(self, i: int) -> None:
+        entry, done = self.entries[i]
+        items = _items(entry)
+        result = (
+            ApplyResult(ok=True, index=i + 1)
+            if len(items) == 1
+            else ApplyResult(
+                ok=True, index=i + 1, batch=[ApplyResult(ok=True, index=i + 1)] * len(items)
+            )
+        )
+        done(result, i + 1, None)
+
+
+def _items(entry: bytes) -> list[str]:
+    """The request ids an entry carries: one, or each of a Batch's."""
+    msg = decode_entry(entry)
+    if isinstance(msg.body, m.Batch):
+        return [decode_entry(item).rid for item in msg.body.entries]
+    return [msg.rid]
+
+
+def _entry(tag: str) -> bytes:
+    return encode_entry(m.NodeUpdateStatus(node_id=tag, status="ready"), time=1, rid=tag)
+
+
+async def _turn() -> None:
+    """Let queued callbacks run (the flush is scheduled with call_soon): no time passes."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def _scenario() -> tuple[HeldRaft, list[asyncio.Task[Any]]]:
+    """The leader lane's slots full (one entry each) and three bulk writes waiting; then a client write."""
+    raft = HeldRaft()
+    queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
+    tasks = []
+    for i in range(MAX_WRITE_ENTRIES_IN_FLIGHT + 3):
+        tasks.append(asyncio.ensure_future(queue.submit(_entry(f"bulk{i}"), LEADER)))
+        if i < MAX_WRITE_ENTRIES_IN_FLIGHT:
+            await _turn()
+    await _turn()
+    assert queue.in_flight(LEADER) == MAX_WRITE_ENTRIES_IN_FLIGHT
+    tasks.append(asyncio.ensure_future(queue.submit(_entry("client"), CLIENT)))
+    await _turn()
+    return raft, tasks
+
+
+def test_a_client_write_goes_out_while_the_leader_lane_is_full_and_alone() -> None:
+    async def run() -> None:
+        raft, tasks = await _scenario()
+        # The leader lane holds its slots; the client's write went out at once, in an entry of its own.
+        assert len(raft.entries) == MAX_WRITE_ENTRIES_IN_FLIGHT + 1
+        assert _items(raft.entries[-1][0]) == ["client"]
+        raft.commit(len(raft.entries) - 1)
+        await _turn()
+        assert tasks[-1].done() and not any(t.done() for t in tasks[:-1])
+        # The waiting bulk writes go out together, never with a client write, once a leader slot frees.
+        raft.commit(0)
+        await _turn()
+        assert _items(raft.entries[-1][0]) == ["bulk2", "bulk3", "bulk4"]
+        for i in range(1, len(raft.entries)):
+            if i != MAX_WRITE_ENTRIES_IN_FLIGHT:  # the client's entry, committed above
+                raft.commit(i)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(run())
