@@ -45,8 +45,9 @@ jepsen: $(STAMP)
 		--time $(JEPSEN_TIME) --workload $(JEPSEN_WORKLOAD) $(JEPSEN_ARGS) --out $(JEPSEN_OUT)/$$(date +%Y%m%d-%H%M%S)
 
 # The member nemesis at five servers (remove, wipe and re-add, replace), one
-# seeded run per seed, the campaign's workloads checked. Runs without the raft
-# proxies, so no partitions beside it (jepsen_like/testbed.py says why).
+# seeded run per seed, the campaign's workloads checked. It also runs beside
+# partition and snapshot-lag (every server keeps one raft address behind its
+# harness proxy: jepsen_like/testbed.py), e.g. JEPSEN_ARGS='--nemesis partition,snapshot-lag,member'.
 JEPSEN_MEMBER_SEEDS ?= 1:3
 JEPSEN_MEMBER_NODES ?= 5
 jepsen-member: $(STAMP)

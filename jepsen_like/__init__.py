@@ -12,16 +12,18 @@ and signalled through ``node.devcluster`` and spoken to over ``node.wire.rpc_cli
 Modules:
 
 * ``testbed`` -- the cluster of one run (configs, processes, a simulated
-  client) and why per-link raft proxies need the address layout they have;
-* ``proxy`` -- those per-link TCP proxies (network partitions);
+  client) and its raft address layout: every server known by one raft
+  identity, where its harness proxy listens, and binding an address of its own;
+* ``proxy`` -- those per-server TCP proxies, which cut pairs of servers
+  (network partitions);
 * ``nemesis`` -- kill, kill-all, pause, partition, snapshot-lag (a follower
   cut off until the others compacted past it, caught up by snapshot install;
   the runner then starts the servers with ``raft_compaction_entries = 300``),
   on one seeded schedule, optionally overlapping;
 * ``member_fault`` -- the member nemesis: kill -9 and ``remove-peer`` a
   server, then re-add it wiped (``server join``) or join a new server in its
-  place; never below quorum, one change at a time, never overlapped (the
-  runner then builds the testbed without raft proxies: no partitions beside it);
+  place; never below quorum, one change at a time, never overlapped with
+  another fault, but in the same runs as partition and snapshot-lag;
 * ``health`` -- after each heal, every server that should run is up, or is
   reported at once with its cause, as a harness failure or an anomaly;
 * ``workloads`` -- register (read/write/cas on a job's meta), set (unique

@@ -32,9 +32,6 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     QuotaWorkload.name: QuotaWorkload,
 }
 
-#: Nemeses that need a testbed without the raft proxies (so no partitions beside them).
-NEEDS_NO_PROXIES: frozenset[str] = frozenset({MemberChange.name})
-
 #: Workloads a nemesis needs: its checker judges what they record (added to a run that lacks them).
 NEEDS_WORKLOAD: dict[str, str] = {SilenceClients.name: FailoverWorkload.name}
 

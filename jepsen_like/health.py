@@ -89,9 +89,7 @@ def diagnose(testbed: Testbed, name: str, waited: float) -> NotUp:
             "killed by the harness and not started again (a fault's undo did not restart it)",
         )
     if not testbed.alive(name):
-        taken = [
-            a for a in (node.rpc_addr, node.raft_addr, node.http_address) if a and not _free(a)
-        ]
+        taken = [a for a in testbed.listen_addresses(name) if not _free(a)]
         if taken:
             return NotUp(
                 name,

@@ -18,8 +18,11 @@ Either way the fault ends once every member lists the new configuration;
 the new server catches up by snapshot install or log. Never below quorum:
 it injects only when every member runs (and is not paused), it is never
 held together with another fault (``exclusive``), and a removal from three
-leaves two, the quorum of three. The runner builds the testbed without the
-raft proxies for it (``testbed`` says why), so partitions do not run beside it.
+leaves two, the quorum of three. It runs beside partition and snapshot-lag:
+every server is known by one raft address behind its own harness proxy
+(``testbed`` says how), a new server gets its proxy before it joins, a
+rejoined one keeps its proxy, and a retired one's is removed, so the other
+faults pick among (and cut) the current members only.
 """
 
 from __future__ import annotations
@@ -61,11 +64,6 @@ class MemberChange(Fault):
         return {"changes": dict(self.counts), **took}
 
     def unavailable(self, testbed: Testbed) -> str | None:
-        if testbed.proxies is not None:
-            return (
-                "membership changes need every server to know each member by one raft address, which the "
-                "per-link proxies' layout cannot give; run member without partition and snapshot-lag"
-            )
         if len(testbed.names) < 3:
             return "removing a server from fewer than three would leave no quorum"
         return None

@@ -12,9 +12,10 @@ Faults (``--nemesis`` names):
 * ``kill`` -- kill -9 one server (the leader half of the time), restart it.
 * ``kill-all`` -- kill -9 every server at once, restart them all.
 * ``pause`` -- SIGSTOP one server (the leader half of the time), SIGCONT.
-* ``partition`` -- cut raft links through the harness's proxies: isolate one
-  server (the leader half of the time), or, with five servers, split them
-  into a random majority and minority; then heal.
+* ``partition`` -- cut raft links through the harness's proxies (one per
+  server, cutting pairs: ``jepsen_like.proxy``): isolate one server (the
+  leader half of the time), or, with five servers, split them into a random
+  majority and minority; then heal.
 * ``snapshot-lag`` -- isolate a follower until the others have compacted
   their raft log past it (writing filler if the workload is too slow), so
   it must catch up by snapshot install; the window's detail says whether it
@@ -40,7 +41,8 @@ Faults (``--nemesis`` names):
   which the runner turns on when this nemesis is enabled (``ClockJump``).
 * ``member`` -- kill -9 and remove-peer a server, then re-add it wiped or
   join a new server in its place (``jepsen_like.member_fault``; listed in
-  ``catalogue``; the runner then builds the testbed without raft proxies).
+  ``catalogue``); never held with another fault, and the others pick among
+  the current members (``testbed.names``), each behind its own proxy.
 
 Every fault is recorded as a window (start, end, targets) in faults.jsonl;
 the nemesis always undoes its own fault, waits (bounded) for a leader, checks

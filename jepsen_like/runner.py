@@ -40,7 +40,6 @@ from typing import Any
 from jepsen_like import availability, checkers
 from jepsen_like.catalogue import (
     FAULTS,
-    NEEDS_NO_PROXIES,
     NEEDS_WORKLOAD,
     WORKLOAD_CHECKS,
     WORKLOADS,
@@ -284,7 +283,6 @@ def run(options: RunOptions, log: Any = print) -> int:
             extra_config=extra,
             compaction_entries=compaction_entries(options),
             clock_file=clock_file,
-            proxies=not NEEDS_NO_PROXIES & set(options.nemeses),
         )
         try:
             return _run_on(

@@ -4,38 +4,39 @@ The harness is a client of the cluster: it starts and signals processes with
 ``node.devcluster`` and talks to servers over RPC; it imports nothing of the
 server's internals.
 
-How partitions work (per-link TCP proxies)
-------------------------------------------
+How partitions work (one TCP proxy per server)
+----------------------------------------------
 pysyncobj knows a peer only by the address string in its peer list, and the
 two ends of a pair share ONE TCP connection, which only the end with the
 greater address string dials (``TCPTransport._shouldConnect``: ``self.address
 > peer.address``). The dialer sends its own address as the first message and
-the acceptor looks that string up in *its* peer list. So per server:
+the acceptor looks that string up in *its* peer list. A live membership
+change, and the cluster set in a snapshot a leader sends, carry ONE raft
+address per member through the log (``raft/members.py``,
+``raft/membership.py``), so every server must know every server by the same
+address string.
 
-* its own raft address (its identity, where it listens) must be what every
-  peer that *accepts* its connection lists for it, and
-* the address it lists for a peer it *dials* may be anything that reaches
-  that peer -- as long as that string sorts below its own address, so it
-  still decides to dial.
+The layout: server *k* (1-based) has the raft identity ``127.0.1.k:P_k`` --
+what every config, and the membership log, list for it -- and *binds*
+``127.0.2.k:P'_k`` itself (its config's ``raft_bind``). The harness's proxy
+for server *k* (``jepsen_like.proxy``) listens at the identity and forwards
+to the bind address. A server's outgoing raft connections leave from its
+bind host (``raft.transport.CaravanConnection`` binds the socket's source to
+it), so the proxy of the server dialled reads the dialer from the source IP
+(``127.0.2.i`` is server *i*) and refuses any other source. Every raft
+connection between a pair thus passes through exactly one harness proxy (the
+dialled server's), which can cut that pair alone; the configs are the same
+for every server but their own ``node_id``/``raft_bind`` lines. Leader names
+stay consistent: a server maps the raft address it sees to an RPC address
+through its config or the membership, and those agree everywhere.
 
-The layout below satisfies both: server *k* (1-based) has the identity
-``127.0.1.k:PORT``; for each pair ``i < j``, server *j* (greater identity)
-lists server *i* at a proxy ``127.0.0.1:P_ij`` (``127.0.0.1`` sorts below
-every ``127.0.1.x``), which forwards to server *i*'s identity, while server
-*i* lists server *j* at *j*'s real identity and never dials it. Every raft
-connection thus passes through exactly one proxy per pair, owned by the
-harness, and the configs differ between servers only in the raft_addr of
-lower-ranked peers. Leader names stay consistent: a server maps the raft
-address it sees to an RPC address through its own config, and RPC
-addresses are the same in every config.
-
-Membership changes need a testbed without the proxies (``proxies=False``):
-a live membership change travels through the raft log as one raft address
-per member (``raft/members.py``), so every server must know each member by
-the same address string, which the per-server views above cannot give. The
-member nemesis's runs therefore have no partitions (``Partition.unavailable``
-says so). Every port comes from the launcher's address book
-(``node.devcluster.AddressBook``), kept for the run's life.
+A server the member nemesis adds mid-run gets its proxy before it starts (so
+the others reach it and its dials are recognised); one wiped and joined
+again keeps its proxy; a retired one's proxy is removed. ``proxies=False``
+lays the servers out on 127.0.0.1 with no proxy and no ``raft_bind`` (no
+partitions then: ``Partition.unavailable`` says so). Every port comes from
+the launcher's address book (``node.devcluster.AddressBook``), kept for the
+run's life.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,12 @@ def _size(path: Path) -> int:
         return 0
 
 
+#: server k's raft identity host is IDENTITY_NET + k (its proxy listens there) ...
 IDENTITY_NET = "127.0.1."
+#: ... and it binds its raft port at BIND_NET + k (where the proxy forwards, and where its dials leave from)
+BIND_NET = "127.0.2."
 #: seconds a membership change may take to show in every running member's configuration
 MEMBER_WAIT = 30.0
-PROXY_HOST = "127.0.0.1"
 RPC_HOST = "127.0.0.1"
 
 
@@ -99,6 +102,19 @@ def _new_node(root: Path, name: str, book: cl.AddressBook, raft_host: str) -> cl
         config_file=str(root / name / "server.toml"),
         http_address=book.get(RPC_HOST),
     )
+
+
+def _identity_host(k: int) -> str:
+    if not 1 <= k <= 254:
+        raise TestbedError(f"server number {k} has no address in {IDENTITY_NET}0/24")
+    return f"{IDENTITY_NET}{k}"
+
+
+def _own_extra(raft_bind: str | None, extra_config: str) -> str:
+    """A server's config lines besides the layout's: its ``raft_bind`` (top-level, so first) and the run's."""
+    if not raft_bind:
+        return extra_config
+    return f"raft_bind = {json.dumps(raft_bind)}\n{extra_config}"
 
 
 @dataclass
@@ -138,6 +154,8 @@ class Testbed:
     output_marks: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: servers the harness killed and has not started since: down by its own hand, not the product's
     killed: set[str] = field(default_factory=set)
+    #: per server, where it binds its raft port when that is not its raft identity (behind a proxy)
+    raft_binds: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -172,28 +190,25 @@ class Testbed:
         password_file.chmod(0o600)
         nodes: list[cl.ClusterNode] = []
         book = cl.AddressBook()
-        for k in range(1, count + 1):
-            host = f"{IDENTITY_NET}{k}" if proxies else RPC_HOST
-            nodes.append(_new_node(root, f"server{k}", book, host))
-        net = LinkProxies(PROXY_HOST) if proxies else None
-        views: dict[str, list[cl.ClusterNode]] = {n.id: list(nodes) for n in nodes}
-        if net is not None:
-            for i, low in enumerate(nodes):
-                for high in nodes[i + 1 :]:
-                    via = net.add(high.id, low.id, low.raft_addr)
-                    if (
-                        not via < high.raft_addr
-                    ):  # the dialing rule above; cannot fail with this layout
-                        raise TestbedError(
-                            f"proxy address {via} does not sort below {high.raft_addr}"
-                        )
-                    views[high.id] = [
-                        replace(n, raft_addr=via) if n.id == low.id else n for n in views[high.id]
-                    ]
+        net = LinkProxies() if proxies else None
+        binds: dict[str, str] = {}
+        try:
+            for k in range(1, count + 1):
+                node = _new_node(root, f"server{k}", book, _identity_host(k) if net else RPC_HOST)
+                nodes.append(node)
+                if net is not None:
+                    binds[node.id] = book.get(f"{BIND_NET}{k}")
+                    net.add_server(node.id, node.raft_addr, binds[node.id])
+        except Exception:
+            if net is not None:
+                net.close()
+            raise
         for node in nodes:
             Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
             Path(node.config_file).write_text(
-                cl.render_config(node, views[node.id], str(password_file), extra_config)
+                cl.render_config(
+                    node, nodes, str(password_file), _own_extra(binds.get(node.id), extra_config)
+                )
             )
         cluster = cl.Cluster(dir=str(root), nodes=nodes)
         cluster.save()
@@ -207,6 +222,7 @@ class Testbed:
             extra_config=extra_config,
             client_addresses=cluster.rpc_addresses,
             client_names=[n.id for n in nodes],
+            raft_binds=binds,
         )
 
     # -- names ----------------------------------------------------------------------
@@ -220,6 +236,12 @@ class Testbed:
 
     def node(self, name: str) -> cl.ClusterNode:
         return self.cluster.node(name)
+
+    def listen_addresses(self, name: str) -> list[str]:
+        """The addresses ``name``'s own process listens on (RPC, raft bind, HTTP): its proxy holds its raft identity."""
+        node = self.node(name)
+        raft = self.raft_binds.get(name) or node.raft_addr
+        return [a for a in (node.rpc_addr, raft, node.http_address) if a]
 
     def running_addresses(self) -> list[str]:
         """Every RPC address, those of running servers (alive, not paused) first.
@@ -539,12 +561,14 @@ class Testbed:
         self.cluster.nodes.remove(node)
         self.retired.append(node)
         self.cluster.save()
+        if self.proxies is not None:
+            self.proxies.remove_server(name)
 
     def rejoin(self, name: str) -> str:
         """Wipe the stopped server's data dir, start it afresh at its own addresses, and ``caravan server join`` it."""
         others = [n for n in self.names if n != name and self.alive(n)]
         # join = []: the fresh server waits to be told (``server join``)
-        node = cl.prepare_join(self.cluster, name, [], self.extra_config)
+        node = cl.prepare_join(self.cluster, name, [], self._extra_for(name))
         self.start(name)
         self._wait_answering(name)
         said = self.caravan(
@@ -563,14 +587,17 @@ class Testbed:
             for n in self.cluster.nodes + self.retired
             if n.id[6:].isdigit()
         ]
-        node = _new_node(
-            self.directory, f"server{max(numbers, default=0) + 1}", self.book, RPC_HOST
-        )
+        k = max(numbers, default=0) + 1
+        host = _identity_host(k) if self.proxies is not None else RPC_HOST
+        node = _new_node(self.directory, f"server{k}", self.book, host)
         Path(node.config_file).parent.mkdir(parents=True, exist_ok=True)
+        if self.proxies is not None:  # its proxy first: the others must reach it, and know its dials
+            self.raft_binds[node.id] = self.book.get(f"{BIND_NET}{k}")
+            self.proxies.add_server(node.id, node.raft_addr, self.raft_binds[node.id])
         others = [n for n in self.names if self.alive(n)]
         self.cluster.nodes.append(node)
         cl.prepare_join(
-            self.cluster, node.id, [self.node(n).rpc_addr for n in others], self.extra_config
+            self.cluster, node.id, [self.node(n).rpc_addr for n in others], self._extra_for(node.id)
         )
         self.start(node.id)
         self.wait_members(set(self.names), self.names)
@@ -583,6 +610,9 @@ class Testbed:
             self.client_addresses.append(node.rpc_addr)
             self.client_names.append(node.id)
         return node.id
+
+    def _extra_for(self, name: str) -> str:
+        return _own_extra(self.raft_binds.get(name), self.extra_config)
 
     def _wait_answering(self, name: str, timeout: float = 30.0) -> None:
         """Until a just-started server answers RPC (any role: one waiting to join stays "starting")."""

@@ -29,17 +29,26 @@ term +1). Every connection that sent nothing for
 ``KEEPALIVE_PERIOD`` gets a tiny ``caravan_keepalive`` message, which the
 receiving transport drops before the node sees it (pysyncobj of an older
 build ignores a message type it does not know).
+
+Source address: a connection this server dials leaves from its configured
+raft bind host (``CaravanConnection.connect``), not from whatever address
+the kernel's routing picks. See ``CaravanConnection`` for why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import pickle
+import socket
 import struct
 import zlib
 from typing import Any
 
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.monotonic import monotonic
-from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection, _getAddrType
 from pysyncobj.transport import TCPTransport
 
 from raft.auth import AuthFailureLog, CheckedLink, LinkAuthenticator
@@ -79,8 +88,88 @@ def zlib_stored(data: bytes) -> bytes:
     return b"".join(parts)
 
 
+#: Bind hosts that mean "every address": a connection from such a server leaves from wherever routing says.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
+#: Linux's IP_BIND_ADDRESS_NO_PORT: a source bind with port 0 takes its port at connect time, per
+#: destination, instead of reserving one from the ephemeral range for the address alone.
+_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", None)
+
+
+def source_host(bind_address: str | None) -> str | None:
+    """The host outgoing raft connections bind to: the bind address's host, or None (no source bind).
+
+    None for an absent bind address and for a wildcard host (0.0.0.0, ::):
+    a server listening everywhere has no one address to speak from.
+    A host name is resolved the way pysyncobj resolves its listen host.
+    """
+    if not bind_address:
+        return None
+    host = bind_address.rpartition(":")[0].strip("[]")
+    if host in WILDCARD_HOSTS:
+        return None
+    try:
+        _getAddrType(host)
+    except Exception:  # a name, not an IP literal  # noqa: BLE001 (pysyncobj raises a bare Exception)
+        resolved = globalDnsResolver().resolve(host)
+        return resolved if resolved and resolved not in WILDCARD_HOSTS else None
+    return host
+
+
 class CaravanConnection(TcpConnection):
-    """pysyncobj's TcpConnection with a cheaper, wire-compatible ``send``."""
+    """pysyncobj's TcpConnection with a cheaper, wire-compatible ``send`` and a source-bound ``connect``.
+
+    ``caravan_source_host`` (set by the transport from the raft bind
+    address; None: no source bind): an outgoing connection binds its socket
+    to that host, port 0 (any port), before it connects. On a multi-homed
+    host raft traffic then leaves from the configured raft address, not
+    from whichever interface the route to the peer happens to use, so the
+    peers' firewalls can allow exactly the servers' raft addresses. The
+    fault harness relies on the same property: its per-server proxies tell
+    which server dialled from the connection's source IP.
+    """
+
+    caravan_source_host: str | None = None
+
+    def connect(self, host: str, port: int) -> bool:
+        """pysyncobj's ``TcpConnection.connect``, plus the source bind (same fields, same results)."""
+        if host is None:
+            return False
+        self._TcpConnection__state = CONNECTION_STATE.DISCONNECTED
+        self._TcpConnection__fileno = None
+        family = _getAddrType(host)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        self._TcpConnection__socket = sock
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpConnection__sendBufferSize)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._TcpConnection__recvBufferSize)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.setSockoptKeepalive()
+        source = self.caravan_source_host
+        if source is not None and _family_of(source) == family:
+            try:
+                if _BIND_ADDRESS_NO_PORT is not None and family == socket.AF_INET:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.IPPROTO_IP, _BIND_ADDRESS_NO_PORT, 1)
+                sock.bind((source, 0))
+            except OSError:  # the host is not (or no longer) this machine's
+                sock.close()
+                return False  # like a failed connect: the transport retries after connectionRetryTime
+        sock.setblocking(False)
+        self._TcpConnection__readBuffer = b""
+        self._TcpConnection__writeBuffer = b""
+        self._TcpConnection__lastReadTime = monotonic()
+        try:
+            sock.connect((host, port))
+        except OSError as e:
+            if e.errno not in (errno.EINPROGRESS, errno.EWOULDBLOCK):
+                return False
+        self._TcpConnection__fileno = sock.fileno()
+        self._TcpConnection__state = CONNECTION_STATE.CONNECTING
+        self._TcpConnection__poller.subscribe(
+            self._TcpConnection__fileno,
+            self._TcpConnection__processConnection,
+            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+        )
+        return True
 
     def send(self, message: Any) -> None:
         if self.sendRandKey:
@@ -112,6 +201,9 @@ class CaravanTransport(TCPTransport):
         self._auth_failures = AuthFailureLog(log, monotonic) if log is not None else None
         self._next_keepalive = 0.0
         self.keepalives_sent = 0
+        conf = getattr(syncObj, "conf", None)
+        #: where this server's outgoing raft connections leave from (CaravanConnection)
+        self.source_host = source_host(getattr(conf, "bindAddress", None))
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _onTick(self) -> None:  # noqa: N802 (pysyncobj name)
@@ -143,7 +235,8 @@ class CaravanTransport(TCPTransport):
         super().addNode(node)
         conn = self._connections.get(node)
         if conn is not None and conn.__class__ is TcpConnection:
-            conn.__class__ = CaravanConnection  # built by pysyncobj; only ``send`` differs
+            conn.__class__ = CaravanConnection  # built by pysyncobj; ``send`` and ``connect`` differ
+            conn.caravan_source_host = self.source_host
             self._check_link(conn, node.address)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:  # noqa: N802 (pysyncobj name)
@@ -176,6 +269,13 @@ class CaravanTransport(TCPTransport):
     def raw_send(self, node: Any, message: Any) -> bool:
         """Send without the hooks (used to release held messages)."""
         return TCPTransport.send(self, node, message)
+
+
+def _family_of(host: str) -> int | None:
+    try:
+        return _getAddrType(host)
+    except Exception:  # noqa: BLE001 (pysyncobj raises a bare Exception)
+        return None
 
 
 def _peer_host(conn: Any) -> str:

@@ -1,4 +1,4 @@
-"""The harness's cluster: configs routed through per-link proxies, and partitions that work."""
+"""The harness's cluster: one raft address per server behind its own proxy, and partitions that work."""
 
 from __future__ import annotations
 
@@ -55,30 +55,29 @@ def testbed_factory(tmp_path: Path) -> Iterator[Callable[..., Testbed]]:
 
 
 @pytest.mark.parametrize("count", [3, 5])
-def test_configs_follow_pysyncobj_dialing_rule(testbed_factory: Callable[..., Testbed], count: int) -> None:
-    """Each pair has exactly one dialer (the greater address), which dials through the pair's proxy."""
+def test_every_server_knows_every_server_by_one_raft_address(testbed_factory: Callable[..., Testbed], count: int) -> None:
+    """One raft identity per server in every config (what membership changes and snapshots carry);
+    each server binds an address of its own, and its harness proxy listens at the identity."""
     tb = testbed_factory(count)
     identity = {n.id: n.raft_addr for n in tb.cluster.nodes}
-    proxies_seen: set[str] = set()
-    for node in tb.cluster.nodes:
+    assert len(set(identity.values())) == count
+    for k, node in enumerate(tb.cluster.nodes, start=1):
         config = load_config(node.config_file)
-        assert config.raft_addr == identity[node.id]
+        assert config.raft_addr == identity[node.id] and identity[node.id].startswith(f"127.0.1.{k}:")
+        assert {s.id: s.raft_addr for s in config.servers} == identity  # the same in every config
         rpc = {s.id: s.rpc_addr for s in config.servers}
         assert rpc == {n.id: n.rpc_addr for n in tb.cluster.nodes}  # RPC addresses agree everywhere
-        for peer in config.peers:
-            mine, theirs = config.raft_addr, peer.raft_addr
-            lower = identity[peer.id] < mine
-            if lower:  # we dial it: through a proxy that still sorts below us
-                assert theirs != identity[peer.id] and theirs < mine
-                proxies_seen.add(theirs)
-            else:  # it dials us and announces its identity, which we must know it by
-                assert theirs == identity[peer.id] and theirs > mine
-    assert len(proxies_seen) == count * (count - 1) // 2
+        # it listens (and dials from) its own bind address; its proxy holds the identity
+        assert config.raft_bind == tb.raft_binds[node.id] and config.raft_bind.startswith(f"127.0.2.{k}:")
+        host, port = config.raft_addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass  # the proxy accepts (and refuses it: 127.0.0.1 is no server's address)
+    assert tb.proxies is not None and tb.proxies.names == sorted(identity)
 
 
-def _echo_server() -> tuple[socket.socket, str]:
+def _echo_server(host: str = "127.0.0.1") -> tuple[socket.socket, str]:
     server = socket.socket()
-    server.bind(("127.0.0.1", 0))
+    server.bind((host, 0))
     server.listen()
 
     def serve() -> None:
@@ -100,9 +99,14 @@ def _echo_server() -> tuple[socket.socket, str]:
     return server, f"{host}:{port}"
 
 
-def _roundtrip(address: str) -> bytes:
+def _connect(address: str, source: str) -> socket.socket:
+    """A connection to ``address`` leaving from ``source`` (as a server's raft dials leave from its bind host)."""
     host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
+    return socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
+
+
+def _roundtrip(address: str, source: str = "127.0.0.1") -> bytes:
+    with _connect(address, source) as sock:
         try:
             sock.sendall(b"ping")
             return sock.recv(4)
@@ -110,26 +114,39 @@ def _roundtrip(address: str) -> bytes:
             return b""
 
 
-def test_proxy_cut_closes_connections_and_heal_restores() -> None:
-    server, target = _echo_server()
+def test_proxies_cut_pairs_by_the_dialers_source_address() -> None:
+    """Server a's proxy forwards b's and c's dials; cutting a-b closes b's connection and refuses b only."""
+    server, a_bind = _echo_server("127.0.2.201")
     proxies = LinkProxies()
     try:
-        via = proxies.add("b", "a", target)
-        assert _roundtrip(via) == b"ping"
-        host, port = via.rsplit(":", 1)
-        held = socket.create_connection((host, int(port)), timeout=5)
+        a = proxies.add_server("a", "127.0.1.201:0", a_bind)
+        proxies.add_server("b", "127.0.1.202:0", "127.0.2.202:1")
+        proxies.add_server("c", "127.0.1.203:0", "127.0.2.203:1")
+        b, c = "127.0.2.202", "127.0.2.203"  # the dialers' bind hosts
+        assert _roundtrip(a, b) == b"ping" and _roundtrip(a, c) == b"ping"
+        assert _roundtrip(a, "127.0.0.1") == b""  # no server's address: refused
+        held = _connect(a, b)
         held.sendall(b"x")
         assert held.recv(1) == b"x"
-        assert proxies.isolate("a") == [("a", "b")]
+        assert proxies.partition([["a", "c"], ["b"]]) == [("a", "b"), ("b", "c")]
         held.settimeout(5)
         try:
             assert held.recv(1) == b""  # the open connection was cut
         except ConnectionResetError:
             pass
-        assert _roundtrip(via) == b""  # and new ones are refused
+        held.close()
+        assert _roundtrip(a, b) == b""  # and new ones from b are refused
+        assert _roundtrip(a, c) == b"ping"  # c's pair with a is not cut
+        assert proxies.isolate("a") == [("a", "b"), ("a", "c")]
+        assert _roundtrip(a, c) == b""
         proxies.heal()
-        assert _roundtrip(via) == b"ping"
-        assert proxies.stats()["b->a"]["refused"] >= 1
+        assert proxies.cut_links() == []
+        assert _roundtrip(a, b) == b"ping" and _roundtrip(a, c) == b"ping"
+        stats = proxies.stats()
+        assert stats["b->a"]["refused"] >= 1 and stats["c->a"]["refused"] >= 1
+        assert stats["unknown->a"]["refused"] == 1
+        proxies.remove_server("c")  # retired: its proxy goes, and so does its address
+        assert proxies.names == ["a", "b"] and _roundtrip(a, c) == b""
     finally:
         proxies.close()
         server.close()
@@ -142,9 +159,13 @@ def test_isolated_leader_is_replaced_and_rejoins(testbed_factory: Callable[..., 
     old = tb.wait_for_leader(30)
     old_term = tb.status(old)["Term"]  # type: ignore[index]
     majority = [n for n in tb.names if n != old]
-    tb.partition([[old], majority])
+    assert tb.partition([[old], majority]) == sorted(tuple(sorted((old, n))) for n in majority)
 
     leader = wait_for_new_leader(tb, majority, old_term)
+    # its raft traffic stopped: the cut-off leader loses its quorum and steps down (check-quorum)
+    wait_until(lambda: (tb.status(old) or {}).get("Role") != "leader", 15, "the isolated leader to step down")
+    stats = tb.proxies.stats()  # type: ignore[union-attr]
+    assert any(stats.get(f"{a}->{b}", {}).get("refused") for a, b in [(old, n) for n in majority] + [(n, old) for n in majority])
     job = _job("p1", {})
     with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
         index = client.call("job.register", {"job": job})["Index"]
@@ -290,3 +311,42 @@ def test_a_cut_off_leader_caught_up_by_snapshot_never_acknowledges_its_dropped_t
                 client.call("job.get", {"job_id": job_id})
             except RPCError as exc:
                 raise AssertionError(f"{job_id} was acknowledged ({result}) but is not on the leader: {exc}") from None
+
+
+@pytest.mark.cluster
+def test_a_server_added_mid_run_is_behind_its_own_proxy(testbed_factory: Callable[..., Testbed]) -> None:
+    """The member nemesis's replace: the new server gets a proxy before it joins, the retired one loses
+    its proxy, and partitions then cut the new member like any other."""
+    tb = testbed_factory(3)
+    tb.start_all()
+    leader = tb.wait_for_leader(30)
+    gone = next(n for n in tb.names if n != leader)
+    tb.kill(gone)
+    tb.remove_member(gone)
+    tb.retire(gone)
+    new = tb.add_server(in_place_of=gone)
+    assert tb.proxies is not None and tb.proxies.names == sorted(tb.names)
+    assert tb.node(new).raft_addr.startswith(f"127.0.1.{new.removeprefix('server')}:")
+    assert load_config(tb.node(new).config_file).raft_bind == tb.raft_binds[new]
+    rest = [n for n in tb.names if n != new]
+    assert tb.partition([[new], rest]) == sorted(tuple(sorted((new, n))) for n in rest)
+    leader = tb.wait_for_leader(30)
+    assert leader != new
+    with RPCClient([tb.node(leader).rpc_addr], timeout=15) as client:
+        index = client.call("job.register", {"job": _job("behind-proxy", {})})["Index"]
+    time.sleep(1.0)
+    assert (tb.digest(new) or {}).get("index", 0) < index  # cut off: it cannot have it
+    assert any(v["refused"] for k, v in tb.proxies.stats().items() if new in k and "unknown" not in k)
+    tb.heal_network()
+    wait_until(lambda: (tb.digest(new) or {}).get("index", 0) >= index, 30, "the new server to catch up")
+
+
+def test_a_servers_own_listen_addresses_are_its_bind_not_its_proxied_identity(
+    testbed_factory: Callable[..., Testbed],
+) -> None:
+    """What ``health.diagnose`` probes when a server did not come back: its proxy always holds the identity."""
+    tb = testbed_factory(3)
+    for name in tb.names:
+        node = tb.node(name)
+        assert tb.listen_addresses(name) == [node.rpc_addr, tb.raft_binds[name], node.http_address]
+        assert node.raft_addr not in tb.listen_addresses(name)

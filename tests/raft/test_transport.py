@@ -115,3 +115,40 @@ def test_followers_commit_a_last_write_without_more_traffic(trio: Any) -> None:
     followers = [t for n, t in zip(nodes, targets, strict=True) if n is not leader]
     _, last = leader.submit_sync(b"x")
     wait_for(lambda: all(t.committed >= last for t in followers), 10, "followers to commit")
+
+
+def _dial(source: str | None, listen_host: str) -> tuple[str, str]:
+    """A CaravanConnection with source host ``source`` dials a listener on ``listen_host``.
+
+    Returns (the connection's own local IP, the IP the listener saw it come from).
+    """
+    with socket.socket() as server:
+        server.bind((listen_host, 0))
+        server.listen()
+        conn = CaravanConnection(poller=_Poller())
+        conn.caravan_source_host = source
+        assert conn.connect(*server.getsockname())
+        server.settimeout(5)
+        accepted, (peer_ip, _) = server.accept()
+        with accepted:
+            local_ip = conn._TcpConnection__socket.getsockname()[0]  # type: ignore[attr-defined]
+            conn.disconnect()
+    return local_ip, peer_ip
+
+
+def test_an_outgoing_raft_connection_leaves_from_the_bind_host() -> None:
+    """The source bind: a peer sees the dialer's configured raft host, not the route's default."""
+    assert _dial("127.0.0.7", "127.0.0.9") == ("127.0.0.7", "127.0.0.7")
+    # without a source host the kernel's route picks it (on Linux loopback: 127.0.0.1)
+    local_ip, peer_ip = _dial(None, "127.0.0.9")
+    assert local_ip == peer_ip != "127.0.0.7"
+
+
+def test_the_source_host_is_the_bind_hosts_unless_it_is_a_wildcard() -> None:
+    from raft.transport import source_host
+
+    assert source_host("127.0.2.3:4648") == "127.0.2.3"
+    assert source_host("0.0.0.0:4648") is None
+    assert source_host("[::]:4648") is None
+    assert source_host(None) is None and source_host("") is None
+    assert source_host("localhost:4648") == "127.0.0.1"
