@@ -156,13 +156,24 @@ class Membership(ReplicaBase):
         return serializer
 
     def member_deserializer(self, fn: Callable[[str], Any]) -> Callable[[str], Any]:
-        """A dump's cluster set replaces the table (a snapshot install, or a restart before its replay)."""
+        """A dump's cluster set replaces the table (a snapshot install, or a restart before its replay).
+
+        Except for this server itself: a dump never removes it. A server
+        learns its removal from the removal entry or the leader's notice
+        (``mark_removed``), never from a snapshot: a joining server's first
+        snapshot is taken before the entry that adds it, and a dump read
+        back at a restart after a removal lacks it anyway.
+        """
 
         def deserializer(file_name: str) -> Any:
             last, prev, cluster = fn(file_name)
             nodes, members = decode_cluster(cluster, self._table)
             if self._dynamic:
-                self._set_table({m.raft_addr: m for m in members}, "dump", None)
+                table = {m.raft_addr: m for m in members}
+                me = self._table.get(self._self_addr)
+                if me is not None:
+                    table.setdefault(self._self_addr, me)
+                self._set_table(table, "dump", None)
             return (last, prev, nodes)
 
         return deserializer

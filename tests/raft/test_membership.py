@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from pysyncobj.node import Node, TCPNode
 
 from raft import RaftConfig, RaftNode
 from raft.members import (
     Member,
+    MemberState,
     decode_cluster,
     encode_cluster,
     join_proof,
@@ -20,6 +22,7 @@ from raft.members import (
     member_of_request,
     proof_ok,
 )
+from raft.membership import Membership
 from tests.raft.cluster import free_ports, wait_for
 from tests.raft.conftest import MemTarget
 
@@ -129,3 +132,21 @@ def test_a_restart_uses_members_json_not_the_config(dynamic: Any, tmp_path: Path
     assert again.members() == [me]
     _leader([again])
     assert load_state(tmp_path / "solo").cluster_id == "c1"
+
+
+def test_a_snapshot_without_this_server_does_not_remove_it(tmp_path: Path) -> None:
+    """A joiner's first snapshot predates the entry that adds it: it must not read it as its removal."""
+    me, a, b = (Member(f"s{i}", f"127.0.0.1:{700 + i}", f"127.0.0.1:{800 + i}") for i in range(3))
+    config = RaftConfig(
+        self_address=me.raft_addr, peers=[a.raft_addr], data_dir=tmp_path, password="pw",
+        dynamic_membership=True, bootstrap_members=(me, a), cluster_id="c1",
+    )
+    table = Membership.__new__(Membership)  # the mixin alone: no SyncObj, no sockets
+    table.log = structlog.get_logger("test")
+    table.setup_membership(config, MemberState(members=[me, a], cluster_id="c1", bootstrap_size=2))
+    load = table.member_deserializer(lambda _name: ("data", ("prev",), encode_cluster([a, b])))
+    _, _, nodes = load("dump")
+    assert table.is_member, "a dump lacking this server must not remove it"
+    assert {m.raft_addr for m in table.member_list()} == {me.raft_addr, a.raft_addr, b.raft_addr}
+    assert nodes == {TCPNode(a.raft_addr), TCPNode(b.raft_addr)}
+    assert set(load_state(tmp_path).members) == {me, a, b}
