@@ -38,7 +38,7 @@ from fsm import messages as m
 from fsm.structs import NODE_DOWN
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
-from node.leader.nodeevals import NODES_PER_BATCH, CoveredDowns, down_batches
+from node.leader.nodeevals import NODES_PER_BATCH, CoveredDowns, down_batches, mark_down_budget
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import NOT_LEADER, RPCError
 
@@ -182,7 +182,7 @@ class HeartbeatMonitor:
 
     async def _mark_share(self, share: list[str], rest: list[str]) -> bool:
         """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned)."""
-        budget = self.max_entry_bytes // 2
+        budget = mark_down_budget(self.max_entry_bytes)
         read_at, batches = await self.state.local(lambda r: (r.applied_index, down_batches(r, share, budget=budget)))
         for i, msg in enumerate(batches):
             error = await self._propose(msg, read_at)

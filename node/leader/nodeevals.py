@@ -124,6 +124,18 @@ class _Batch:
         )
 
 
+def mark_down_budget(max_entry_bytes: int) -> int:
+    """Bytes of node ids and evals one mark-down entry may carry: most of an entry.
+
+    One node's evals must fit: a client running allocs of 190 jobs needs
+    ~28 KB of them, and a node that fits no entry goes alone with its evals
+    cut, which the leader's tail then reads again (at 1M objects, 2,000 such
+    entries for 2,000 lost nodes). The eighth left over covers the envelope
+    and the framing the size estimate leaves out.
+    """
+    return max_entry_bytes * 7 // 8
+
+
 def down_batches(
     reader: StateReader, node_ids: Iterable[str], *, budget: int, most: int = NODES_PER_BATCH
 ) -> list[m.NodeBatchUpdateStatus]:

@@ -12,6 +12,8 @@ one eval per affected job per entry, and every entry fits its budget.
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -19,8 +21,11 @@ from hypothesis import strategies as st
 
 from fsm import codec
 from fsm import messages as m
+from fsm.messages import encode_entry
 from fsm.structs import EVAL_CANCELED, EVAL_PENDING, NODE_DOWN, Evaluation
-from node.leader.nodeevals import DOWN_DESCRIPTION, down_batches, node_down_evals
+from node.leader.nodeevals import DOWN_DESCRIPTION, down_batches, mark_down_budget, node_down_evals
+from raft.config import DEFAULT_MAX_ENTRY_BYTES
+from raft.node import encoded_entry_size
 from tests.fsm.support import Harness
 from tests.lifecycle.support import alloc, job, node, register, run_eval
 
@@ -169,3 +174,24 @@ def test_a_bad_batch_is_refused_whole_and_changes_nothing() -> None:
         assert _nodes(h) == before
     finally:
         h.destroy()
+
+
+def test_a_node_running_190_jobs_goes_down_in_one_flagged_entry_that_raft_accepts() -> None:
+    """At the default entry size a busy client's evals fit one entry: it is not cut, so the tail need not read it."""
+    h = Harness.temp()
+    for n in ("busy", "other"):
+        h.ok(m.NodeRegister(node=node(n, cpu=1_000_000, mem=1_000_000)))
+    for i in range(190):
+        j = job(f"job-{i:07d}-with-a-realistic-name", count=1)
+        ev = register(h, j)
+        placed = alloc(j, 0, "busy", alloc_id=f"{j.id}-0")
+        placed.eval_id = ev.id
+        h.ok(m.PlanApply(eval_id=ev.id, job_id=j.id, allocs_to_place=[placed]))
+    budget = mark_down_budget(DEFAULT_MAX_ENTRY_BYTES)
+    with h.reader() as r:
+        batches = down_batches(r, ["busy", "other"], budget=budget)
+    assert len(batches) == 1
+    (msg,) = batches
+    assert msg.evals_complete and len(msg.evals) == 190
+    entry = encode_entry(msg, time=time.time_ns(), rid=uuid.uuid4().hex)
+    assert encoded_entry_size(entry) <= DEFAULT_MAX_ENTRY_BYTES
