@@ -106,7 +106,18 @@ class Attempt:
         self.position += 1
         self.wait = self.position % len(self.order) == 0
         if self.wait and self.no_leader is not None:
-            raise self.no_leader
+            raise self._after_maybe(self.no_leader)
+
+    def _after_maybe(self, err: RPCError) -> RPCError:
+        """``err`` says "not executed" of the last try only: after a try that may have run, the outcome is unknown."""
+        if not self.maybe_executed:
+            return err
+        return RPCError(
+            UNKNOWN_OUTCOME,
+            f"{self.method} may or may not have been applied: an earlier try's outcome is unknown and now "
+            f"{err.message}; check, or retry with request id {self.request_id}",
+            request_id=self.request_id,
+        )
 
     def pause(self) -> float:
         """Seconds to sleep before the next try."""

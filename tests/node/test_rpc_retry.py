@@ -136,3 +136,20 @@ def test_the_error_ending_a_call_names_what_failed_and_is_not_chained_to_it() ->
     assert err.value.code == "unavailable"
     assert f"{A}: refused" in err.value.message
     assert err.value.__context__ is None
+
+
+def test_no_leader_after_a_try_of_unknown_outcome_is_not_a_definite_failure() -> None:
+    """A leader cut off mid-write answers unknown_outcome; the next server's no_leader speaks only for itself.
+
+    Found by the fault harness: a write answered as certainly failed was applied.
+    """
+    steps = plan(attempt(A, B))
+    resume(steps)
+    resume(steps, "conn-a")
+    assert resume(steps, error=RPCError(UNKNOWN_OUTCOME, "leadership changed")) == Pause(0.0)
+    assert resume(steps) == Connect(B)
+    resume(steps, "conn-b")
+    with pytest.raises(RPCError) as err:
+        resume(steps, error=RPCError(NO_LEADER, "no cluster leader"))
+    assert err.value.code == UNKNOWN_OUTCOME
+    assert "req-1" in err.value.message
