@@ -53,11 +53,12 @@ anomaly), and the runner heals everything at the end regardless.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jepsen_like.health import UP_WAIT, NotUp, check_up
@@ -99,6 +100,15 @@ class Fault:
         self, testbed: Testbed, rng: random.Random
     ) -> tuple[Callable[[], str], list[str], str]:
         raise NotImplementedError
+
+
+#: numbers the network faults' cut owners: each held fault heals only its own cuts (``LinkProxies``)
+_cut_owners = itertools.count(1)
+
+
+def cut_owner(kind: str) -> str:
+    """A fresh owner key for one held fault's cuts, e.g. ``partition#3``."""
+    return f"{kind}#{next(_cut_owners)}"
 
 
 #: How long a fault aimed at the leader waits for one (an election after a
@@ -187,22 +197,23 @@ class Partition(Fault):
         self, testbed: Testbed, rng: random.Random
     ) -> tuple[Callable[[], str], list[str], str]:
         names = list(testbed.names)
+        owner = cut_owner(self.name)
         if len(names) >= 5 and rng.random() < 0.5:
             rng.shuffle(names)
             minority = sorted(names[: len(names) // 2])
             majority = sorted(names[len(names) // 2 :])
-            testbed.partition([minority, majority])
+            testbed.partition([minority, majority], owner)
             what = f"split {'+'.join(minority)} | {'+'.join(majority)}"
             targets = minority
         else:
             target, why = pick_target(testbed, rng)
             rest = [n for n in names if n != target]
-            testbed.partition([[target], rest])
+            testbed.partition([[target], rest], owner)
             what = f"isolate {target} ({why})"
             targets = [target]
 
         def undo() -> str:
-            testbed.heal_network()
+            testbed.heal_network(owner)  # its own cuts only: an overlapping fault's stay
             return "healed"
 
         return undo, targets, what
@@ -218,6 +229,9 @@ class LagProgress:
     target: str
     behind_at: int  # the isolated follower's last raft index once cut off
     installs_before: int
+    owner: str = ""  # whose cuts isolate it (``cut_owner``): healing drops these only
+    #: servers not waited for: cut off from the leader by an overlapping fault, they cannot compact
+    uncounted: set[str] = field(default_factory=set)
     first_index: int = 0  # the others' lowest first raft index when they had compacted past it
     filler: int = 0  # writes the fault made itself to get there
 
@@ -241,6 +255,7 @@ class SnapshotLag(Fault):
     compact_wait = 20.0  # longest wait, after the hold, for the others to compact past the follower
     catch_up_wait = 30.0  # longest wait for the follower after healing
     filler_batch = 25  # filler writes between two looks at the others' logs
+    install_count_wait = 1.0  # how long a catch-up seen without an install counted looks again for one
 
     def __init__(self) -> None:
         self.faults = 0
@@ -271,11 +286,15 @@ class SnapshotLag(Fault):
             raise TestbedError("no live follower to lag")
         target = rng.choice(followers)
         rest = [n for n in testbed.names if n != target]
-        testbed.partition([[target], rest])
+        owner = cut_owner(self.name)
+        testbed.partition([[target], rest], owner)
         self.faults += 1
         status = testbed.status(target, timeout=2.0) or {}
         progress = LagProgress(
-            target, int(status.get("LastLogIndex") or 0), int(status.get("SnapshotInstalls") or 0)
+            target,
+            int(status.get("LastLogIndex") or 0),
+            int(status.get("SnapshotInstalls") or 0),
+            owner,
         )
 
         def undo() -> str:
@@ -291,8 +310,13 @@ class SnapshotLag(Fault):
         compacted = self._wait_compacted(testbed, progress, rest)
         leader = testbed.leader()
         goal = int((testbed.status(leader) or {}).get("CommitIndex") or 0) if leader else 0
-        testbed.heal_network()
+        testbed.heal_network(progress.owner)  # its own cuts only: an overlapping fault's stay
         filler = f" ({progress.filler} filler writes)" if progress.filler else ""
+        if progress.uncounted:
+            filler += f" (not waited for: {', '.join(sorted(progress.uncounted))}, cut off from the leader by another fault)"
+        still = _cut_by_others(testbed, progress.target)
+        if still:
+            filler += f" (still cut by another fault: {', '.join(still)})"
         if not compacted:
             head = f"healed; the others did not compact past index {progress.behind_at} within {self.compact_wait:g}s{filler}"
         else:
@@ -300,12 +324,27 @@ class SnapshotLag(Fault):
         return f"{head}; {self._wait_caught_up(testbed, progress, goal)}"
 
     def _wait_compacted(self, testbed: Testbed, progress: LagProgress, rest: list[str]) -> bool:
-        """Until every answering server but the target (the leader among them) starts its log past the target."""
+        """Until every answering server but the target (the leader among them) starts its log past the target.
+
+        A server an overlapping fault cuts from the leader is not waited for:
+        it cannot compact meanwhile, and, behind the others, cannot lead after.
+        """
         deadline = time.monotonic() + self.compact_wait
         while True:
             seen = {name: testbed.status(name) for name in rest}
             live = {name: st for name, st in seen.items() if st}
-            led = any(st.get("Role") == "leader" for st in live.values())
+            leaders = sorted(
+                (int(st.get("Term") or 0), name)
+                for name, st in live.items()
+                if st.get("Role") == "leader"
+            )
+            led = bool(leaders)
+            if led:  # one an overlapping fault cuts from the leader cannot compact: not waited for
+                cut = set(testbed.proxies.cut_links()) if testbed.proxies is not None else set()
+                leader = leaders[-1][1]
+                off = {n for n in live if tuple(sorted((n, leader))) in cut}
+                progress.uncounted = off
+                live = {n: st for n, st in live.items() if n not in off}
             firsts = [int(st.get("FirstLogIndex") or 0) for st in live.values()]
             if led and firsts and min(firsts) > progress.behind_at + 1:
                 progress.first_index = min(firsts)
@@ -333,12 +372,34 @@ class SnapshotLag(Fault):
             return f"{progress.target} did NOT catch up to index {goal} within {self.catch_up_wait:g}s (at {status.get('AppliedIndex')})"
         took = time.monotonic() - started
         installs = int(status.get("SnapshotInstalls") or 0) - progress.installs_before
+        # the server moves AppliedIndex while restoring a dump, before it counts the install: a
+        # status read in between shows the goal reached by "log entries"; look again (bounded)
+        settle = time.monotonic() + self.install_count_wait
+        while installs <= 0 and time.monotonic() < settle:
+            time.sleep(0.1)  # polling a condition with a deadline
+            later = testbed.status(progress.target) or {}
+            if later:
+                status = later
+                installs = int(status.get("SnapshotInstalls") or 0) - progress.installs_before
         if installs > 0:
             self.installs += 1
             how = f"by snapshot install (SnapshotInstalls +{installs}, restored index {status.get('LastSnapshotInstallIndex')})"
         else:
             how = "without a snapshot restored (SnapshotInstalls unchanged: by log entries)"
         return f"{progress.target} caught up to index {goal} in {took:.1f}s {how}"
+
+
+def _cut_by_others(testbed: Testbed, name: str) -> list[str]:
+    """``name``'s links still cut by an owner (an overlapping fault), as ``owner: a-b, ...``."""
+    proxies = testbed.proxies
+    if proxies is None:
+        return []
+    found = []
+    for owner in proxies.owners():
+        pairs = [f"{a}-{b}" for a, b in proxies.cut_links(owner) if name in (a, b)]
+        if pairs:
+            found.append(f"{owner} {' '.join(pairs)}")
+    return found
 
 
 def _filler(testbed: Testbed, servers: list[str], count: int) -> int:

@@ -15,6 +15,13 @@ new ones from either at the other's proxy, as a firewall that rejects
 would; healing lets the next connection attempt through. Both directions of
 a pair share one TCP connection in pysyncobj, so partitions are symmetric.
 
+Cuts are owned: every ``partition``/``isolate`` names an *owner* (one held
+fault, e.g. ``partition#3``) and sets that owner's cuts only; the pairs cut
+are the union of every owner's, and ``heal(owner)`` drops that owner's cuts
+alone, so a pair stays cut while any owner still cuts it. Two faults held at
+once (``--overlap``) thus neither replace nor heal each other's cuts.
+``heal_all()`` (the run's final heal) drops every owner's.
+
 The proxies run on one asyncio loop in a daemon thread of the harness
 process; the public methods are thread-safe (nemesis threads call them).
 """
@@ -33,6 +40,8 @@ CONNECT_TIMEOUT = 2.0
 CHUNK = 256 * 1024
 #: the source name, in ``stats``, of connections from an IP no server binds
 UNKNOWN = "unknown"
+#: the owner of cuts made without naming one
+DEFAULT_OWNER = "default"
 
 
 class ProxyError(RuntimeError):
@@ -63,6 +72,9 @@ class _State:
     targets: dict[str, _Target] = field(default_factory=dict)
     #: source IP -> server name (each server's bind host)
     source_of: dict[str, str] = field(default_factory=dict)
+    #: owner -> the pairs it cuts
+    cuts: dict[str, set[frozenset[str]]] = field(default_factory=dict)
+    #: the pairs cut: the union of every owner's (recomputed on each change)
     cut: set[frozenset[str]] = field(default_factory=set)
     #: (source, target) -> the open connections' writers (both sides of each)
     open: dict[tuple[str, str], set[asyncio.StreamWriter]] = field(default_factory=dict)
@@ -74,8 +86,9 @@ class LinkProxies:
 
     Usage: ``add_server(name, identity_addr, bind_addr)`` for each server
     (before it starts, so its peers can reach it and its dials are known),
-    then ``isolate``/``partition``/``heal`` while the cluster runs,
-    ``remove_server`` for a server retired for good, and ``close()`` at the end.
+    then ``isolate``/``partition``/``heal`` (each under an owner) while the
+    cluster runs, ``heal_all`` to drop every owner's cuts, ``remove_server``
+    for a server retired for good, and ``close()`` at the end.
     """
 
     def __init__(self) -> None:
@@ -103,26 +116,58 @@ class LinkProxies:
         return sorted(self._state.targets)
 
     # -- control (thread-safe) -------------------------------------------------------
-    def partition(self, groups: Iterable[Iterable[str]]) -> list[tuple[str, str]]:
-        """Cut every pair of servers in different groups (a server in no group: from everyone); heal the rest.
+    def partition(
+        self, groups: Iterable[Iterable[str]], owner: str = DEFAULT_OWNER
+    ) -> list[tuple[str, str]]:
+        """As ``owner``, cut every pair of servers in different groups (a server in no group: from everyone).
 
-        Returns the cut pairs (sorted), for the fault record.
+        Replaces ``owner``'s earlier cuts (a pair it no longer cuts opens
+        unless another owner cuts it); other owners' cuts stay. Returns
+        ``owner``'s cut pairs (sorted), for the fault record.
         """
         group_of: dict[str, int] = {}
         for n, group in enumerate(groups):
             for name in group:
                 group_of[name] = n
-        return self._call(self._partition(group_of))  # type: ignore[return-value]
+        names = self.names
+        return self.cut(
+            [
+                (a, b)
+                for i, a in enumerate(names)
+                for b in names[i + 1 :]
+                if group_of.get(a, -1) != group_of.get(b, -2)
+            ],
+            owner,
+        )
 
-    def isolate(self, name: str) -> list[tuple[str, str]]:
-        """Cut ``name`` off from every other server."""
-        return self.partition([[name], [n for n in self.names if n != name]])
+    def cut(
+        self, pairs: Iterable[tuple[str, str]], owner: str = DEFAULT_OWNER
+    ) -> list[tuple[str, str]]:
+        """As ``owner``, cut exactly these pairs (replacing ``owner``'s earlier cuts); returns them sorted."""
+        wanted = {frozenset(pair) for pair in pairs}
+        return self._call(self._set_cuts(owner, wanted))  # type: ignore[return-value]
 
-    def heal(self) -> None:
-        self._call(self._partition(None))
+    def isolate(self, name: str, owner: str = DEFAULT_OWNER) -> list[tuple[str, str]]:
+        """As ``owner``, cut ``name`` off from every other server."""
+        return self.partition([[name], [n for n in self.names if n != name]], owner)
 
-    def cut_links(self) -> list[tuple[str, str]]:
-        return sorted(tuple(sorted(pair)) for pair in self._state.cut)  # type: ignore[misc]
+    def heal(self, owner: str = DEFAULT_OWNER) -> None:
+        """Drop ``owner``'s cuts; a pair another owner still cuts stays cut."""
+        self._call(self._set_cuts(owner, set()))
+
+    def heal_all(self) -> None:
+        """Drop every owner's cuts (the end of a run)."""
+        self._call(self._heal_all())
+
+    def cut_links(self, owner: str | None = None) -> list[tuple[str, str]]:
+        """The pairs cut (by anyone, or by ``owner``), sorted."""
+        state = self._state
+        pairs = state.cut if owner is None else state.cuts.get(owner, set())
+        return sorted(tuple(sorted(pair)) for pair in set(pairs))  # type: ignore[misc]
+
+    def owners(self) -> list[str]:
+        """The owners holding any cut."""
+        return sorted(o for o, pairs in dict(self._state.cuts).items() if pairs)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per ``source->target`` that saw any: connections forwarded and refused (source ``unknown``: no server's IP)."""
@@ -176,25 +221,44 @@ class LinkProxies:
         state.source_of.pop(target.source_host, None)
         if target.server is not None:
             target.server.close()
-        state.cut = {pair for pair in state.cut if name not in pair}
+        for owner, pairs in state.cuts.items():
+            state.cuts[owner] = {pair for pair in pairs if name not in pair}
+        self._recompute()
         for key in [k for k in state.open if name in k]:
             self._abort_all(key)
 
-    async def _partition(self, group_of: dict[str, int] | None) -> list[tuple[str, str]]:
+    async def _set_cuts(self, owner: str, wanted: set[frozenset[str]]) -> list[tuple[str, str]]:
+        """Set ``owner``'s cuts (empty: none), then close the pairs newly cut by anyone.
+
+        A pair naming a server with no proxy (retired meanwhile) is dropped.
+        """
         state = self._state
-        names = sorted(state.targets)
-        wanted: set[frozenset[str]] = set()
-        if group_of is not None:
-            for i, a in enumerate(names):
-                for b in names[i + 1 :]:
-                    if group_of.get(a, -1) != group_of.get(b, -2):
-                        wanted.add(frozenset((a, b)))
-        for pair in wanted - state.cut:
+        if any(len(pair) != 2 for pair in wanted):
+            raise ProxyError(f"{owner}: a server cannot be cut from itself")
+        wanted = {pair for pair in wanted if pair <= state.targets.keys()}
+        if wanted:
+            state.cuts[owner] = wanted
+        else:
+            state.cuts.pop(owner, None)
+        self._recompute()
+        return sorted(tuple(sorted(pair)) for pair in wanted)  # type: ignore[misc]
+
+    async def _heal_all(self) -> None:
+        self._state.cuts.clear()
+        self._recompute()
+
+    def _recompute(self) -> None:
+        """The cut set := the union of every owner's; close the connections of pairs newly in it."""
+        state = self._state
+        union: set[frozenset[str]] = set()
+        for pairs in state.cuts.values():
+            union |= pairs
+        newly = union - state.cut
+        state.cut = union
+        for pair in newly:
             a, b = sorted(pair)
             self._abort_all((a, b))
             self._abort_all((b, a))
-        state.cut = wanted
-        return sorted(tuple(sorted(pair)) for pair in wanted)  # type: ignore[misc]
 
     def _abort_all(self, key: tuple[str, str]) -> None:
         for writer in self._state.open.pop(key, set()):

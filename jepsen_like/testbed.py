@@ -30,6 +30,11 @@ for every server but their own ``node_id``/``raft_bind`` lines. Leader names
 stay consistent: a server maps the raft address it sees to an RPC address
 through its config or the membership, and those agree everywhere.
 
+Cuts are owned (``LinkProxies``): ``partition(groups, owner)`` sets one
+held fault's cuts and ``heal_network(owner)`` drops only those, so two
+overlapping faults keep each other's pairs cut; ``heal_network()`` with no
+owner (``heal_all``, the run's final heal) drops every cut.
+
 A server the member nemesis adds mid-run gets its proxy before it starts (so
 the others reach it and its dials are recognised); one wiped and joined
 again keeps its proxy; a retired one's proxy is removed. ``proxies=False``
@@ -54,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from client.silence import SILENCE_FILE_ENV, read_ack, write_json_atomically
-from jepsen_like.proxy import LinkProxies
+from jepsen_like.proxy import DEFAULT_OWNER, LinkProxies
 from node import devcluster as cl
 from node.wire.errors import RPCError
 from node.wire.rpc_client import RPCClient
@@ -405,14 +410,25 @@ class Testbed:
             proc.wait(5.0)
 
     # -- network --------------------------------------------------------------------------
-    def partition(self, groups: list[list[str]]) -> list[tuple[str, str]]:
+    def partition(
+        self, groups: list[list[str]], owner: str = DEFAULT_OWNER
+    ) -> list[tuple[str, str]]:
+        """As ``owner`` (one held fault), cut every pair in different groups; other owners' cuts stay.
+
+        Returns ``owner``'s cut pairs (``LinkProxies.partition``).
+        """
         if self.proxies is None:
             raise TestbedError("this testbed was built without proxies; partitions need them")
-        return self.proxies.partition(groups)
+        return self.proxies.partition(groups, owner)
 
-    def heal_network(self) -> None:
-        if self.proxies is not None:
-            self.proxies.heal()
+    def heal_network(self, owner: str | None = None) -> None:
+        """Drop ``owner``'s cuts (a pair another owner cuts stays cut); no owner: every cut (the final heal)."""
+        if self.proxies is None:
+            return
+        if owner is None:
+            self.proxies.heal_all()
+        else:
+            self.proxies.heal(owner)
 
     def heal_all(self) -> None:
         """Undo every fault: continue paused servers, start dead ones, heal the network."""
