@@ -21,7 +21,9 @@ node-down). So the apply goes in slices of ``APPLY_SLICE`` entries, and
 once it has run ``KEEPALIVE_AFTER`` seconds it shows it is alive between
 slices: a leader sends its append_entries (heartbeats) to the followers, a
 follower pushes its election deadline out by a fresh timeout, as if it had
-just heard from the leader (it had: it is applying what the leader sent).
+just heard from the leader (it had: it is applying what the leader sent),
+and tells the leader it is alive with a reply that changes nothing else, so
+a leader waiting on followers busy applying keeps its check-quorum lease.
 Neither touches safety; a leader that died meanwhile is noticed one
 election timeout later.
 
@@ -69,6 +71,9 @@ class ApplyTarget(Protocol):
 
 APPLY_SLICE = 4  # entries applied between checks of how long the tick has been applying
 KEEPALIVE_AFTER = 0.1  # seconds of applying after which the tick shows it is alive, and again each time
+#: A follower's reply that changes nothing on the leader (not a success, not a reset: pysyncobj
+#: only notes the response time) and that check-quorum counts as contact (raft/quorum.py).
+ALIVE_WHILE_APPLYING = {"type": "next_node_idx", "next_node_idx": 0, "reset": False, "success": False}
 
 #: ``callback(result, index, error)``: exactly one of (result/index) or error is set.
 SubmitCallback = Callable[[Any, "int | None", "RaftError | None"], None]
@@ -153,12 +158,16 @@ class ApplyPath(ReplicaBase):
         return need_send
 
     def keep_alive(self) -> None:
-        """Tick thread, deep in a long apply: a leader heartbeats its followers; a follower waits longer."""
+        """Tick thread, deep in a long apply: a leader heartbeats its followers; a follower waits
+        longer, and tells its leader it is alive (the leader's check-quorum lease counts it)."""
         if self._isLeader():
             self._SyncObj__sendAppendEntries()
-        elif self._getLeader() is not None:
+            return
+        leader = self._getLeader()
+        if leader is not None:
             deadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
             self._SyncObj__raftElectionDeadline = max(self._SyncObj__raftElectionDeadline, deadline)
+            self._SyncObj__transport.send(leader, dict(ALIVE_WHILE_APPLYING))
 
     def fire_deferred(self) -> None:
         """Tick thread, after a commit: run the callbacks of the committed entries."""

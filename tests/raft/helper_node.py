@@ -38,7 +38,9 @@ class LogFSM:
     Entries starting with ``BOOM`` raise when ``boom`` is set (defect 5
     test: a non-deterministic failure on one node only). Entries starting
     with ``SLOW`` hold the tick thread for ``SLOW_APPLY`` seconds each, as a
-    large entry's apply does (a mass node-down, a big plan).
+    large entry's apply does (a mass node-down, a big plan); ``FSLOW`` ones
+    do so on followers only (a leader that finished applying waits on
+    followers still busy: its lease must not run out on them).
     """
 
     def __init__(self, path: str, fsync: bool, boom: bool) -> None:
@@ -54,6 +56,7 @@ class LogFSM:
         self.committed = self._applied  # what readers of LMDB can see
         self.barriers = 0
         self.commits = 0
+        self.is_leader = lambda: False  # set once the node exists
 
     @property
     def applied_index(self) -> int:
@@ -64,7 +67,7 @@ class LogFSM:
             return None  # journal replay after restart: already applied
         if self.boom and entry.startswith(b"BOOM"):
             raise OSError("simulated disk failure while applying")
-        if entry.startswith(b"SLOW"):
+        if entry.startswith(b"SLOW") or (entry.startswith(b"FSLOW") and not self.is_leader()):
             time.sleep(SLOW_APPLY)
         if self._txn is None:
             self._txn = self.env.begin(write=True)
@@ -325,6 +328,7 @@ def main() -> None:
         fsync=a.fsync,
     )
     node = RaftNode(cfg, fsm)
+    fsm.is_leader = lambda: node.is_leader
     Control(node, fsm, os.path.join(a.dir, "ctl.sock"))
     print("READY", flush=True)
     threading.Event().wait()

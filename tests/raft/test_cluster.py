@@ -358,3 +358,20 @@ def test_a_long_apply_does_not_cost_the_leader_its_leadership(cluster: Any) -> N
     assert c.wait_leader(timeout=30) == leader
     assert {i: c.status(i)["term"] for i in range(c.n)} == terms, "an election happened during the long apply"
     assert converge(c, list(range(c.n)), leader) > 40
+
+
+def test_followers_busy_applying_do_not_cost_the_leader_its_lease(cluster: Any) -> None:
+    """Followers applying for seconds (40 entries of 60 ms, on followers only) still count as in contact.
+
+    The leader has applied and waits for replies; the followers' tick threads
+    are deep in their apply and read nothing. Check-quorum (raft/quorum.py)
+    would step a leader down after its lease (0.5 s) of silence from a
+    majority, so a busy follower says it is alive between apply slices.
+    """
+    c = cluster(n=3)
+    leader = c.wait_leader()
+    terms = {i: c.status(i)["term"] for i in range(c.n)}
+    run_load(c, leader, n=40, window=40, size=64, tag="FSLOW")
+    assert c.wait_leader(timeout=30) == leader
+    assert {i: c.status(i)["term"] for i in range(c.n)} == terms, "the leader stepped down while its followers applied"
+    assert converge(c, list(range(c.n)), leader) > 40
