@@ -4,8 +4,11 @@ Every write the leader proposes (clients' through ``ServerAPI.write``, its
 own through ``propose``) is encoded, then queued here in one of two lanes:
 
 * ``CLIENT`` -- what a caller waits on: users' writes, nodes' status;
-* ``LEADER`` -- the leader's own bulk work: plans, mark-downs, GC reaps,
-  eval batches, admissions.
+* ``LEADER`` -- the leader's own bulk work: plans, GC reaps, eval
+  batches, admissions;
+* ``STATUS`` -- node status the leader decides (the heartbeat monitor's
+  mark-downs): few entries, and late ones leave lost allocs counted as
+  running, so they never wait behind a backlog of plans.
 
 Each lane has at most ``MAX_WRITE_ENTRIES_IN_FLIGHT`` uncommitted entries;
 the writes that arrive meanwhile go out together as one ``Batch`` entry,
@@ -47,7 +50,8 @@ WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before 
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
 CLIENT = "client"
 LEADER = "leader"
-LANES = (CLIENT, LEADER)
+STATUS = "status"
+LANES = (CLIENT, LEADER, STATUS)
 # Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
 BATCH_OVERHEAD = 256
 ITEM_OVERHEAD = 16

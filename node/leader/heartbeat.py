@@ -38,6 +38,7 @@ from fsm import messages as m
 from fsm.structs import NODE_DOWN
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
+from node.core.writes import STATUS
 from node.leader.nodeevals import NODES_PER_BATCH, CoveredDowns, down_batches, mark_down_budget
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import NOT_LEADER, RPCError
@@ -184,17 +185,17 @@ class HeartbeatMonitor:
         """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned)."""
         budget = mark_down_budget(self.max_entry_bytes)
         read_at, batches = await self.state.local(lambda r: (r.applied_index, down_batches(r, share, budget=budget)))
-        for i, msg in enumerate(batches):
-            error = await self._propose(msg, read_at)
-            if error is None:
-                continue
-            if error.code == NOT_LEADER or not self.is_leader():
-                self._stop()
-            else:
-                done = {n for b in batches[:i] for n in b.node_ids}
-                self._retry_later([n for n in rest if n not in done], error)
-            return False
-        return True
+        # The entries are independent (each carries its own nodes' evals): all go out at once.
+        errors = await asyncio.gather(*(self._propose(msg, read_at) for msg in batches))
+        failed = [(msg, error) for msg, error in zip(batches, errors, strict=True) if error is not None]
+        if not failed:
+            return True
+        if any(error.code == NOT_LEADER for _, error in failed) or not self.is_leader():
+            self._stop()
+        else:
+            done = {n for msg, error in zip(batches, errors, strict=True) if error is None for n in msg.node_ids}
+            self._retry_later([n for n in rest if n not in done], failed[0][1])
+        return False
 
     async def _propose(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> RPCError | None:
         """Commit one mark-down entry; the error if it did not.
@@ -206,7 +207,7 @@ class HeartbeatMonitor:
         """
         self.covered.open(msg, read_at)
         try:
-            result = await self.raft.propose(msg)
+            result = await self.raft.propose(msg, lane=STATUS)
         except RPCError as exc:
             self.covered.drop(msg.node_ids)
             return exc

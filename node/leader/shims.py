@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fsm.structs import NODE_ELIGIBLE, NODE_READY
+from node.core.writes import LEADER
 
 if TYPE_CHECKING:
     from fsm.store import StateReader
@@ -31,8 +32,8 @@ class StateReads(Protocol):
 class RaftApplier(Protocol):
     """Leader-internal writes: one entry on the log, answered with its index and apply result."""
 
-    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
-        """Commit ``body``; raises ``RPCError`` (``not_leader`` once leadership is lost)."""
+    async def propose(self, body: Any, rid: str | None = None, *, lane: str = LEADER) -> dict[str, Any]:
+        """Commit ``body`` (in the write queue's ``lane``); raises ``RPCError`` (``not_leader`` once leadership is lost)."""
 
 
 @dataclass

@@ -61,7 +61,7 @@ class FakeServer:
         with self.h.reader() as r:
             return fn(r)
 
-    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
+    async def propose(self, body: Any, rid: str | None = None, **_lane: Any) -> dict[str, Any]:
         self.proposed.append(body)
         self.h.time += SECOND
         result = self.h.raw(encode_entry(body, time=self.h.time, rid=""))

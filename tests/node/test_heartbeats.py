@@ -143,7 +143,7 @@ class Raft:
         self.proposed: list[Any] = []
         self.fail: RPCError | None = None
 
-    async def propose(self, body: Any, rid: str | None = None) -> dict[str, Any]:
+    async def propose(self, body: Any, rid: str | None = None, **_lane: Any) -> dict[str, Any]:
         if self.fail is not None:
             raise self.fail
         self.proposed.append(body)
