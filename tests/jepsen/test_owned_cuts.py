@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,46 +16,15 @@ import pytest
 
 from jepsen_like.nemesis import Partition, SnapshotLag
 from jepsen_like.proxy import LinkProxies
+from tests.jepsen.sockets import connect, echo_server
 
 #: the three servers' bind hosts (their raft dials leave from these)
 SOURCE = {"x": "127.0.2.221", "y": "127.0.2.222", "z": "127.0.2.223"}
 
 
-def _echo_server(host: str) -> tuple[socket.socket, str]:
-    server = socket.socket()
-    server.bind((host, 0))
-    server.listen()
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-
-            def echo(c: socket.socket = conn) -> None:
-                with c:
-                    try:
-                        while data := c.recv(4096):
-                            c.sendall(data)
-                    except OSError:
-                        pass
-
-            threading.Thread(target=echo, daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    bound_host, port = server.getsockname()
-    return server, f"{bound_host}:{port}"
-
-
-def _connect(address: str, source: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
-
-
 def _open(address: str, source: str) -> bool:
     """One round trip from ``source`` through the proxy at ``address``: True if it got through."""
-    with _connect(address, source) as sock:
+    with connect(address, source) as sock:
         try:
             sock.sendall(b"ping")
             return sock.recv(4) == b"ping"
@@ -77,7 +45,7 @@ def _closed_by_proxy(sock: socket.socket) -> bool:
 @pytest.fixture
 def proxied() -> Iterator[tuple[LinkProxies, str]]:
     """Proxies for x, y, z; x's forwards to an echo server. Yields (proxies, x's proxy address)."""
-    server, x_bind = _echo_server(SOURCE["x"])
+    server, x_bind = echo_server(SOURCE["x"])
     proxies = LinkProxies()
     try:
         x = proxies.add_server("x", "127.0.1.221:0", x_bind)
@@ -98,7 +66,7 @@ def test_two_owners_cuts_combine_and_each_heal_drops_only_its_own(
     y, z = SOURCE["y"], SOURCE["z"]
     assert proxies.cut([("x", "y")], owner="A") == [("x", "y")]
     assert not _open(x, y) and _open(x, z)
-    held = _connect(x, z)  # z's open connection: B's cut must close it
+    held = connect(x, z)  # z's open connection: B's cut must close it
     held.sendall(b"z")
     assert held.recv(1) == b"z"
 
@@ -114,7 +82,7 @@ def test_two_owners_cuts_combine_and_each_heal_drops_only_its_own(
     assert proxies.cut_links() == [("x", "z")] and proxies.owners() == ["B"]
     assert _open(x, y)
     assert not _open(x, z), "healing A healed B's cut too"
-    held = _connect(x, y)  # opened while B still cuts x-z: healing B must not touch it
+    held = connect(x, y)  # opened while B still cuts x-z: healing B must not touch it
     held.sendall(b"y")
     assert held.recv(1) == b"y"
 

@@ -17,6 +17,7 @@ from jepsen_like.workloads import _job
 from node.core.config import load_config
 from node.wire.errors import RPCError
 from node.wire.rpc_client import RPCClient
+from tests.jepsen.sockets import connect, echo_server
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -75,38 +76,8 @@ def test_every_server_knows_every_server_by_one_raft_address(testbed_factory: Ca
     assert tb.proxies is not None and tb.proxies.names == sorted(identity)
 
 
-def _echo_server(host: str = "127.0.0.1") -> tuple[socket.socket, str]:
-    server = socket.socket()
-    server.bind((host, 0))
-    server.listen()
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-
-            def echo(c: socket.socket = conn) -> None:
-                with c:
-                    while data := c.recv(4096):
-                        c.sendall(data)
-
-            threading.Thread(target=echo, daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    host, port = server.getsockname()
-    return server, f"{host}:{port}"
-
-
-def _connect(address: str, source: str) -> socket.socket:
-    """A connection to ``address`` leaving from ``source`` (as a server's raft dials leave from its bind host)."""
-    host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
-
-
 def _roundtrip(address: str, source: str = "127.0.0.1") -> bytes:
-    with _connect(address, source) as sock:
+    with connect(address, source) as sock:
         try:
             sock.sendall(b"ping")
             return sock.recv(4)
@@ -116,7 +87,7 @@ def _roundtrip(address: str, source: str = "127.0.0.1") -> bytes:
 
 def test_proxies_cut_pairs_by_the_dialers_source_address() -> None:
     """Server a's proxy forwards b's and c's dials; cutting a-b closes b's connection and refuses b only."""
-    server, a_bind = _echo_server("127.0.2.201")
+    server, a_bind = echo_server("127.0.2.201")
     proxies = LinkProxies()
     try:
         a = proxies.add_server("a", "127.0.1.201:0", a_bind)
@@ -125,7 +96,7 @@ def test_proxies_cut_pairs_by_the_dialers_source_address() -> None:
         b, c = "127.0.2.202", "127.0.2.203"  # the dialers' bind hosts
         assert _roundtrip(a, b) == b"ping" and _roundtrip(a, c) == b"ping"
         assert _roundtrip(a, "127.0.0.1") == b""  # no server's address: refused
-        held = _connect(a, b)
+        held = connect(a, b)
         held.sendall(b"x")
         assert held.recv(1) == b"x"
         assert proxies.partition([["a", "c"], ["b"]]) == [("a", "b"), ("b", "c")]
