@@ -7,7 +7,9 @@ plan; this module never picks nodes.
 
 Classification of each alloc of the group:
 
-- server-terminal (desired stop/evict): history; ignored.
+- server-terminal (desired stop/evict): history; ignored, except a lost
+  alloc stopped by an eval that could not place its replacement (no room):
+  it is still replaced, even while a rollout is failed or paused.
 - client complete: a batch alloc is done and keeps its slot; a service
   alloc's slot is free again (a fresh placement takes its name). A batch
   alloc of an older version that ended (complete, failed or lost) holds
@@ -292,6 +294,8 @@ def _sort_allocs(
     piles = _Piles()
     for alloc in sorted(allocs, key=lambda a: (a.create_index, a.id)):
         if alloc.server_terminal():
+            if not stopped and job is not None and _lost_unreplaced(alloc, job, rollout):
+                piles.replace.append(Placement(alloc.name, previous=alloc, lost=True))
             continue
         if alloc.client_terminal():
             if not (stopped or job is None or alloc.next_allocation or alloc.id in rollout.stale):
@@ -299,6 +303,20 @@ def _sort_allocs(
             continue
         _sort_live(plan, piles, alloc, nodes.get(alloc.node_id), job_stopped=job_stopped, stopped=stopped)
     return piles
+
+
+def _lost_unreplaced(alloc: Allocation, job: Job, rollout: Rollout) -> bool:
+    """A lost alloc an earlier eval stopped but could not replace (no node had room): still owed a replacement.
+
+    Nomad replaces lost allocs even while a rollout is failed or paused ("to
+    avoid odd user experiences"), but only in the eval that finds them lost;
+    its blocked eval then sees a stopped alloc and, with the rollout failed,
+    fills no slot: the group stays short for good although nodes are back.
+    Here the debt survives the stop, bounded by the count like any replacement.
+    """
+    if alloc.client_status != CLIENT_LOST or alloc.next_allocation or alloc.id in rollout.stale:
+        return False
+    return not (job.type == "batch" and alloc.job_version != job.version)
 
 
 def _sort_ended(piles: _Piles, alloc: Allocation, job: Job, rollout: Rollout, retry: _Retry) -> None:

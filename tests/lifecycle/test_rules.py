@@ -32,7 +32,7 @@ from scheduler.feasibility import PlacementContext, ask_for, constraint_met
 from scheduler.generic import schedule
 from scheduler.plan import Plan, approx_size, logged_size, to_entries
 from scheduler.ranking import BestFit, Request, Selector, bucket, rank_key
-from scheduler.reconcile import STOP_LOST, name_index, reconcile_group
+from scheduler.reconcile import STOP_LOST, Rollout, name_index, reconcile_group
 from tests.lifecycle.support import NOW, alloc, job, node, snapshot
 
 
@@ -208,6 +208,26 @@ def test_allocs_on_a_down_node_are_lost_and_replaced() -> None:
     gp = reconcile_group(j, j.task_groups[0], "g", allocs, nodes, NOW, "e1")
     assert [(s.alloc.id, s.client_status, s.description) for s in gp.stop] == [(allocs[0].id, "lost", STOP_LOST)]
     assert len(gp.place) == 1 and gp.place[0].previous is allocs[0] and gp.place[0].name == allocs[0].name
+
+
+def test_a_lost_alloc_stopped_without_a_replacement_is_still_replaced_later() -> None:
+    """The eval that found the alloc lost had no room (every node down) and stopped it; the next one
+    replaces it, linked, even while the rollout is failed (else the group stays short for good)."""
+    j = job(count=2)
+    lost = [alloc(j, i, "gone", desired="stop", client="lost", desired_description=STOP_LOST) for i in range(2)]
+    nodes = {"up": node("up")}
+    for rollout in (Rollout(), Rollout(failed="d1"), Rollout(paused=True)):
+        gp = reconcile_group(j, j.task_groups[0], "g", lost, nodes, NOW, "e2", rollout=rollout)
+        assert [(p.name, p.previous) for p in gp.place] == [(a.name, a) for a in lost], rollout
+        assert not gp.stop
+    replaced = copy_record(lost[0])
+    replaced.next_allocation = "r0"
+    live = alloc(j, 0, "up", alloc_id="r0")
+    gp = reconcile_group(j, j.task_groups[0], "g", [replaced, lost[1], live], nodes, NOW, "e3")
+    assert [(p.name, p.previous) for p in gp.place] == [(lost[1].name, lost[1])]  # each is owed once
+    full = [*lost, alloc(j, 0, "up", alloc_id="f0"), alloc(j, 1, "up", alloc_id="f1")]
+    assert not reconcile_group(j, j.task_groups[0], "g", full, nodes, NOW, "e4").place  # bounded by the count
+    assert not reconcile_group(None, None, "g", lost, nodes, NOW, "e5").place  # a stopped job owes nothing
 
 
 def test_batch_complete_allocs_keep_their_slots_service_ones_do_not() -> None:
