@@ -163,15 +163,24 @@ def test_harness_gaps_are_unknown_not_anomalies() -> None:
     valid = history(BEFORE, final(9.0, LOST, row("a2", "n2"), REPLACEMENT))
     cases = {
         "no final state": (history(BEFORE), WINDOWS),
-        "silenced no node": (valid, []),
         "could not be listed": (valid, [window(("a1", "n1"), listed=False)]),
         "never marked the silenced nodes down": (history(BEFORE, final(9.0, row("a1", "n1"), row("a2", "n2"))),
                                                   [window(("a1", "n1"), down=False, acted=False)]),
-        "carried an alloc": (valid, [window()]),
     }
     for words, (h, windows) in cases.items():
         result = check_failover(h, windows)
         assert result.status == "unknown" and words in result.summary, (words, result.summary)
+
+
+def test_a_run_that_silenced_no_alloc_still_checks_the_final_state() -> None:
+    """Nothing to replace (no window, or no alloc on the silenced nodes): ok on the final state, marked not exercised."""
+    valid = history(BEFORE, final(9.0, LOST, row("a2", "n2"), REPLACEMENT))
+    for words, windows in (("silenced no node", []), ("carried an alloc", [window()])):
+        result = check_failover(valid, windows)
+        assert result.status == "ok" and words in result.summary, (words, result.summary)
+        assert result.details["exercised"] is False
+    short = history(BEFORE, final(9.0, LOST, row("a2", "n2")))  # a job below its count is an anomaly all the same
+    assert check_failover(short, []).status == "anomaly"
 
 
 def test_check_dir_reads_the_nemesis_windows_and_reports_the_anomaly(tmp_path: Path) -> None:
