@@ -341,11 +341,9 @@ class SimClient:
             answers[node_id] = {**out, "data": data}
 
         await for_each(sorted(nodes), LIST_CONCURRENCY, one)
-        index = self.index
         seen: set[str] = set()
         for node_id in sorted(answers):
             out = answers[node_id]
-            index = max(index, int(out.get("index", 0)), int(out.get("applied_index", 0)))
             for alloc in out.get("data") or []:
                 seen.add(alloc["ID"])
                 self.on_alloc(_snake_alloc(alloc))
@@ -355,7 +353,12 @@ class SimClient:
         for node_id in nodes:  # kept allocs the servers no longer have were deleted by their GC
             for alloc_id in [a for a in self.collector.node(node_id).held if a not in seen]:
                 self.collector.server_deleted(alloc_id)
-        self.index = index
+        if answers:
+            # Follow on from the OLDEST state a list was read at: the lists may come from
+            # servers at different indexes, and an alloc placed between the two would be in
+            # neither a lagging server's list nor a stream begun past it (it would stay
+            # pending for good). Records already seen are replayed harmlessly.
+            self.index = min(_read_at(out) for out in answers.values())
 
     def on_record(self, record: list[Any]) -> None:
         topic, _type, key, obj = record
@@ -620,6 +623,11 @@ class SimClient:
                     self.pending.setdefault(item["ID"], item)
                     self.pending_node.setdefault(item["ID"], nodes[item["ID"]])
                 return
+
+
+def _read_at(answer: dict[str, Any]) -> int:
+    """The index of the state a list answer was read at (its server's applied index)."""
+    return int(answer.get("applied_index") or answer.get("index") or 0)
 
 
 def _health_time(group: dict[str, Any], block: str, key: str) -> float:

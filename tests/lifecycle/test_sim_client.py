@@ -30,6 +30,8 @@ class ScriptedServer:
         self.lists = lists
         self.updates: list[dict[str, Any]] = []
         self.job: dict[str, Any] = JOB
+        self.stream_from: list[int] = []  # the index each event.stream call asked to follow from
+        self.list_answers: dict[str, Any] = {}  # node id -> its alloc.list answer (else the scripted order)
 
     async def call(self, method: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         if method == "node.register":
@@ -41,6 +43,8 @@ class ScriptedServer:
         if method == "alloc.update":
             self.updates.extend(args["allocs"])
             return {}
+        if method == "alloc.list" and args["node_id"] in self.list_answers:
+            return self.list_answers[args["node_id"]]
         if method == "alloc.list":
             outcome = self.lists.pop(0)
             if isinstance(outcome, Exception):
@@ -49,6 +53,7 @@ class ScriptedServer:
         raise AssertionError(f"unexpected call {method}")
 
     def stream(self, method: str, args: dict[str, Any], idle_timeout: float | None = None) -> AsyncIterator[Any]:
+        self.stream_from.append(args["index"])
         return self._stream(self.streams.pop(0) if self.streams else [])
 
     async def _stream(self, script: Any) -> AsyncIterator[Any]:
@@ -62,8 +67,8 @@ class ScriptedServer:
         pass
 
 
-def _sim(server: ScriptedServer) -> SimClient:
-    sim = SimClient(SimConfig(servers=["127.0.0.1:1"], nodes=1, report_interval=0.01))
+def _sim(server: ScriptedServer, nodes: int = 1) -> SimClient:
+    sim = SimClient(SimConfig(servers=["127.0.0.1:1"], nodes=nodes, report_interval=0.01))
     sim.rpc = server  # type: ignore[assignment]
     return sim
 
@@ -149,3 +154,29 @@ def test_an_alloc_is_reported_healthy_after_min_healthy_time_or_unhealthy_after_
             assert all(u["ClientStatus"] == "running" for u in server.updates), server.updates
 
     asyncio.run(scenario())
+
+
+def test_after_a_reload_from_servers_at_different_indexes_the_stream_follows_from_the_oldest() -> None:
+    """Found by a campaign run: after a client restart, node A's list came from a server at index 20
+    and node B's from one still at 10; B's alloc placed at 15 was in neither B's list nor a stream
+    begun at 20, and stayed pending for good."""
+
+    async def scenario() -> None:
+        server = ScriptedServer([], [])
+        sim = _sim(server, nodes=2)
+        a, b = sorted(sim.nodes)
+        on_b = {"ID": "b1", "NodeID": b, "JobID": "j", "JobVersion": 0, "TaskGroup": "g", "DesiredStatus": "run", "ClientStatus": "pending"}
+        server.list_answers = {a: {"data": [], "index": 18, "applied_index": 20}, b: {"data": [], "index": 8, "applied_index": 10}}
+        server.streams = [RPCError(RESET_REQUIRED, "the journal moved past index 3"),
+                          [{"index": 15, "events": [["Allocation", "AllocationUpdated", "b1", _snake(on_b)]]}]]
+        async with _running(sim):
+            await wait_until_async(_reported(server, "b1", "running"), 10, "the alloc placed between the two lists ran")
+        assert server.stream_from[1] == 10, server.stream_from
+
+    asyncio.run(scenario())
+
+
+def _snake(alloc: dict[str, Any]) -> dict[str, Any]:
+    """An alloc as the event stream carries it (the record's own field names)."""
+    return {"id": alloc["ID"], "node_id": alloc["NodeID"], "job_id": alloc["JobID"], "job_version": alloc["JobVersion"],
+            "task_group": alloc["TaskGroup"], "desired_status": alloc["DesiredStatus"], "client_status": alloc["ClientStatus"]}
