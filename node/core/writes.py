@@ -1,7 +1,7 @@
 """The leader's write path: writes coalesced into as few raft entries as keep raft busy.
 
 Every write the leader proposes (clients' through ``ServerAPI.write``, its
-own through ``propose``) is encoded, then queued here in one of two lanes:
+own through ``propose``) is encoded, then queued here in one of three lanes:
 
 * ``CLIENT`` -- what a caller waits on: users' writes, nodes' status;
 * ``LEADER`` -- the leader's own bulk work: plans, GC reaps, eval

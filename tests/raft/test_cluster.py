@@ -342,36 +342,31 @@ def test_cut_off_leader_with_a_long_uncommitted_tail_catches_up(cluster: Any) ->
     print(f"leader catch-up stats: {st['catchup']}; ex-leader: {c.status(old)['catchup']}")
 
 
-def test_a_long_apply_does_not_cost_the_leader_its_leadership(cluster: Any) -> None:
+@pytest.mark.parametrize(
+    ("tag", "what"),
+    [("SLOW", "an election happened during the long apply"), ("FSLOW", "the leader stepped down while its followers applied")],
+    ids=["every-node", "followers-only"],
+)
+def test_a_long_apply_does_not_cost_the_leader_its_leadership(cluster: Any, tag: str, what: str) -> None:
     """A tick that applies for seconds (40 entries of 60 ms) still shows every node the leader is alive.
 
-    pysyncobj applies everything committed in one tick, and checks a
-    follower's election deadline at the start of the next one, before it
-    reads the leader's messages that arrived meanwhile; the leader sends
-    nothing while it applies. Without keep-alives during the apply, the
-    followers time out and the cluster holds an election under its own load.
+    ``SLOW``, on every node: pysyncobj applies everything committed in one
+    tick, and checks a follower's election deadline at the start of the next
+    one, before it reads the leader's messages that arrived meanwhile; the
+    leader sends nothing while it applies. Without keep-alives during the
+    apply, the followers time out and the cluster holds an election under its
+    own load.
+
+    ``FSLOW``, on followers only: the leader has applied and waits for
+    replies while the followers' tick threads are deep in their apply and read
+    nothing. Check-quorum (raft/quorum.py) would step the leader down after
+    its lease (0.5 s) of silence from a majority, so a busy follower says it
+    is alive between apply slices.
     """
     c = cluster(n=3)
     leader = c.wait_leader()
     terms = {i: c.status(i)["term"] for i in range(c.n)}
-    run_load(c, leader, n=40, window=40, size=64, tag="SLOW")
+    run_load(c, leader, n=40, window=40, size=64, tag=tag)
     assert c.wait_leader(timeout=30) == leader
-    assert {i: c.status(i)["term"] for i in range(c.n)} == terms, "an election happened during the long apply"
-    assert converge(c, list(range(c.n)), leader) > 40
-
-
-def test_followers_busy_applying_do_not_cost_the_leader_its_lease(cluster: Any) -> None:
-    """Followers applying for seconds (40 entries of 60 ms, on followers only) still count as in contact.
-
-    The leader has applied and waits for replies; the followers' tick threads
-    are deep in their apply and read nothing. Check-quorum (raft/quorum.py)
-    would step a leader down after its lease (0.5 s) of silence from a
-    majority, so a busy follower says it is alive between apply slices.
-    """
-    c = cluster(n=3)
-    leader = c.wait_leader()
-    terms = {i: c.status(i)["term"] for i in range(c.n)}
-    run_load(c, leader, n=40, window=40, size=64, tag="FSLOW")
-    assert c.wait_leader(timeout=30) == leader
-    assert {i: c.status(i)["term"] for i in range(c.n)} == terms, "the leader stepped down while its followers applied"
+    assert {i: c.status(i)["term"] for i in range(c.n)} == terms, what
     assert converge(c, list(range(c.n)), leader) > 40
