@@ -26,6 +26,7 @@ from fsm.structs import (
     ACLPolicy,
     ACLToken,
     Allocation,
+    AllocStatus,
     Deployment,
     Evaluation,
     Job,
@@ -291,8 +292,21 @@ class StateReader:
         return self._allocs(self.alloc_ids_by_eval(eval_id))
 
     def allocs_by_node(self, node_id: str, terminal: bool | None = None) -> list[Allocation]:
+        return self._allocs(self._alloc_ids_by_node(node_id, terminal))
+
+    def _alloc_ids_by_node(self, node_id: str, terminal: bool | None) -> list[str]:
         start = prefix(node_id) if terminal is None else prefix(node_id, "1" if terminal else "0")
-        return self._allocs(self._ids("allocs_by_node", start))
+        return self._ids("allocs_by_node", start)
+
+    def alloc_statuses_by_node(self, node_id: str, terminal: bool | None = None) -> list[AllocStatus]:
+        """``allocs_by_node`` as ``AllocStatus`` views: for the leader's reads of many nodes at once."""
+        views = (self._get("allocs", alloc_id.encode(), AllocStatus) for alloc_id in self._alloc_ids_by_node(node_id, terminal))
+        return [v for v in views if v is not None]
+
+    def alloc_statuses(self) -> Iterator[AllocStatus]:
+        """Every alloc as an ``AllocStatus`` view, in id order: a whole-state scan at a third of the cost."""
+        for _, raw in self._scan("allocs"):
+            yield codec.load(AllocStatus, raw)
 
     def allocs_by_deployment(self, deployment_id: str) -> list[Allocation]:
         return self._allocs(self._ids("allocs_by_deployment", prefix(deployment_id)))

@@ -25,6 +25,13 @@ replicating.
     time forward, a 5 s reschedule delay still takes 5 s, not the skew.
   - an eval enqueued again while it is out for delivery (a blocked eval
     unblocked while its worker still finishes) is requeued after the ack.
+  - ``hold``: while nodes are being marked down, nothing is handed out
+    (for at most ``HOLD_MAX_S`` in a row). In a mass expiry the workers'
+    plans would otherwise fill the log ahead of the mark-downs, and place
+    replacements on nodes of the same dying fleet that are about to go
+    down (each then lost a second time). Nomad gets the same order from
+    one small raft apply per node; here the leader's CPU and its log are
+    shared, so the scheduler waits for the mark-downs instead.
 
 ``BlockedEvals``
   - holds evals that could not place everything (status ``blocked``), one
@@ -51,6 +58,7 @@ from fsm.structs import EVAL_BLOCKED, Evaluation
 from node.core.wakeup import wait_event
 
 MAX_EXPECTED = 10_000
+HOLD_MAX_S = 10.0  # longest a hold stops deliveries in a row: a flapping fleet cannot starve the scheduler
 Clock = Callable[[], float]  # monotonic seconds
 StateClock = Callable[[], int]  # ns, in the time the state's records (and wait_until) use
 
@@ -68,6 +76,7 @@ class BrokerStats:
     failed: int = 0
     canceled: int = 0
     timeouts: int = 0
+    holds: int = 0  # holds begun (deliveries stopped for mark-downs)
 
 
 @dataclass
@@ -107,6 +116,7 @@ class EvalBroker:
         self._failed: list[Evaluation] = []
         self._cancelable: list[Evaluation] = []
         self._wake = asyncio.Event()
+        self._holds: dict[str, float] = {}  # holder -> monotonic time its hold began
         self.enabled = True
 
     # -- intake -------------------------------------------------------------------
@@ -172,8 +182,33 @@ class EvalBroker:
             waits.append(min(o.deadline for o in self._unacked.values()) - now)
         return max(0.0, min(waits)) if waits else None
 
+    # -- holds --------------------------------------------------------------------
+    def hold(self, holder: str) -> None:
+        """Hand out nothing while ``holder`` holds (at most ``HOLD_MAX_S`` in a row); idempotent."""
+        if self.enabled and holder not in self._holds:
+            self._holds[holder] = self.clock()
+            self.stats.holds += 1
+
+    def release(self, holder: str) -> None:
+        """End ``holder``'s hold; deliveries resume once no other holds."""
+        if self._holds.pop(holder, None) is not None:
+            self._wake.set()
+
+    def held_for(self) -> float | None:
+        """Seconds the holds still stop deliveries; None when none does.
+
+        A hold older than ``HOLD_MAX_S`` no longer stops anything, but stays
+        until released: holding again does not restart its time.
+        """
+        if not self._holds:
+            return None
+        left = HOLD_MAX_S - (self.clock() - min(self._holds.values()))
+        return left if left > 0 else None
+
     def try_dequeue(self) -> tuple[Evaluation, str] | None:
         self.tick()
+        if self.held_for() is not None:
+            return None
         while self._ready:
             _, _, _, eval_id = heapq.heappop(self._ready)
             if self._where.get(eval_id) != "ready":
@@ -196,6 +231,9 @@ class EvalBroker:
                 return got
             self._wake.clear()
             wait = self.tick()
+            held = self.held_for()
+            if held is not None:
+                wait = held if wait is None else min(wait, held)
             if deadline is not None:
                 left = deadline - self.clock()
                 if left <= 0:
@@ -313,6 +351,7 @@ class EvalBroker:
         self._nack_wait.clear()
         self._unacked.clear()
         self._requeue.clear()
+        self._holds.clear()
         self._wake.set()
 
 

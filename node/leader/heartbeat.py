@@ -20,6 +20,12 @@ long a node was silent before it took over: as Nomad's
 failing over are not marked down by the thousand. A node's first heartbeat
 to the new leader replaces that with its granted TTL.
 
+While it marks nodes down it holds the eval broker's deliveries
+(``deliveries``, bounded there): in a mass expiry the scheduler's plans
+would otherwise fill the log and the leader's CPU ahead of the
+mark-downs, and place replacements on nodes of the dying fleet that are
+about to go down themselves.
+
 The monitor is a leader-only loop and stops as soon as this server is not
 the leader: a mark-down refused as ``not_leader`` ends it (one line in the
 log, not one per node), and other failures are retried with backoff. One
@@ -40,7 +46,7 @@ from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
 from node.core.writes import STATUS
 from node.leader.nodeevals import NODES_PER_BATCH, CoveredDowns, down_batches, mark_down_budget
-from node.leader.shims import NodeView, RaftApplier, StateReads
+from node.leader.shims import DeliveryHold, NodeView, RaftApplier, StateReads
 from node.wire.errors import NOT_LEADER, RPCError
 
 SWEEP_INTERVAL = 5.0  # seconds between checks for nodes without a deadline, and for gone ones
@@ -49,6 +55,17 @@ RETRY_FIRST = 0.5  # seconds before a failed mark-down is retried, doubling per 
 RETRY_MAX = 30.0
 RETRY_LOG_EVERY = 30.0  # seconds between log lines about mark-downs that keep failing
 LOGGED_IDS = 10  # node ids named in a batch's log line
+HOLDER = "node-down"  # this monitor's name for its hold on the broker's deliveries
+
+
+class _NoHold:
+    """Deliveries for a monitor run without a broker (tests): nothing to hold."""
+
+    def hold(self, holder: str) -> None:
+        pass
+
+    def release(self, holder: str) -> None:
+        pass
 
 
 class HeartbeatMonitor:
@@ -65,9 +82,11 @@ class HeartbeatMonitor:
         is_leader: Callable[[], bool],
         max_entry_bytes: int,
         log: Any,
+        deliveries: DeliveryHold | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
+        self.deliveries = deliveries or _NoHold()
         self.raft = raft
         self.heartbeats = heartbeats
         self.nodes = nodes  # the lifecycle's live view, kept current from the journal
@@ -148,6 +167,7 @@ class HeartbeatMonitor:
                     break
                 expired = self.expired(self.clock())
                 if expired:
+                    self.deliveries.hold(HOLDER)
                     self.marking.update(expired)
                     task = asyncio.ensure_future(self._mark_down(expired))
                     self._tasks.add(task)
@@ -156,9 +176,11 @@ class HeartbeatMonitor:
             # Mark-downs in flight are not children of the lifecycle's task group: end them with the loop.
             for task in list(self._tasks):
                 task.cancel()
+            self.deliveries.release(HOLDER)
 
     def _stop(self) -> None:
         """Leadership is lost: one line, then nothing more is tried (the next leader starts afresh)."""
+        self.deliveries.release(HOLDER)
         if not self.stopped:
             self.stopped = True
             self.log.info("heartbeat monitor stopped: this server is not the leader", marking=len(self.marking))
@@ -180,6 +202,8 @@ class HeartbeatMonitor:
                         return
         finally:
             self.marking.difference_update(node_ids)
+            if not self.marking:
+                self.deliveries.release(HOLDER)
 
     async def _mark_share(self, share: list[str], rest: list[str]) -> bool:
         """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned)."""
@@ -232,8 +256,12 @@ class HeartbeatMonitor:
         self._failures += 1
         delay = min(RETRY_MAX, RETRY_FIRST * 2 ** min(self._failures - 1, 16))
         now = self.clock()
-        for node_id in node_ids:  # spread, so the retries do not all come due in one pass
-            self.heartbeats.set(node_id, now + delay * (0.5 + self._rng.random() / 2))
+        # One deadline for all of them: they come due in one pass and go down in
+        # as few entries as before, not one small entry (each with evals for
+        # every job its node ran) per node. The jitter spreads retries apart.
+        due = now + delay * (0.5 + self._rng.random() / 2)
+        for node_id in node_ids:
+            self.heartbeats.set(node_id, due)
         if now - self._logged_at < RETRY_LOG_EVERY:
             self._unlogged += 1
             return

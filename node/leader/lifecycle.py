@@ -100,17 +100,13 @@ def current(server: ServerAPI) -> Lifecycle | None:
     return _CURRENT.get(server)
 
 
-def _needs_rescheduling(alloc: dict[str, Any]) -> bool:
-    """A wanted alloc (wire map) that failed, not yet replaced or waiting for a follow-up eval.
+def _needs_rescheduling(client_status: str, next_allocation: str | None, followup_eval_id: str | None) -> bool:
+    """A wanted alloc that failed, not yet replaced or waiting for a follow-up eval.
 
     Only failed allocs are rescheduled, as in Nomad: a running alloc whose
     checks fail stays, and its rollout's progress deadline decides.
     """
-    return (
-        alloc["client_status"] == CLIENT_FAILED
-        and not alloc.get("next_allocation")
-        and not alloc.get("followup_eval_id")
-    )
+    return client_status == CLIENT_FAILED and not next_allocation and not followup_eval_id
 
 
 def _evaluates(job: Job, trigger: str) -> bool:
@@ -154,16 +150,15 @@ class Initial:
         init.deployments = {d.id for d in reader.deployments() if d.active()}
         covered = {e.job_id for e in init.pending}
         needy: dict[str, str] = {}
-        for _, raw in reader.iter_raw("allocs"):
-            alloc = codec.unpack(raw)
-            job_id = alloc["job_id"]
-            if job_id in covered or job_id in needy or alloc["desired_status"] != DESIRED_RUN:
+        for alloc in reader.alloc_statuses():
+            job_id = alloc.job_id
+            if job_id in covered or job_id in needy or alloc.desired_status != DESIRED_RUN:
                 continue
-            status = alloc["client_status"]
-            if _needs_rescheduling(alloc):
+            status = alloc.client_status
+            if _needs_rescheduling(status, alloc.next_allocation, alloc.followup_eval_id):
                 needy[job_id] = TRIGGER_ALLOC_FAILURE
             elif status not in (CLIENT_FAILED, CLIENT_COMPLETE, "lost"):
-                view = init.nodes.get(alloc["node_id"])
+                view = init.nodes.get(alloc.node_id)
                 if view is None or view.status == NODE_DOWN:
                     needy[job_id] = "node-update"
         for job_id, trigger in sorted(needy.items()):
@@ -211,6 +206,7 @@ class Lifecycle:
             is_leader=lambda: server.raft.is_leader,
             max_entry_bytes=entry_bytes,
             log=server.log,
+            deliveries=self.broker,
         )
         self.deployments = DeploymentWatcher(
             server, server, self.active_deployments, self.broker, self.writer, log=server.log
@@ -388,7 +384,7 @@ class Lifecycle:
         status = alloc["client_status"]
         desired = alloc["desired_status"]
         if desired == DESIRED_RUN and not alloc.get("next_allocation"):
-            if _needs_rescheduling(alloc):
+            if _needs_rescheduling(status, alloc.get("next_allocation"), alloc.get("followup_eval_id")):
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_FAILURE)
             elif status == CLIENT_COMPLETE:
                 self._job_needs.setdefault(alloc["job_id"], TRIGGER_ALLOC_STOP)

@@ -36,7 +36,7 @@ _NODE_ID_COST = 48  # encoded bytes a node id adds to a batch (a 36-character id
 
 def job_ids_on_node(reader: StateReader, node_id: str) -> list[str]:
     """Ids of the jobs with live allocs on ``node_id``, in order."""
-    return sorted({a.job_id for a in reader.allocs_by_node(node_id, terminal=False)})
+    return sorted({a.job_id for a in reader.alloc_statuses_by_node(node_id, terminal=False)})
 
 
 def jobs_on_node(reader: StateReader, node_id: str) -> list[Job]:

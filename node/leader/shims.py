@@ -36,6 +36,16 @@ class RaftApplier(Protocol):
         """Commit ``body`` (in the write queue's ``lane``); raises ``RPCError`` (``not_leader`` once leadership is lost)."""
 
 
+class DeliveryHold(Protocol):
+    """The eval broker's holds: while one holds, no eval goes to a worker (``node.leader.broker``)."""
+
+    def hold(self, holder: str) -> None:
+        """Stop deliveries while ``holder`` holds (bounded by the broker)."""
+
+    def release(self, holder: str) -> None:
+        """End ``holder``'s hold."""
+
+
 @dataclass
 class NodeView:
     """What the leader's services keep of a node between journal records."""

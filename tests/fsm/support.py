@@ -35,6 +35,7 @@ from fsm.structs import (
     SECOND,
     ACLToken,
     Allocation,
+    AllocStatus,
     Deployment,
     DeploymentState,
     DrainStrategy,
@@ -392,6 +393,15 @@ def check_invariants(
     for name, expected in expected_indexes(r).items():
         actual = dict(r.iter_raw(name))
         assert actual == expected, f"index {name} disagrees with its table: {actual} != {expected}"
+
+    # The light alloc views (whole-state scans, per-node reads) are the records' own fields.
+    def status_of(a: Allocation) -> AllocStatus:
+        return AllocStatus(a.job_id, a.node_id, a.desired_status, a.client_status, a.followup_eval_id, a.next_allocation)
+
+    assert list(r.alloc_statuses()) == [status_of(a) for a in allocs.values()]
+    for node_id in {a.node_id for a in allocs.values()}:
+        for terminal in (None, False, True):
+            assert r.alloc_statuses_by_node(node_id, terminal) == list(map(status_of, r.allocs_by_node(node_id, terminal)))
 
     # A node being drained is closed to new work (Nomad's UpdateNodeDrain).
     for n in rows(r, "nodes"):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm.structs import Evaluation
-from node.leader.broker import BlockedEvals, BrokerError, EvalBroker
+from node.leader.broker import HOLD_MAX_S, BlockedEvals, BrokerError, EvalBroker
 
 
 class Clock:
@@ -276,3 +276,63 @@ def test_a_dequeue_cancelled_as_an_eval_arrives_never_loses_the_cancel(yields: i
         assert drain(b) == ["e1"]  # still queued for the next leader's workers
 
     asyncio.run(scenario())
+
+
+# -- holds (mark-downs first) ------------------------------------------------------------
+def test_a_hold_stops_deliveries_until_released() -> None:
+    c = Clock()
+    b = broker(c)
+    b.enqueue(ev("e1", "j1"))
+    b.hold("node-down")
+    b.hold("node-down")  # idempotent: one hold, its time unchanged
+    assert b.try_dequeue() is None and b.stats.holds == 1
+    b.enqueue(ev("e2", "j2"))
+    b.release("node-down")
+    assert drain(b) == ["e1", "e2"]
+
+
+def test_a_hold_stops_deliveries_for_at_most_hold_max_s_and_holding_again_does_not_renew_it() -> None:
+    c = Clock()
+    b = broker(c)
+    b.enqueue(ev("e1", "j1"))
+    b.enqueue(ev("e2", "j2"))
+    b.hold("node-down")
+    c.advance(HOLD_MAX_S - 0.01)
+    assert b.held_for() == pytest.approx(0.01)
+    b.hold("node-down")
+    assert b.try_dequeue() is None
+    c.advance(0.02)
+    assert b.held_for() is None
+    assert b.try_dequeue()[0].id == "e1"
+    b.release("node-down")
+    b.hold("node-down")  # a new hold after a release counts afresh
+    assert b.try_dequeue() is None and b.stats.holds == 2
+
+
+def test_every_holder_must_release_and_disable_drops_the_holds() -> None:
+    c = Clock()
+    b = broker(c)
+    b.enqueue(ev("e1", "j1"))
+    b.hold("a")
+    b.hold("b")
+    b.release("a")
+    assert b.try_dequeue() is None
+    b.disable()
+    assert b.held_for() is None
+
+
+def test_a_waiting_dequeue_wakes_when_the_hold_is_released() -> None:
+    c = Clock()
+    b = broker(c)
+    b.enqueue(ev("e1", "j1"))
+    b.hold("node-down")
+
+    async def scenario() -> str:
+        waiter = asyncio.create_task(b.dequeue())
+        await asyncio.sleep(0)  # let it find the hold and wait
+        assert not waiter.done()
+        b.release("node-down")
+        got = await asyncio.wait_for(waiter, 5)
+        return got[0].id
+
+    assert asyncio.run(scenario()) == "e1"

@@ -21,10 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client import fleet
-from fsm.structs import NODE_DOWN, NODE_ELIGIBLE, NODE_READY
+from fsm.structs import NODE_DOWN, NODE_ELIGIBLE, NODE_READY, Evaluation
 from node.core.config import ConfigError, SchedulerConfig, ServerConfig
 from node.core.heartbeats import Heartbeats, base_ttl, granted_ttl
 from node.endpoints.nodes import MAX_HEARTBEAT_IDS
+from node.leader.broker import EvalBroker
 from node.leader.heartbeat import RETRY_LOG_EVERY, HeartbeatMonitor
 from node.leader.nodeevals import NODES_PER_BATCH
 from node.leader.shims import NodeView
@@ -155,7 +156,7 @@ class NoAllocs:
 
     applied_index = 0
 
-    def allocs_by_node(self, node_id: str, terminal: bool = True) -> list[Any]:
+    def alloc_statuses_by_node(self, node_id: str, terminal: bool = True) -> list[Any]:
         return []
 
     def job(self, job_id: str) -> None:
@@ -403,3 +404,54 @@ def test_chunks_cover_every_node_once_within_the_batch_size() -> None:
     assert [len(c.ids) for c in f.chunks] == [500, 500, 234]
     assert [i for c in f.chunks for i in c.ids] == list(nodes)
 
+
+
+class GatedRaft(Raft):
+    """Holds each proposal until ``gate`` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def propose(self, body: Any, rid: str | None = None, **lane: Any) -> dict[str, Any]:
+        self.waiting += 1
+        await self.gate.wait()
+        return await super().propose(body, rid, **lane)
+
+
+def test_the_broker_hands_out_no_eval_while_nodes_are_being_marked_down() -> None:
+    cfg = replace(CFG, min_heartbeat_ttl=0.2, failover_heartbeat_ttl=0.01, heartbeat_grace=0.01)
+    hb = Heartbeats(time.monotonic, random.Random(5))
+    raft, broker = GatedRaft(), EvalBroker()
+    nodes = {"a": NodeView(NODE_READY, NODE_ELIGIBLE, False)}
+    mon = HeartbeatMonitor(State(), raft, hb, nodes, config=cfg, is_leader=lambda: True,
+                           max_entry_bytes=48 * 1024, log=Log(), deliveries=broker)
+
+    async def scenario() -> None:
+        broker.enqueue(Evaluation(id="e1", job_id="j", status="pending"))
+        task = asyncio.create_task(mon.run())
+        try:
+            await wait_until_async(lambda: raft.waiting, 10, "the mark-down proposed")
+            assert broker.try_dequeue() is None  # held while the mark-down is in flight
+            raft.gate.set()
+            await wait_until_async(lambda: raft.proposed and not mon.marking, 10, "the mark-down committed")
+            got = broker.try_dequeue()
+            assert got is not None and got[0].id == "e1"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert broker.stats.holds == 1 and broker.held_for() is None
+
+
+def test_nodes_whose_mark_down_failed_are_retried_together_in_one_pass() -> None:
+    views = {f"n{i}": NODE_READY for i in range(40)}
+    mon, hb, clock, raft, _, _ = _monitor(**views)
+    raft.fail = RPCError(TIMEOUT, "the write did not commit in time")
+    asyncio.run(mon._mark_down(sorted(views)))  # noqa: SLF001 - one attempt
+    assert len({hb.deadline(n) for n in views}) == 1  # one pass, so one batch, when they come due
+    raft.fail = None
+    clock.now = hb.deadline("n0") + 0.01  # type: ignore[operator]
+    assert sorted(mon.expired(clock.now)) == sorted(views)
