@@ -10,6 +10,7 @@ constructor once every mixin's state is in place.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import monotonic
 from typing import Any
 
 from raft.apply import ApplyPath, ApplyTarget
@@ -25,7 +26,8 @@ from raft.members import MemberState, starting_members
 from raft.membership import Membership
 from raft.quorum import CheckQuorum
 from raft.repair import LogRepair
-from raft.replica_base import ReplicaOwner
+from raft.replica_base import ROLE_NAMES, ReplicaOwner
+from raft.ticks import TickGaps
 from raft.transport import CaravanTransport
 from raft.waiters import Waiter
 
@@ -56,6 +58,8 @@ class Replica(
         self.setup_leadership(config)
         self.setup_check_quorum(config)
         self._auth = LinkAuthenticator(config.password)
+        # A tick later than half the shortest election timeout is a stall worth a line.
+        self.tick_gaps = TickGaps(stall=config.resolved_profile().raft_min_timeout / 2)
         self._barriers = BarrierBatches()
         self._func_id = -1
         if conf.deserializer is not None:
@@ -89,6 +93,7 @@ class Replica(
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802,N803 (pysyncobj names)
         if self.bind_tick_thread():
             self.addOnTickCallback(self._finish_tick)
+        self._note_tick()
         # Before pysyncobj counts the leader's own log towards a commit and
         # before held acks/votes leave: make the journal durable (fsync mode).
         self.sync_journal()
@@ -98,6 +103,18 @@ class Replica(
         # pysyncobj returns early (no tick callbacks) while the port is not
         # bound; make sure applied entries are committed on that path too.
         self._finish_tick()
+
+    def _note_tick(self) -> None:
+        gap = self.tick_gaps.note(monotonic())
+        if gap is not None:
+            self.log.warning(
+                "raft_tick_stalled",
+                seconds=round(gap, 3),
+                role=ROLE_NAMES.get(self._SyncObj__raftState),
+                not_logged=self.tick_gaps.take_unlogged(),
+                hint="no tick started for this long (a long apply, or the process starved of CPU or the GIL); "
+                "a leader stalled this long may lose its followers to an election",
+            )
 
     def _finish_tick(self) -> None:
         # The leader's entries appended this tick were already sent to

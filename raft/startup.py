@@ -21,10 +21,14 @@ from pysyncobj.monotonic import monotonic
 from raft.config import RaftConfig, split_host_port
 from raft.errors import RaftError
 from raft.replica_base import ROLE_NAMES
+from raft.ticks import TickGaps
 
 
 class Committer(Protocol):
-    """What the snapshot hooks commit first: the replica's pending FSM transaction."""
+    """What the hooks reach of the replica: its pending FSM transaction (committed first by the
+    snapshot hooks) and its tick gaps (named by a role change)."""
+
+    tick_gaps: TickGaps
 
     def commit_pending(self) -> bool: ...
 
@@ -78,7 +82,13 @@ def syncobj_hooks(
     def on_state_changed(old: int, new: int) -> None:
         # May run before the replica exists (pysyncobj ticks during its
         # constructor); it must never raise inside pysyncobj's state change.
-        log.info("raft_role_changed", old=ROLE_NAMES.get(old), new=ROLE_NAMES.get(new))
+        # The longest recent stall of this server's own raft thread tells an
+        # election it caused by starving apart from a leader that went quiet.
+        rep = replica()
+        stalled = round(rep.tick_gaps.longest(), 3) if rep is not None else 0.0
+        log.info(
+            "raft_role_changed", old=ROLE_NAMES.get(old), new=ROLE_NAMES.get(new), longest_tick_gap_s=stalled
+        )
 
     hooks: dict[str, Any] = {"onStateChanged": on_state_changed}
     if config.serializer is not None and config.deserializer is not None:
