@@ -194,6 +194,11 @@ class EvalBroker:
         if self._holds.pop(holder, None) is not None:
             self._wake.set()
 
+    def holding(self, holder: str) -> bool:
+        """Whether ``holder``'s hold has stopped every delivery since it began (it has not lapsed)."""
+        since = self._holds.get(holder)
+        return since is not None and self.clock() - since < HOLD_MAX_S
+
     def held_for(self) -> float | None:
         """Seconds the holds still stop deliveries; None when none does.
 

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsm import messages as m
+from fsm.store import StateReader
 from fsm.structs import NODE_DOWN
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
@@ -66,6 +67,9 @@ class _NoHold:
 
     def release(self, holder: str) -> None:
         pass
+
+    def holding(self, holder: str) -> bool:
+        return False
 
 
 class HeartbeatMonitor:
@@ -195,52 +199,72 @@ class HeartbeatMonitor:
                     self._stop()
                     return
                 todo = [n for n in node_ids if self.heartbeats.deadline(n) is None]
+                given: set[str] = set()  # jobs this pass's entries gave an eval (see down_batches)
                 # A share at a time: each read of the nodes' allocs is short, and
                 # the loop and raft thread get turns between them.
                 for start in range(0, len(todo), NODES_PER_BATCH):
-                    if not await self._mark_share(todo[start : start + NODES_PER_BATCH], todo[start:]):
+                    if not await self._mark_share(todo[start : start + NODES_PER_BATCH], todo[start:], given):
                         return
         finally:
             self.marking.difference_update(node_ids)
             if not self.marking:
                 self.deliveries.release(HOLDER)
 
-    async def _mark_share(self, share: list[str], rest: list[str]) -> bool:
-        """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned)."""
+    async def _mark_share(self, share: list[str], rest: list[str], given: set[str]) -> bool:
+        """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned).
+
+        While the broker's deliveries are held, a job already given an eval by
+        an earlier entry of the pass gets none again (no eval reaches the
+        scheduler before the pass's entries have all committed). Each entry's
+        claim to carry every eval its nodes need (``covered``) is settled once
+        the whole share is answered: kept only if every entry committed and
+        the hold never lapsed, else dropped, so the lifecycle's tail reads
+        those nodes again and gives any job left without one an eval.
+        """
         budget = mark_down_budget(self.max_entry_bytes)
-        read_at, batches = await self.state.local(lambda r: (r.applied_index, down_batches(r, share, budget=budget)))
-        # The entries are independent (each carries its own nodes' evals): all go out at once.
-        errors = await asyncio.gather(*(self._propose(msg, read_at) for msg in batches))
-        failed = [(msg, error) for msg, error in zip(batches, errors, strict=True) if error is not None]
+        shared = given if self.deliveries.holding(HOLDER) else None
+
+        def build(reader: StateReader) -> tuple[int, list[m.NodeBatchUpdateStatus]]:
+            return reader.applied_index, down_batches(reader, share, budget=budget, given=shared)
+
+        read_at, batches = await self.state.local(build)
+        answers = await asyncio.gather(*(self._propose(msg, read_at) for msg in batches))
+        failed = [(msg, a) for msg, a in zip(batches, answers, strict=True) if isinstance(a, RPCError)]
+        vouched = not failed and (shared is None or self.deliveries.holding(HOLDER))
+        for msg, answer in zip(batches, answers, strict=True):
+            if isinstance(answer, RPCError):
+                continue
+            if vouched:
+                self.covered.confirm(msg, answer["index"], (answer.get("value") or {}).get("node_ids", ()))
+            else:
+                self.covered.drop(msg.node_ids)
+            self._marked(msg)
         if not failed:
             return True
         if any(error.code == NOT_LEADER for _, error in failed) or not self.is_leader():
             self._stop()
         else:
-            done = {n for msg, error in zip(batches, errors, strict=True) if error is None for n in msg.node_ids}
+            done = {n for msg, a in zip(batches, answers, strict=True) if not isinstance(a, RPCError) for n in msg.node_ids}
             self._retry_later([n for n in rest if n not in done], failed[0][1])
         return False
 
-    async def _propose(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> RPCError | None:
-        """Commit one mark-down entry; the error if it did not.
+    async def _propose(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> dict[str, Any] | RPCError:
+        """Commit one mark-down entry: its answer, or the error if it did not commit.
 
         A flagged entry's nodes are claimed in ``covered`` while it is in
         flight, so the lifecycle's tail waits for the answer instead of
-        reading their allocs again; the claim is confirmed with the entry's
-        index, or dropped if the proposal failed (or was cancelled).
+        reading their allocs again; the caller settles the claim (it is
+        dropped here if the proposal failed or was cancelled).
         """
         self.covered.open(msg, read_at)
         try:
-            result = await self.raft.propose(msg, lane=STATUS)
+            return await self.raft.propose(msg, lane=STATUS)
         except RPCError as exc:
             self.covered.drop(msg.node_ids)
             return exc
         except BaseException:
             self.covered.drop(msg.node_ids)
             raise
-        self.covered.confirm(msg, result["index"], (result.get("value") or {}).get("node_ids", ()))
-        self._marked(msg)
-        return None
 
     def _marked(self, msg: m.NodeBatchUpdateStatus) -> None:
         self.log.info(

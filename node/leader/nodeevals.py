@@ -82,9 +82,10 @@ def eval_chunks(evals: list[Evaluation], budget: int, most: int | None = None) -
 class _Batch:
     """One mark-down entry being filled: its nodes, and one eval per job they run."""
 
-    def __init__(self) -> None:
+    def __init__(self, given: set[str]) -> None:
         self.node_ids: list[str] = []
         self.evals: dict[str, Evaluation] = {}
+        self.given = given  # jobs an earlier entry of the pass gave an eval
         self.used = 0
 
     def fresh(
@@ -92,11 +93,12 @@ class _Batch:
     ) -> tuple[list[Evaluation], int]:
         """The evals a node with these jobs adds (jobs not yet covered), and the bytes it adds.
 
-        Only jobs not yet covered are read: in a storm most of a node's jobs
+        A job is covered by this entry's eval, or by one an earlier entry of
+        the pass gave it (``given``). Only jobs not yet covered are read: in a storm most of a node's jobs
         already have the batch's eval, and decoding each again for every
         node was most of the monitor's (GIL-holding) work.
         """
-        todo = [job_id for job_id in job_ids if job_id not in self.evals]
+        todo = [job_id for job_id in job_ids if job_id not in self.evals and job_id not in self.given]
         jobs = [j for j in map(reader.job, todo) if j is not None]
         evals = [new_eval(j, TRIGGER_NODE_UPDATE, node_id=node_id) for j in jobs]
         return evals, _NODE_ID_COST + sum(len(codec.encode(ev)) for ev in evals)
@@ -137,9 +139,22 @@ def mark_down_budget(max_entry_bytes: int) -> int:
 
 
 def down_batches(
-    reader: StateReader, node_ids: Iterable[str], *, budget: int, most: int = NODES_PER_BATCH
+    reader: StateReader,
+    node_ids: Iterable[str],
+    *,
+    budget: int,
+    most: int = NODES_PER_BATCH,
+    given: set[str] | None = None,
 ) -> list[m.NodeBatchUpdateStatus]:
     """Mark-down entries for ``node_ids`` (in order): each under ``budget`` bytes, one eval per job per entry.
+
+    ``given``: the jobs earlier entries of the same pass gave an eval, which
+    this call adds to. A job in it gets no eval again: one eval per job per
+    pass, however many entries the pass takes (nodes that ran many jobs fill
+    an entry with evals each, and would repeat the same jobs' evals in every
+    one). It is only right while no eval reaches the scheduler until the
+    pass's last entry has committed, so that each sees every node of the
+    pass down: the heartbeat monitor passes it only under the broker's hold.
 
     A node whose jobs alone need more evals than one entry holds goes in an
     entry of its own with the evals that fit, not flagged ``evals_complete``;
@@ -149,17 +164,27 @@ def down_batches(
     eval names the first node of its batch that the job ran on.
     """
     out: list[m.NodeBatchUpdateStatus] = []
-    batch = _Batch()
+
+    def close(batch: _Batch) -> None:
+        msg = batch.entry(budget)
+        if given is not None:
+            given.update(ev.job_id for ev in msg.evals)
+        out.append(msg)
+
+    def fresh_batch() -> _Batch:
+        return _Batch(set() if given is None else given)  # without ``given``: each entry on its own
+
+    batch = fresh_batch()
     for node_id in node_ids:
         job_ids = job_ids_on_node(reader, node_id)
         evals, cost = batch.fresh(reader, node_id, job_ids)
         if batch.node_ids and (batch.used + cost > budget or len(batch.node_ids) >= most):
-            out.append(batch.entry(budget))
-            batch = _Batch()
+            close(batch)
+            batch = fresh_batch()
             evals, cost = batch.fresh(reader, node_id, job_ids)
         batch.add(node_id, evals, cost)
     if batch.node_ids:
-        out.append(batch.entry(budget))
+        close(batch)
     return out
 
 

@@ -45,6 +45,9 @@ class DeliveryHold(Protocol):
     def release(self, holder: str) -> None:
         """End ``holder``'s hold."""
 
+    def holding(self, holder: str) -> bool:
+        """Whether ``holder``'s hold has stopped every delivery since it began."""
+
 
 @dataclass
 class NodeView:

@@ -195,3 +195,37 @@ def test_a_node_running_190_jobs_goes_down_in_one_flagged_entry_that_raft_accept
     assert msg.evals_complete and len(msg.evals) == 190
     entry = encode_entry(msg, time=time.time_ns(), rid=uuid.uuid4().hex)
     assert encoded_entry_size(entry) <= DEFAULT_MAX_ENTRY_BYTES
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(1, 3))
+def test_a_held_pass_gives_each_job_one_eval_and_ends_as_one_node_at_a_time(s: dict[str, Any], shares: int) -> None:
+    """Under the broker's hold no eval runs before the pass's last entry: one eval per job per pass suffices."""
+    single = _build(s)
+    batched = single.clone()
+    try:
+        _one_at_a_time(single, s["expired"])
+        with batched.reader() as r:
+            affected = {a.job_id for n in s["expired"] for a in r.allocs_by_node(n) if not a.terminal()}
+        given: set[str] = set()
+        batches: list[m.NodeBatchUpdateStatus] = []
+        size = -(-len(s["expired"]) // shares)
+        for start in range(0, len(s["expired"]), size):  # the monitor's shares, each read after the last committed
+            with batched.reader() as r:
+                share = down_batches(r, s["expired"][start : start + size], budget=s["budget"], most=s["most"], given=given)
+            for msg in share:
+                batched.ok(msg)
+            batches += share
+        assert sorted(ev.job_id for msg in batches for ev in msg.evals) == sorted(affected), "one eval per job per pass"
+        assert given == affected
+        assert _nodes(batched) == _nodes(single)
+        assert _allocs(batched) == _allocs(single)
+
+        _supersede_and_schedule(single)
+        _supersede_and_schedule(batched)
+        down = set(s["expired"])
+        assert _placed(batched, down) == _placed(single, down)
+        assert not [a for a in _placed(batched, down) if a[2] and a[4] == "run" and a[3] != "lost"]
+    finally:
+        single.destroy()
+        batched.destroy()

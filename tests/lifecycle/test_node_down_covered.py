@@ -27,7 +27,9 @@ from fsm.store import StateReader
 from fsm.structs import EVAL_PENDING, NODE_DOWN, SECOND, Evaluation
 from node.core.config import SchedulerConfig
 from node.core.heartbeats import Heartbeats
-from node.leader import lifecycle
+from node.leader import heartbeat, lifecycle
+from node.leader.broker import HOLD_MAX_S
+from node.leader.heartbeat import HOLDER
 from node.leader.lifecycle import Lifecycle
 from node.leader.nodeevals import CoveredDowns, down_batches
 from node.wire.errors import RPCError
@@ -168,7 +170,8 @@ def test_a_placement_between_the_monitors_read_and_its_entry_is_not_skipped(
         _place(h, "late", "n1", 1)
         for msg in batches:
             assert msg.evals_complete
-            assert await lc.heartbeats._propose(msg, read_at) is None  # noqa: SLF001 - as _mark_down does
+            answer = await lc.heartbeats._propose(msg, read_at)  # noqa: SLF001 - as _mark_share does
+            lc.heartbeats.covered.confirm(msg, answer["index"], answer["value"]["node_ids"])
         await lc.follow()
 
     asyncio.run(scenario())
@@ -280,3 +283,71 @@ def test_an_unflagged_entry_encodes_as_before_the_flag() -> None:
     msg = m.NodeBatchUpdateStatus(node_ids=["n0"], status=NODE_DOWN)
     assert b"evals_complete" not in encode_entry(msg, time=1, rid="r")
     assert b"evals_complete" in encode_entry(_msg("n0"), time=1, rid="r")
+
+
+def _spread(h: Harness, job_id: str, nodes: list[str]) -> None:
+    """A job with one running alloc on each of ``nodes`` (its placing eval complete)."""
+    j = job(job_id, count=len(nodes))
+    h.ok(m.JobRegister(job=j))
+    ev = Evaluation(id=f"ev-{job_id}", job_id=j.id, type=j.type, status="complete")
+    allocs = [alloc(j, k, n, alloc_id=f"{job_id}-{k}") for k, n in enumerate(nodes)]
+    for a in allocs:
+        a.eval_id = ev.id
+    h.ok(m.PlanApply(eval_id=ev.id, job_id=j.id, allocs_to_place=allocs, evals=[ev]))
+
+
+def _evals_for(server: FakeServer, job_id: str) -> int:
+    return sum(ev.job_id == job_id for b in server.proposed if isinstance(b, m.NodeBatchUpdateStatus) for ev in b.evals)
+
+
+def _held_pass(lc: Lifecycle, nodes: list[str]) -> None:
+    """One pass of the monitor over ``nodes``, holding the broker as its run loop does."""
+
+    async def scenario() -> None:
+        lc.broker.hold(HOLDER)
+        lc.heartbeats.marking.update(nodes)
+        await lc.heartbeats._mark_down(nodes)  # noqa: SLF001 - one pass, as run() starts it
+        await lc.follow()
+
+    asyncio.run(scenario())
+
+
+def test_a_held_pass_gives_a_job_on_many_nodes_one_eval_and_the_tail_reads_nothing(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h, server, lc, reads = world
+    _spread(h, "wide", NODES)
+    asyncio.run(lc.follow())
+    _count_reads(monkeypatch, reads)
+    monkeypatch.setattr(heartbeat, "NODES_PER_BATCH", 1)  # a share, so an entry, per node
+    _held_pass(lc, NODES)
+    assert len([b for b in server.proposed if isinstance(b, m.NodeBatchUpdateStatus)]) == len(NODES)
+    assert _evals_for(server, "wide") == 1, "one eval per job per pass, not per entry"
+    assert reads == [] and lc.broker.held_for() is None
+    assert _pending_jobs(h) == ["j0", "j1", "j2", "j3", "wide"]
+
+
+def test_when_the_hold_lapses_mid_pass_the_tail_reads_the_nodes_it_can_no_longer_vouch_for(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eval may have run before a later node went down: the tail reads that entry's nodes again."""
+    h, server, lc, reads = world
+    _spread(h, "wide", NODES)
+    asyncio.run(lc.follow())
+    _count_reads(monkeypatch, reads)
+    monkeypatch.setattr(heartbeat, "NODES_PER_BATCH", 2)
+    now = [0.0]
+    lc.broker.clock = lambda: now[0]
+    propose = server.propose
+
+    async def lapsing(body: Any, rid: str | None = None, **lane: Any) -> dict[str, Any]:
+        answer = await propose(body, rid, **lane)
+        if isinstance(body, m.NodeBatchUpdateStatus) and body.node_ids == ["n2", "n3"]:
+            now[0] += HOLD_MAX_S  # the second share's entry is answered after the hold lapsed
+        return answer
+
+    monkeypatch.setattr(server, "propose", lapsing)
+    _held_pass(lc, NODES)
+    assert _evals_for(server, "wide") == 1  # the second share relied on the first's eval...
+    assert reads == ["n2", "n3"]  # ...so its nodes are read again, and "wide" (still queued) gets no second eval
+    assert _pending_jobs(h) == ["j0", "j1", "j2", "j3", "wide"]
