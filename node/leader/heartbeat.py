@@ -98,6 +98,9 @@ class HeartbeatMonitor:
         self.is_leader = is_leader
         self.max_entry_bytes = max_entry_bytes
         self.clock = clock
+        # The term began when this monitor was built (with the lifecycle, as leadership was won);
+        # a new leader's first read of a large state takes seconds before the monitor runs.
+        self.term_started = clock()
         self.marking: set[str] = set()
         # Nodes whose mark-down entry carried every eval they need, for the lifecycle's tail.
         self.covered = CoveredDowns()
@@ -117,7 +120,11 @@ class HeartbeatMonitor:
         return max(0.05, min(1.0, self.config.min_heartbeat_ttl / 4))
 
     def start_term(self, now: float) -> int:
-        """Give every live node the failover TTL (+ grace) to reach this new leader; returns how many.
+        """Give every live node the failover TTL (+ grace) from ``now``, the term's start; returns how many.
+
+        Counted from when leadership was won, not from when the monitor
+        first runs: the grace is what clients are promised after an
+        election, and a new leader's start-up reads must not lengthen it.
 
         Never less than the longest TTL the old leader could have granted in
         a cluster this size: a node told to come back in 20 minutes (100,000
@@ -161,7 +168,7 @@ class HeartbeatMonitor:
         return out
 
     async def run(self) -> None:
-        held = self.start_term(self.clock())
+        held = self.start_term(self.term_started)
         self.log.info("heartbeat monitor started", nodes_held=held, failover_ttl_s=self.config.failover_heartbeat_ttl)
         try:
             while not self.stopped:

@@ -455,3 +455,20 @@ def test_nodes_whose_mark_down_failed_are_retried_together_in_one_pass() -> None
     raft.fail = None
     clock.now = hb.deadline("n0") + 0.01  # type: ignore[operator]
     assert sorted(mon.expired(clock.now)) == sorted(views)
+
+
+def test_the_failover_hold_counts_from_the_election_not_from_a_slow_start() -> None:
+    """A new leader's first read of a large state takes seconds: the nodes' grace does not grow by them."""
+    mon, hb, clock, _, log, _ = _monitor(a=NODE_READY)
+    clock.now += 20  # the lifecycle read its state for 20 s before the monitor ran
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mon.run())
+        try:
+            await wait_until_async(lambda: ("info", "heartbeat monitor started") in log.lines, 10, "the monitor started")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert hb.deadline("a") == pytest.approx(1000 + 300 + 10)
