@@ -38,7 +38,7 @@ from node.core.config import ServerConfig
 from node.core.context import RequestContext
 from node.core.forward import blocking_wait, forward_request
 from node.core.heartbeats import Heartbeats
-from node.core.process import tune_gc
+from node.core.process import GCPauses, tune_gc
 from node.core.reads import read_committed
 from node.core.rpc_server import RPCServer
 from node.core.testhooks import (
@@ -575,6 +575,7 @@ def run_server(config: ServerConfig) -> int:
     install_unsafe_wall_clock(config)  # before Server() imports the modules that read the clock
     server = Server(config)
     tune_gc()
+    GCPauses(server.log).install()
     try:
         asyncio.run(server.serve())
     except (OSError, raft_errors.RaftError) as exc:
