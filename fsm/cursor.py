@@ -22,6 +22,7 @@ slow cache can never slow the FSM down.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,14 +63,28 @@ class Cursor:
 
     ``topics`` limits which records reach ``Follower.apply`` (batches left
     empty by the filter are skipped, but the position still advances).
+
+    A follower owns its cursor (``self.cursor = Cursor(self)``), so the
+    cursor holds it weakly: a strong reference back would make a cycle, and
+    a follower dropped by its owner (a leader's lifecycle and placement
+    index when its term ends) would wait for the collector's full pass
+    instead of being freed at once. At 1M allocs that pass met 2.4 million
+    objects and stopped every thread, raft's tick thread included, for 1.3 s.
     """
 
     def __init__(self, follower: Follower, topics: Collection[str] | None = None) -> None:
-        self.follower = follower
+        self._follower = weakref.ref(follower)
         self.topics = frozenset(topics) if topics is not None else None
         self.lock = threading.RLock()
         self.stats = CursorStats()
         self._index: int | None = None  # None: never built
+
+    @property
+    def follower(self) -> Follower:
+        follower = self._follower()
+        if follower is None:
+            raise ReferenceError("the cursor's follower is gone (a cursor is kept by the follower it moves)")
+        return follower
 
     @property
     def index(self) -> int | None:

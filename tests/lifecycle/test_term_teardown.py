@@ -1,0 +1,61 @@
+"""A leader's term leaves no cycle behind: its lifecycle and placement index are freed by reference counting.
+
+A follower owns its journal cursor; with the cursor holding it strongly the
+two made a cycle, and a dropped term (its index holds a claim per alloc)
+waited for the collector's full pass: 2.4 million objects at 1M allocs,
+and 1.3 s with every thread stopped, raft's tick thread included, which
+cost elections (bench-failover). The cursor holds its follower weakly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from fsm import messages as m
+from fsm.cursor import Cursor
+from node.leader.lifecycle import Lifecycle
+from tests.fsm.support import Harness
+from tests.lifecycle.support import node
+from tests.lifecycle.test_node_down_covered import FakeServer, _place
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    h = Harness.temp()
+    try:
+        for i in range(5):
+            h.ok(m.NodeRegister(node=node(f"n{i}", cpu=100_000, mem=100_000)))
+            _place(h, f"j{i}", f"n{i}", 10)
+        yield h
+    finally:
+        h.destroy()
+
+
+def test_a_dropped_term_is_freed_at_once_without_the_cyclic_collector(h: Harness) -> None:
+    gc.disable()  # only reference counting may free it
+    try:
+        lc = Lifecycle(FakeServer(h))  # type: ignore[arg-type]
+        asyncio.run(lc.follow())
+        with h.reader() as r:
+            lc.placement.catch_up(r)
+        assert len(lc.placement.nodes) == 5
+        gone = [weakref.ref(lc), weakref.ref(lc.placement), weakref.ref(lc.cursor)]
+        del lc
+        assert [ref() is None for ref in gone] == [True, True, True]
+    finally:
+        gc.enable()
+
+
+def test_a_cursor_whose_follower_is_gone_says_so() -> None:
+    class Follower:
+        def rebuild(self, reader: object) -> None: ...
+        def apply(self, index: int, records: object) -> None: ...
+
+    cursor = Cursor(Follower())  # nobody keeps the follower
+    with pytest.raises(ReferenceError, match="follower is gone"):
+        cursor.follower  # noqa: B018 - the property is the check
