@@ -18,7 +18,9 @@ import pytest
 
 from fsm import messages as m
 from fsm.cursor import Cursor
+from node.leader import lifecycle
 from node.leader.lifecycle import Lifecycle
+from tests.conditions import wait_until_async
 from tests.fsm.support import Harness
 from tests.lifecycle.support import node
 from tests.lifecycle.test_node_down_covered import FakeServer, _place
@@ -59,3 +61,24 @@ def test_a_cursor_whose_follower_is_gone_says_so() -> None:
     cursor = Cursor(Follower())  # nobody keeps the follower
     with pytest.raises(ReferenceError, match="follower is gone"):
         cursor.follower  # noqa: B018 - the property is the check
+
+
+def test_a_term_that_ends_empties_its_placement_index_and_the_next_catch_up_rebuilds_it(h: Harness) -> None:
+    """Even if a cycle (a cancelled task's traceback) still reaches the term, its claims are gone."""
+    server = FakeServer(h)
+    lc = Lifecycle(server)  # type: ignore[arg-type]
+
+    async def term() -> None:
+        task = asyncio.create_task(lc.run())
+        await wait_until_async(lambda: lifecycle.current(server) is lc, 10, "the term running")  # type: ignore[arg-type]
+        with h.reader() as r:
+            lc.placement.catch_up(r)
+        assert len(lc.placement.nodes) == 5
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(term())
+    assert lc.placement.nodes == {} and lc.placement.usage == {}
+    with h.reader() as r:
+        lc.placement.catch_up(r)
+    assert len(lc.placement.nodes) == 5
