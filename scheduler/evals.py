@@ -13,10 +13,10 @@ here rather than in either so that neither imports the other's internals.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 
 from fsm.ids import new_uuid
+from fsm.record import copy_record
 from fsm.structs import EVAL_BLOCKED, EVAL_COMPLETE, EVAL_PENDING, Evaluation, Job
 from scheduler.plan import Plan
 from scheduler.state import Snapshot
@@ -79,7 +79,9 @@ def finish_eval(
     blocked instead of spawning another, so one job never has a chain of them.
     """
     ev, job = snap.eval, snap.job
-    done = copy.deepcopy(ev)
+    # A shallow copy suffices: every field but the two maps is immutable, and both maps are
+    # replaced below (a deep copy was about a tenth of planning a one-alloc eval at 30,000 nodes).
+    done = copy_record(ev)
     if deployment_id:
         done.deployment_id = deployment_id
     if next_eval:

@@ -26,6 +26,9 @@ from fsm.structs import Allocation, Deployment, Evaluation
 from scheduler.errors import PlanTooLargeError
 
 ENTRY_MARGIN = 512  # bytes kept free per entry for what measuring cannot see (time, request id)
+# A plan of at most this many records is first measured whole: one encoding instead of one per
+# record and another per body (most plans place one alloc; a larger one that does not fit wastes one).
+WHOLE_MAX_RECORDS = 64
 
 
 @dataclass
@@ -91,17 +94,37 @@ def to_entries(
 ) -> list[PlanApply]:
     """PlanApply bodies of at most ``max_bytes`` each (as ``measure`` counts them), in commit order.
 
-    Items are packed greedily by ``item_size`` (default: what they add as
-    ``measure`` sees it, one probe body per item); every body is then
-    measured whole and split again in the rare case it came out too big.
+    A small plan that fits in one body whole (the common case) is that body,
+    measured once. Otherwise items are packed greedily by ``item_size``
+    (default: what they add as ``measure`` sees it, one probe body per item);
+    every body is then measured whole and split again in the rare case it
+    came out too big.
     """
     measure = measure or (lambda body: approx_size(body))
+    if _records(plan) <= WHOLE_MAX_RECORDS:
+        whole = _whole_body(plan)
+        if measure(whole) <= max_bytes - margin:
+            return [whole]
     base = measure(_empty_body(plan))
     sized = _item_sizer(plan, measure, base, item_size)
     out: list[PlanApply] = []
     for body in _pack(plan, sized, max_bytes - margin - base):
         out.extend(_fit(body, max_bytes - margin // 2, measure))
     return out
+
+
+def _records(plan: Plan) -> int:
+    return len(plan.place) + len(plan.stop) + len(plan.evals) + (plan.deployment is not None)
+
+
+def _whole_body(plan: Plan) -> PlanApply:
+    """The whole plan in one body, in the order ``_pack`` fills one (deployment, stops, placements, evals)."""
+    body = _empty_body(plan)
+    body.deployment = plan.deployment
+    body.allocs_to_stop.extend(plan.stop)
+    body.allocs_to_place.extend(plan.place)
+    body.evals.extend(plan.evals)
+    return body
 
 
 def _empty_body(plan: Plan) -> PlanApply:

@@ -27,6 +27,7 @@ of the job.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from fsm.scheduler_config import (
     BUCKETED,
@@ -118,10 +119,10 @@ class Policy:
             raise PolicyError(problem)
 
     def validation_rules(self) -> tuple[ValidationRule, ...]:
-        return tuple(VALIDATION_BY_NAME[n] for n in self.validation)
+        return _validation_rules(self.validation)
 
     def preference_rules(self) -> tuple[PreferenceRule, ...]:
-        return tuple(_preference(p) for p in self.preference)
+        return _preference_rules(self.preference)
 
     def to_config(self) -> SchedulerConfig:
         """The stored record this policy is (indexes left at 0: apply stamps them)."""
@@ -142,6 +143,19 @@ class Policy:
             top_k_max=cfg.top_k_max,
             version=cfg.modify_index,
         )
+
+
+@lru_cache(maxsize=64)
+def _validation_rules(names: tuple[str, ...]) -> tuple[ValidationRule, ...]:
+    """The rules ``names`` name, built once per list: every evaluation asks for them."""
+    return tuple(VALIDATION_BY_NAME[n] for n in names)
+
+
+@lru_cache(maxsize=64)
+def _preference_rules(prefs: tuple[Preference, ...]) -> tuple[PreferenceRule, ...]:
+    """The rules of ``prefs``, built once per list and shared (a rule holds no state but its
+    bucket count), so that every evaluation under one policy does not build them again."""
+    return tuple(_preference(p) for p in prefs)
 
 
 def _preference(pref: Preference) -> PreferenceRule:

@@ -109,9 +109,19 @@ def pending_usage(reader: StateReader, claims: list[Claim]) -> dict[str, Resourc
     for claim in claims:
         if reader.alloc(claim.probe) is not None:
             continue
-        for node_id, r in claim.usage.items():
-            out.setdefault(node_id, Resources.zero()).add(r)
+        add_claim(out, claim)
     return out
+
+
+def add_claim(pending: dict[str, Resources], claim: Claim) -> None:
+    """Count ``claim`` in ``pending`` (fresh ``Resources``: the claim's own are never changed).
+
+    For the claim of a plan made or checked in the same read, which that
+    read cannot show yet: adding it keeps ``pending`` equal to
+    ``pending_usage`` over all the claims, without probing each one again.
+    """
+    for node_id, r in claim.usage.items():
+        pending.setdefault(node_id, Resources.zero()).add(r)
 
 
 def freed_usage(reader: StateReader, plan: Plan, nodes: Container[str]) -> dict[str, Resources]:
@@ -152,15 +162,23 @@ def usage_after(reader: StateReader, plan: Plan, allocs: list[Allocation], used:
 
 
 def check_plan(
-    reader: StateReader, plan: Plan, cache: NodeUsageCache, in_flight: list[Claim] | None = None
+    reader: StateReader,
+    plan: Plan,
+    cache: NodeUsageCache,
+    in_flight: list[Claim] | None = None,
+    *,
+    pending: dict[str, Resources] | None = None,
 ) -> tuple[Plan, dict[str, str]]:
     """(the part of ``plan`` that still fits, {rejected node: reason}) at ``reader``'s index.
 
     ``in_flight``: entries of earlier plans that were proposed but may not
-    be applied yet; what they place counts as used.
+    be applied yet; what they place counts as used. ``pending``: instead,
+    what they place that ``reader`` does not show yet, already summed
+    (``pending_usage``; ``check_group`` keeps it for a whole group).
     """
     cache.catch_up(reader)
-    pending = pending_usage(reader, in_flight or [])
+    if pending is None:
+        pending = pending_usage(reader, in_flight or [])
     rejected: dict[str, str] = {}
     by_node: dict[str, list[Allocation]] = {}
     for alloc in plan.place:
@@ -224,19 +242,21 @@ def check_group(
     be once the earlier plan is applied (the broker's one eval per job makes
     this rare).
     """
-    claims = list(in_flight or [])
+    # The in-flight claims are probed once for the group; each accepted plan's claim is then added
+    # (the read cannot show it: it is not even proposed yet).
+    pending = pending_usage(reader, list(in_flight or []))
     touched: set[str] = set()
     out: list[tuple[Plan, dict[str, str]]] = []
     for plan in plans:
         stale = {a.node_id for a in plan.place if a.id in plan.inplace and a.id in touched}
-        accepted, rejected = check_plan(reader, plan.without_nodes(stale) if stale else plan, cache, claims)
+        accepted, rejected = check_plan(reader, plan.without_nodes(stale) if stale else plan, cache, pending=pending)
         if stale:
             accepted.evals = []
             rejected.update(dict.fromkeys(stale, "an in-place update found its allocation changed"))
         out.append((accepted, rejected))
         claim = plan_claim(accepted)
         if claim is not None:
-            claims.append(claim)
+            add_claim(pending, claim)
         touched.update(a.id for a in accepted.place)
         touched.update(s.id for s in accepted.stop)
     return out
@@ -271,6 +291,8 @@ class PlanApplier:
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._queued: dict[asyncio.Future[PlanResult], Plan] = {}  # submitted plans not checked yet
+        # Their claims, taken once: every planning read asks for all of them (``claims``).
+        self._queued_claims: dict[asyncio.Future[PlanResult], Claim | None] = {}
         self._entries_in_flight = 0  # PlanApply entries proposed and not yet committed (see _next_group)
         self._room = asyncio.Event()  # set whenever entries in flight end
         # Held by the workers while they plan and queue their plans, so that each planning read
@@ -286,7 +308,12 @@ class PlanApplier:
         """
         out = [c for cs in self.in_flight.values() for c in cs]
         if queued:
-            out += [c for c in map(plan_claim, self._queued.values()) if c is not None]
+            for future, plan in self._queued.items():
+                if future not in self._queued_claims:
+                    self._queued_claims[future] = plan_claim(plan)
+                claim = self._queued_claims[future]
+                if claim is not None:
+                    out.append(claim)
         return out
 
     def enqueue(self, plan: Plan) -> asyncio.Future[PlanResult]:
@@ -299,6 +326,7 @@ class PlanApplier:
 
     def _forget(self, future: asyncio.Future[PlanResult]) -> None:
         self._queued.pop(future, None)
+        self._queued_claims.pop(future, None)
 
     async def submit(self, plan: Plan) -> PlanResult:
         """Queue ``plan`` and wait for its outcome (raises what proposing raised)."""
@@ -363,7 +391,7 @@ class PlanApplier:
                 self._slots.release()
             return
         for (plan, future), (accepted, rejected) in zip(group, checked, strict=True):
-            self._queued.pop(future, None)  # checked: its claim is in flight now, or gone
+            self._forget(future)  # checked: its claim is in flight now, or gone
             try:
                 started = not future.done() and self._start(plan, future, accepted, rejected)
             except Exception as exc:  # noqa: BLE001 - handed to the worker, which nacks

@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING, Any
 from fsm.store import StateReader
 from fsm.structs import EVAL_TERMINAL, Evaluation
 from node.leader.broker import BrokerError, EvalBroker
-from node.leader.plan_apply import Claim, PlanApplier, PlanResult, pending_usage, plan_claim
+from node.leader.plan_apply import (
+    Claim,
+    PlanApplier,
+    PlanResult,
+    add_claim,
+    pending_usage,
+    plan_claim,
+)
 from node.leader.shims import StateReads
 from node.wire.errors import NO_LEADER, NOT_LEADER, RPCError
 from scheduler.errors import SchedulerError
@@ -343,6 +350,9 @@ class Worker:
 
     def _schedule_all(self, reader: StateReader, evs: list[Evaluation], claims: list[Claim], index: PlacementIndex | None) -> list[Planned]:
         out = []
+        # What the claims hold that the read does not show, probed once for the batch; each plan
+        # made here then adds its own (the read cannot show it), as pending_usage would find.
+        pending = pending_usage(reader, claims)
         for ev in evs:
             try:
                 current = reader.eval(ev.id)
@@ -350,7 +360,7 @@ class Worker:
                     out.append(Planned(None))
                     continue
                 snap = load_snapshot(reader, current, time.time_ns(), index=index)
-                held = pending_usage(reader, claims)
+                held = pending  # read only while this eval is planned; moved on after it
                 # Holding costs a re-rank per node: past a few hundred nodes (large plans, which
                 # spread anyway) it costs more than the conflicts it saves.
                 snap.held = held if len(held) <= MAX_HELD_NODES else {}
@@ -369,7 +379,7 @@ class Worker:
             out.append(Planned(plan, missed=snap.stats.misses > 0))
             claim = plan_claim(plan)
             if claim is not None:
-                claims.append(claim)
+                add_claim(pending, claim)
         return out
 
     async def _plan_batch(self, evs: list[Evaluation]) -> list[Planned]:

@@ -89,3 +89,11 @@ def test_cache_figures_are_read_by_name_and_summed_over_phases() -> None:
     assert ck.cache_figures([hot])["rescored_miss"] is None  # no miss at all: n/a, not 0
     assert ck.cache_figures([{"Workers": {"Placements": 3}}]) == {
         "hit_rate": None, "rescored_hit": None, "rescored_miss": None, "miss_ms": None}
+
+
+def test_cpu_seconds_reads_a_process_and_is_nan_for_none() -> None:
+    import os
+
+    own = ck.cpu_seconds(os.getpid())
+    assert own == own and own >= 0  # a number, not NaN
+    assert ck.cpu_seconds(2**22 + 12345) != ck.cpu_seconds(2**22 + 12345)  # no such process: NaN

@@ -197,6 +197,20 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, seconds) ``pid`` has used, from /proc; NaN where unavailable.
+
+    The leader's CPU per placement is steadier than placements/s on a shared
+    machine: another process's load slows the phase, not the work it takes.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def mem_available_mib() -> float:
     try:
         with open("/proc/meminfo") as f:
