@@ -99,6 +99,17 @@ def _supersede_and_schedule(h: Harness) -> None:
         run_eval(h, ev)
 
 
+def _schedule_both_alike(single: Harness, batched: Harness, down: set[str]) -> None:
+    """Schedule both sides as the broker and workers would; they end with the same allocs, none left on a down node.
+
+    Ties between equal nodes are broken at random: a replacement's node is compared as down or not.
+    """
+    _supersede_and_schedule(single)
+    _supersede_and_schedule(batched)
+    assert _placed(batched, down) == _placed(single, down)
+    assert not [a for a in _placed(batched, down) if a[2] and a[4] == "run" and a[3] != "lost"]
+
+
 def _nodes(h: Harness) -> list[tuple[str, str, str]]:
     with h.reader() as r:
         return [(n.id, n.status, n.status_description) for n in r.nodes()]
@@ -138,12 +149,7 @@ def test_batched_node_down_ends_as_one_node_at_a_time_less_the_superseded_evals(
                 assert len(codec.encode(msg)) <= s["budget"] + ENTRY_OVERHEAD
         assert sum(len(b.node_ids) for b in batches) == len(s["expired"])
 
-        _supersede_and_schedule(single)
-        _supersede_and_schedule(batched)
-        # Ties between equal nodes are broken at random: a replacement's node is compared as down or not.
-        down = set(s["expired"])
-        assert _placed(batched, down) == _placed(single, down)
-        assert not [a for a in _placed(batched, down) if a[2] and a[4] == "run" and a[3] != "lost"]
+        _schedule_both_alike(single, batched, set(s["expired"]))
     finally:
         single.destroy()
         batched.destroy()
@@ -221,11 +227,7 @@ def test_a_held_pass_gives_each_job_one_eval_and_ends_as_one_node_at_a_time(s: d
         assert _nodes(batched) == _nodes(single)
         assert _allocs(batched) == _allocs(single)
 
-        _supersede_and_schedule(single)
-        _supersede_and_schedule(batched)
-        down = set(s["expired"])
-        assert _placed(batched, down) == _placed(single, down)
-        assert not [a for a in _placed(batched, down) if a[2] and a[4] == "run" and a[3] != "lost"]
+        _schedule_both_alike(single, batched, set(s["expired"]))
     finally:
         single.destroy()
         batched.destroy()

@@ -296,6 +296,15 @@ def _spread(h: Harness, job_id: str, nodes: list[str]) -> None:
     h.ok(m.PlanApply(eval_id=ev.id, job_id=j.id, allocs_to_place=allocs, evals=[ev]))
 
 
+def _with_wide_job(world: Any, monkeypatch: pytest.MonkeyPatch, per_share: int) -> None:
+    """Job "wide" on every node, seen by the tail; reads counted from now; ``per_share`` nodes a share."""
+    h, _server, lc, reads = world
+    _spread(h, "wide", NODES)
+    asyncio.run(lc.follow())
+    _count_reads(monkeypatch, reads)
+    monkeypatch.setattr(heartbeat, "NODES_PER_BATCH", per_share)
+
+
 def _evals_for(server: FakeServer, job_id: str) -> int:
     return sum(ev.job_id == job_id for b in server.proposed if isinstance(b, m.NodeBatchUpdateStatus) for ev in b.evals)
 
@@ -316,10 +325,7 @@ def test_a_held_pass_gives_a_job_on_many_nodes_one_eval_and_the_tail_reads_nothi
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     h, server, lc, reads = world
-    _spread(h, "wide", NODES)
-    asyncio.run(lc.follow())
-    _count_reads(monkeypatch, reads)
-    monkeypatch.setattr(heartbeat, "NODES_PER_BATCH", 1)  # a share, so an entry, per node
+    _with_wide_job(world, monkeypatch, per_share=1)  # a share, so an entry, per node
     _held_pass(lc, NODES)
     assert len([b for b in server.proposed if isinstance(b, m.NodeBatchUpdateStatus)]) == len(NODES)
     assert _evals_for(server, "wide") == 1, "one eval per job per pass, not per entry"
@@ -332,10 +338,7 @@ def test_when_the_hold_lapses_mid_pass_the_tail_reads_the_nodes_it_can_no_longer
 ) -> None:
     """An eval may have run before a later node went down: the tail reads that entry's nodes again."""
     h, server, lc, reads = world
-    _spread(h, "wide", NODES)
-    asyncio.run(lc.follow())
-    _count_reads(monkeypatch, reads)
-    monkeypatch.setattr(heartbeat, "NODES_PER_BATCH", 2)
+    _with_wide_job(world, monkeypatch, per_share=2)
     now = [0.0]
     lc.broker.clock = lambda: now[0]
     propose = server.propose
