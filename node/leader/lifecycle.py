@@ -262,8 +262,8 @@ class Lifecycle:
                 tg.create_task(self.admitter.run())
         finally:
             self.broker.disable()
-            # What the term built goes now, not with the collector's next full pass (see PlacementIndex.clear).
-            self.placement.clear()
+            # What the term built goes now, not with the collector's next full pass (see PlacementIndex.close).
+            self.placement.close()
             if _CURRENT.get(self.server) is self:
                 del _CURRENT[self.server]
 

@@ -63,8 +63,9 @@ def test_a_cursor_whose_follower_is_gone_says_so() -> None:
         cursor.follower  # noqa: B018 - the property is the check
 
 
-def test_a_term_that_ends_empties_its_placement_index_and_the_next_catch_up_rebuilds_it(h: Harness) -> None:
-    """Even if a cycle (a cancelled task's traceback) still reaches the term, its claims are gone."""
+def test_a_term_that_ends_empties_its_placement_index_for_good(h: Harness) -> None:
+    """Even if a cycle (a cancelled task's traceback) still reaches the term, its claims are gone,
+    and a read still queued when it ended does not build them again."""
     server = FakeServer(h)
     lc = Lifecycle(server)  # type: ignore[arg-type]
 
@@ -80,5 +81,5 @@ def test_a_term_that_ends_empties_its_placement_index_and_the_next_catch_up_rebu
     asyncio.run(term())
     assert lc.placement.nodes == {} and lc.placement.usage == {}
     with h.reader() as r:
-        lc.placement.catch_up(r)
-    assert len(lc.placement.nodes) == 5
+        assert lc.placement.catch_up(r) is False
+    assert lc.placement.nodes == {} and lc.placement.stats.rebuilds == 1
