@@ -181,6 +181,9 @@ def test_a_server_whose_port_is_held_elsewhere_is_a_harness_failure(tmp_path: Pa
     )
     host, _, port = tb.node(name).raft_addr.rpartition(":")
     with socket.socket() as held:
+        # As a server listens (SO_REUSEADDR): a plain bind fails on a port an earlier test's
+        # server left in TIME_WAIT, which the address book rightly counts as free.
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind((host, int(port)))
         held.listen()
         try:
