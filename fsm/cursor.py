@@ -86,11 +86,6 @@ class Cursor:
             raise ReferenceError("the cursor's follower is gone (a cursor is kept by the follower it moves)")
         return follower
 
-    def forget(self) -> None:
-        """The follower dropped what it held: the next catch-up rebuilds it."""
-        with self.lock:
-            self._index = None
-
     @property
     def index(self) -> int | None:
         """The raft index the follower reflects (None before the first catch-up)."""

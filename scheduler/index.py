@@ -217,7 +217,6 @@ class PlacementIndex:
         with self.cursor.lock:
             self._closed = True
             self._drop_all()
-            self.cursor.forget()
 
     def _drop_all(self) -> None:
         for part in (self.nodes, self.usage, self.applied, self._claims, self._hashes, self._member, self._totals, self._traits):

@@ -360,10 +360,10 @@ class Worker:
                     out.append(Planned(None))
                     continue
                 snap = load_snapshot(reader, current, time.time_ns(), index=index)
-                held = pending  # read only while this eval is planned; moved on after it
                 # Holding costs a re-rank per node: past a few hundred nodes (large plans, which
-                # spread anyway) it costs more than the conflicts it saves.
-                snap.held = held if len(held) <= MAX_HELD_NODES else {}
+                # spread anyway) it costs more than the conflicts it saves. Read only while this
+                # eval is planned; the plan's own claim is added after it.
+                snap.held = pending if len(pending) <= MAX_HELD_NODES else {}
                 plan = schedule(snap, top_k=self.stats.top_k(snap.policy.top_k_max))
                 if plan.failed and snap.held:
                     # Whether a placement fails is decided on committed state alone: plans
