@@ -15,6 +15,17 @@ the writes that arrive meanwhile go out together as one ``Batch`` entry,
 each keeping its request id, result and error. This is what lets pipelined
 registrations run near raw pysyncobj's rate: the log carries fewer, larger
 entries, and the tick thread wakes the loop once per batch of commits.
+A lane whose queue already fills an entry may send it beyond that count,
+so raft stays busy -- but the leader lane only up to
+``LEADER_ENTRIES_IN_FLIGHT`` entries: every server applies the log in
+order, so a client's write waits for the apply of every entry proposed
+before it, and a node-loss storm's plans (hundreds of full entries) would
+put seconds of apply ahead of each one.
+
+A write slower than ``SLOW_WRITE_S`` is logged (``write_slow``, at most
+once per ``SLOW_LOG_EVERY_S``, with how many were not), with where its time
+went and what the lanes held when it went out, as etcd warns "apply request
+took too long".
 
 The lanes never share an entry or a slot. A client's write that shared a
 Batch with a mark-down of a thousand nodes would wait for that entry's
@@ -33,6 +44,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from fsm.machine import ApplyResult
 from fsm.messages import encode_batch, encode_entry
 from node.wire.errors import (
@@ -48,6 +61,12 @@ WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before 
 # Leader-side coalescing: while this many raft entries of a lane's writes are in
 # flight, its new writes wait and go out together as one Batch entry (fsm/messages.py).
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
+# Full entries of the leader's bulk work in flight at most (see the module docstring): at
+# 48 KB each about 600 allocs, some 100 ms of apply on a busy leader -- still enough to keep
+# raft busy between commits.
+LEADER_ENTRIES_IN_FLIGHT = 4
+SLOW_WRITE_S = 0.5
+SLOW_LOG_EVERY_S = 10.0
 CLIENT = "client"
 LEADER = "leader"
 STATUS = "status"
@@ -55,6 +74,8 @@ LANES = (CLIENT, LEADER, STATUS)
 # Room a Batch entry needs besides its items (envelope, msgpack and pickle framing).
 BATCH_OVERHEAD = 256
 ITEM_OVERHEAD = 16
+
+log = structlog.get_logger("caravan.writes")
 
 
 def entry_size(body: Any) -> int:
@@ -73,6 +94,7 @@ class _Queued:
     entry: bytes
     cost: int
     future: asyncio.Future[tuple[ApplyResult, int]]
+    queued_at: float
 
 
 @dataclass
@@ -80,13 +102,58 @@ class _Lane:
     """One lane's writes waiting for an entry, and its entries in flight."""
 
     name: str
+    full_limit: int | None = None  # entries in flight at most, full ones too (None: no limit)
     queue: collections.deque[_Queued] = field(default_factory=collections.deque)
     queued_cost: int = 0
-    in_flight: set[object] = field(default_factory=set)
+    in_flight: dict[object, int] = field(default_factory=dict)  # entry -> its bytes
     flush_scheduled: bool = False
 
     def may_send(self, limit: int) -> bool:
-        return len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self.queued_cost >= limit
+        if len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT:
+            return True
+        return self.queued_cost >= limit and (self.full_limit is None or len(self.in_flight) < self.full_limit)
+
+    def held(self) -> tuple[int, int]:
+        """(entries, bytes) of this lane in flight."""
+        return len(self.in_flight), sum(self.in_flight.values())
+
+
+@dataclass
+class _Sent:
+    """One entry on its way: when it went out, and what was ahead of it (for the slow-write line)."""
+
+    at: float
+    waited: float  # seconds its oldest write queued before it went out
+    ahead: dict[str, tuple[int, int]]  # lane -> (entries, bytes) in flight as it went out
+
+
+class SlowWrites:
+    """Writes slower than ``SLOW_WRITE_S``: counted, and logged at most once per ``SLOW_LOG_EVERY_S``."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged_at = -float("inf")
+        self._unlogged = 0
+
+    def note(self, lane: str, sent: _Sent, items: int, now: float) -> None:
+        took = now - sent.at + sent.waited
+        if took < SLOW_WRITE_S:
+            return
+        self.count += 1
+        if now - self._logged_at < SLOW_LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        self._logged_at, unlogged, self._unlogged = now, self._unlogged, 0
+        log.warning(
+            "write_slow",
+            lane=lane,
+            took_s=round(took, 3),
+            queued_s=round(sent.waited, 3),
+            commit_apply_s=round(now - sent.at, 3),
+            writes=items,
+            ahead={name: {"entries": e, "bytes": b} for name, (e, b) in sent.ahead.items() if e},
+            not_logged=unlogged,
+        )
 
 
 class WriteQueue:
@@ -101,7 +168,8 @@ class WriteQueue:
         self.raft = raft
         self.settle = settle  # hands a tick-thread result to the loop (the server batches the wake-ups)
         self.rpc_of_raft = rpc_of_raft
-        self.lanes = {name: _Lane(name) for name in LANES}
+        self.lanes = {name: _Lane(name, LEADER_ENTRIES_IN_FLIGHT if name == LEADER else None) for name in LANES}
+        self.slow = {name: SlowWrites() for name in LANES}  # each lane's line apart: plans are slow by design
 
     def in_flight(self, lane: str) -> int:
         """Entries of ``lane`` proposed and not yet answered."""
@@ -122,7 +190,7 @@ class WriteQueue:
         # their msgpack header (raft.encoded_entry_size: pickle adds a few bytes).
         cost = len(entry) + ITEM_OVERHEAD
         future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
-        waiting.queue.append(_Queued(entry, cost, future))
+        waiting.queue.append(_Queued(entry, cost, future, time.monotonic()))
         waiting.queued_cost += cost
         if not waiting.flush_scheduled and waiting.may_send(self.raft.max_entry_bytes - BATCH_OVERHEAD):
             waiting.flush_scheduled = True
@@ -155,6 +223,8 @@ class WriteQueue:
             entry = encode_batch([item.entry for item in items], time=time.time_ns())
         token = object()
         future: asyncio.Future[Any] = loop.create_future()
+        now = time.monotonic()
+        sent = _Sent(now, now - items[0].queued_at, {name: other.held() for name, other in self.lanes.items()})
 
         def done(result: Any, index: Any, error: Any) -> None:
             self.settle(future, ((result, index), error))
@@ -170,12 +240,12 @@ class WriteQueue:
         except raft_errors.RaftError as exc:
             self._fail_items(items, RPCError(UNAVAILABLE, str(exc)))
             return
-        lane.in_flight.add(token)
+        lane.in_flight[token] = len(entry)
         # Never let a lost callback stall the queue or its writers: at the
         # deadline the entry stops counting as in flight and its writers
         # learn that the outcome is unknown.
         expiry = loop.call_later(WRITE_TIMEOUT, self._entry_expired, lane, items, token)
-        future.add_done_callback(lambda f: self._entry_done(f, lane, items, token, expiry))
+        future.add_done_callback(lambda f: self._entry_done(f, lane, items, token, expiry, sent))
 
     def _entry_expired(self, lane: _Lane, items: list[_Queued], token: object) -> None:
         self._entry_settled(lane, token)
@@ -183,16 +253,23 @@ class WriteQueue:
 
     def _entry_settled(self, lane: _Lane, token: object) -> None:
         if token in lane.in_flight:
-            lane.in_flight.discard(token)
+            del lane.in_flight[token]
             if lane.queue and not lane.flush_scheduled:
                 lane.flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush, lane)
 
     def _entry_done(
-        self, future: asyncio.Future[Any], lane: _Lane, items: list[_Queued], token: object, expiry: asyncio.TimerHandle
+        self,
+        future: asyncio.Future[Any],
+        lane: _Lane,
+        items: list[_Queued],
+        token: object,
+        expiry: asyncio.TimerHandle,
+        sent: _Sent,
     ) -> None:
         expiry.cancel()
         self._entry_settled(lane, token)
+        self.slow[lane.name].note(lane.name, sent, len(items), time.monotonic())
         (result, index), error = future.result()
         if error is not None:
             if isinstance(error, raft_errors.OverloadedError):

@@ -9,10 +9,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import structlog.testing
+
 from fsm import messages as m
 from fsm.machine import ApplyResult
 from fsm.messages import decode_entry, encode_entry
-from node.core.writes import CLIENT, LEADER, MAX_WRITE_ENTRIES_IN_FLIGHT, WriteQueue
+from node.core import writes
+from node.core.writes import (
+    CLIENT,
+    LEADER,
+    LEADER_ENTRIES_IN_FLIGHT,
+    MAX_WRITE_ENTRIES_IN_FLIGHT,
+    WriteQueue,
+)
 
 
 class HeldRaft:
@@ -92,3 +101,60 @@ def test_a_client_write_goes_out_while_the_leader_lane_is_full_and_alone() -> No
         await asyncio.gather(*tasks)
 
     asyncio.run(run())
+
+
+def _full_entry(tag: str, size: int) -> bytes:
+    """A write that fills most of an entry alone (a plan's head entry)."""
+    return encode_entry(m.NodeUpdateStatus(node_id=tag + "x" * size, status="ready"), time=1, rid=tag)
+
+
+def test_the_leader_lane_sends_at_most_its_limit_of_full_entries_and_a_client_write_passes_them() -> None:
+    async def run() -> None:
+        raft = HeldRaft()
+        queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
+        big = raft.max_entry_bytes * 3 // 4  # two of them never share an entry
+        tasks = [asyncio.ensure_future(queue.submit(_full_entry(f"plan{i}", big), LEADER)) for i in range(12)]
+        await _turn()
+        assert queue.in_flight(LEADER) == LEADER_ENTRIES_IN_FLIGHT
+        assert len(raft.entries) == LEADER_ENTRIES_IN_FLIGHT
+        tasks.append(asyncio.ensure_future(queue.submit(_entry("client"), CLIENT)))
+        await _turn()
+        assert _items(raft.entries[-1][0]) == ["client"]  # not behind the eight plans still queued
+        # Each answered entry lets exactly one more out, in order, until all are through.
+        sent = 0
+        while sent < len(raft.entries):
+            raft.commit(sent)
+            sent += 1
+            await _turn()
+            assert queue.in_flight(LEADER) <= LEADER_ENTRIES_IN_FLIGHT
+        assert [_items(e)[0] for e, _ in raft.entries if _items(e)[0] != "client"] == [f"plan{i}" for i in range(12)]
+        await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+
+
+def test_a_slow_write_is_logged_once_per_interval_with_what_was_ahead(monkeypatch: Any) -> None:
+    monkeypatch.setattr(writes, "SLOW_WRITE_S", 0.0)  # every write counts as slow
+
+    async def run() -> list[dict[str, Any]]:
+        raft = HeldRaft()
+        queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
+        with structlog.testing.capture_logs() as logs:
+            bulk = asyncio.ensure_future(queue.submit(_entry("bulk"), LEADER))
+            await _turn()
+            tasks = []
+            for i in range(2):  # one entry each
+                tasks.append(asyncio.ensure_future(queue.submit(_entry(f"c{i}"), CLIENT)))
+                await _turn()
+            for i in range(len(raft.entries)):
+                raft.commit(i)
+                await _turn()
+            await asyncio.gather(bulk, *tasks)
+        assert queue.slow[CLIENT].count == 2
+        return [line for line in logs if line["event"] == "write_slow"]
+
+    lines = asyncio.run(run())
+    client = [line for line in lines if line["lane"] == CLIENT]
+    assert len(client) == 1  # the second within the interval is counted, not logged
+    assert client[0]["ahead"] == {LEADER: {"entries": 1, "bytes": len(_entry("bulk"))}}
+    assert [line["lane"] for line in lines].count(LEADER) == 1
