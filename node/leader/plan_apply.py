@@ -290,9 +290,8 @@ class PlanApplier:
         self._seq = 0
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._queued: dict[asyncio.Future[PlanResult], Plan] = {}  # submitted plans not checked yet
-        # Their claims, taken once: every planning read asks for all of them (``claims``).
-        self._queued_claims: dict[asyncio.Future[PlanResult], Claim | None] = {}
+        # Submitted plans not checked yet -> what they place, taken once: every planning read asks (``claims``).
+        self._queued: dict[asyncio.Future[PlanResult], Claim | None] = {}
         self._entries_in_flight = 0  # PlanApply entries proposed and not yet committed (see _next_group)
         self._room = asyncio.Event()  # set whenever entries in flight end
         # Held by the workers while they plan and queue their plans, so that each planning read
@@ -308,25 +307,19 @@ class PlanApplier:
         """
         out = [c for cs in self.in_flight.values() for c in cs]
         if queued:
-            for future, plan in self._queued.items():
-                if future not in self._queued_claims:
-                    self._queued_claims[future] = plan_claim(plan)
-                claim = self._queued_claims[future]
-                if claim is not None:
-                    out.append(claim)
+            out += [claim for claim in self._queued.values() if claim is not None]
         return out
 
     def enqueue(self, plan: Plan) -> asyncio.Future[PlanResult]:
         """Queue ``plan`` now; its outcome comes on the future (cancel it to withdraw the plan)."""
         future: asyncio.Future[PlanResult] = asyncio.get_running_loop().create_future()
-        self._queued[future] = plan
+        self._queued[future] = plan_claim(plan)
         future.add_done_callback(self._forget)
         self.queue.put_nowait((plan, future))
         return future
 
     def _forget(self, future: asyncio.Future[PlanResult]) -> None:
         self._queued.pop(future, None)
-        self._queued_claims.pop(future, None)
 
     async def submit(self, plan: Plan) -> PlanResult:
         """Queue ``plan`` and wait for its outcome (raises what proposing raised)."""

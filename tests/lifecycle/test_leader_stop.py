@@ -10,6 +10,7 @@ import structlog
 
 from node import server as server_mod
 from node.leader.plan_apply import PlanApplier
+from scheduler.plan import Plan
 
 
 class _StuckServer:
@@ -25,8 +26,8 @@ def test_stopping_cancels_the_plan_in_check_and_the_queued_ones() -> None:
     async def scenario() -> None:
         applier = PlanApplier(_StuckServer(), _StuckServer(), max_entry_bytes=48 * 1024, log=_StuckServer.log)  # type: ignore[arg-type]
         runner = asyncio.create_task(applier.run())
-        checking = asyncio.create_task(applier.submit(object()))  # type: ignore[arg-type]
-        queued = asyncio.create_task(applier.submit(object()))  # type: ignore[arg-type]
+        checking = asyncio.create_task(applier.submit(Plan("e1", "j1")))
+        queued = asyncio.create_task(applier.submit(Plan("e2", "j2")))
         while applier.queue.qsize() != 1:  # the first plan is in its check, the second waits
             await asyncio.sleep(0)
         runner.cancel()
