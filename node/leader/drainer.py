@@ -50,6 +50,7 @@ from fsm.structs import (
 )
 from node.core.wakeup import wait_event
 from node.leader.nodeevals import TRIGGER_NODE_DRAIN
+from node.leader.nodeviews import NodeViews
 from node.leader.shims import NodeView, RaftApplier, StateReads
 from node.wire.errors import CONFLICT, RPCError
 from scheduler.evals import new_eval
@@ -213,13 +214,15 @@ class Drainer:
     def __init__(self, state: StateReads, raft: RaftApplier, nodes: Mapping[str, NodeView], *, log: Any) -> None:
         self.state = state
         self.raft = raft
-        self.nodes = nodes  # the lifecycle's live view, kept current from the journal
+        # The lifecycle's live view, kept current from the journal (a plain mapping is copied).
+        self.nodes = NodeViews.of(nodes)
         self.poke = asyncio.Event()
         self.overdue = Overdue()
         self.log = log.bind(component="drainer")
 
     def draining(self) -> bool:
-        return any(view.drain for view in self.nodes.values())
+        """Whether any node drains: kept as views are written, not a scan of every node on each wake."""
+        return bool(self.nodes.draining)
 
     async def run(self) -> None:
         while True:

@@ -75,6 +75,7 @@ from node.leader.drainer import Drainer
 from node.leader.evalwriter import EvalWriter
 from node.leader.heartbeat import HeartbeatMonitor
 from node.leader.nodeevals import node_down_evals, node_up_evals
+from node.leader.nodeviews import NodeViews
 from node.leader.placement import keep_fresh
 from node.leader.plan_apply import PlanApplier
 from node.leader.shims import NodeView
@@ -196,7 +197,8 @@ class Lifecycle:
             followup_delay=cfg.failed_eval_followup,
             log=server.log,
         )
-        self.nodes: dict[str, NodeView] = {}
+        # Keeps the draining and changed nodes as views are written, for the monitor and drainer (issue #36).
+        self.nodes = NodeViews()
         self.active_deployments: set[str] = set()
         self.heartbeats = HeartbeatMonitor(
             server,

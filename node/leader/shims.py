@@ -49,9 +49,13 @@ class DeliveryHold(Protocol):
         """Whether ``holder``'s hold has stopped every delivery since it began."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class NodeView:
-    """What the leader's services keep of a node between journal records."""
+    """What the leader's services keep of a node between journal records.
+
+    Frozen: a change is a new view written to ``NodeViews``, which keeps the
+    draining and changed nodes as views are written (``node.leader.nodeviews``).
+    """
 
     status: str
     eligibility: str
