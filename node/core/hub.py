@@ -4,7 +4,10 @@ Design: one ``Hub`` per server. Woken by FSM commits, it reads new batches
 once and fans them out to the *live* subscribers (those at the tail). A new
 subscriber first catches up by reading LMDB itself, paced by its own
 connection, and joins the live set when it reaches the hub's tail; batches
-are deduplicated by index at the hand-over, so it is gapless. Under a steady
+are deduplicated by index at the hand-over, so it is gapless. A round's
+items are made once per distinct filter and encoding and queued by
+reference (``Fanout``): subscribers following the same topics (every
+simulated client) share them and their encoding. Under a steady
 stream of commits, fan-out rounds are spaced by 3 ms per live subscriber
 (``FANOUT_INTERVAL_PER_SUBSCRIBER``), 25 to 100 ms apart: many subscribers
 add a little latency rather than take CPU from apply.
@@ -34,15 +37,14 @@ from node.core.stream import (
     INLINE_READ_BATCHES,
     MAX_BUFFER,
     Chunk,
+    Fanout,
     Filter,
     Item,
-    SharedRun,
     StreamError,
     Subscription,
     grouped,
     read_chunk,
     reset_error,
-    shared_runs,
 )
 from node.core.wakeup import CoalescedWake
 from node.wire.errors import UNAVAILABLE, RPCError
@@ -180,22 +182,24 @@ class Hub:
                     self.live.clear()
                     self.tail = chunk.applied
                     continue
-                shared: dict[bool, list[SharedRun]] = {}
-                for sub in list(self.live):
-                    runs = None
-                    if sub.filter.everything:
-                        runs = shared.get(sub.raw)
-                        if runs is None:
-                            runs = shared[sub.raw] = shared_runs(
-                                [(b.index, b.raw_item() if sub.raw else b.records_item(), len(b.raw)) for b in chunk.batches]
-                            )
-                    if not sub.offer(chunk.batches, chunk.through, runs):
-                        self.live.discard(sub)
-                        self.stats["overflows"] += 1
+                self._fan_out(chunk)
                 self.stats["fanned_batches"] += len(chunk.batches)
                 self.tail = max(self.tail, chunk.through)
                 if chunk.through >= chunk.applied and self._target < chunk.applied:
                     self._target = chunk.applied
+
+    def _fan_out(self, chunk: Chunk) -> None:
+        """Queue a chunk for every live subscriber; one that overflows leaves the live set.
+
+        The items are made once per distinct filter and encoding
+        (``Fanout``), not once per subscriber: many subscribers follow the
+        same topics.
+        """
+        fanout = Fanout(chunk.batches)
+        for sub in list(self.live):
+            if not sub.offer(fanout.runs(sub), chunk.through):
+                self.live.discard(sub)
+                self.stats["overflows"] += 1
 
     def join(self, sub: Subscription, applied: int) -> bool:
         """Move a caught-up subscriber to the live set if nothing lies between it and the tail.

@@ -88,12 +88,6 @@ class Filter:
     def __post_init__(self) -> None:
         object.__setattr__(self, "everything", self.topics >= ALL_TOPICS)
 
-    def select(self, records: list[Any]) -> list[Any]:
-        if self.everything:
-            return records
-        topics, keys = self.topics, self.keys
-        return [r for r in records if r[0] in topics or (r[0], r[2]) in keys]
-
     def wants(self, topic: str) -> bool:
         return topic in self.topics or any(t == topic for t, _ in self.keys)
 
@@ -136,12 +130,16 @@ def parse_topics(specs: Any) -> tuple[Filter, bool]:
 class Batch:
     """One journal batch: its stored bytes, decoded only if some subscriber needs records.
 
-    The unfiltered items are built once and shared by every subscriber that
-    gets them (items are never mutated after they are made), and encoded
-    once for all of their frames (``SharedItem``).
+    Its items are shared by every subscriber that gets them (items are never
+    mutated after they are made), and encoded once for all of their frames
+    (``SharedItem``): the unfiltered ones, and, in a fan-out round, the
+    filtered ones per distinct filter and encoding (``Fanout``). Many
+    subscribers follow the same topics (each simulated client follows
+    Allocation and ClientGC), and encoding a batch's records for each of
+    them was most of the fan-out's cost.
     """
 
-    __slots__ = ("index", "raw", "_records", "_raw_item", "_records_item")
+    __slots__ = ("index", "raw", "_records", "_raw_item", "_records_item", "_scanned", "_lookup")
 
     def __init__(self, index: int, raw: bytes, records: list[Any] | None = None) -> None:
         self.index = index
@@ -149,6 +147,8 @@ class Batch:
         self._records = records
         self._raw_item: Item | None = None
         self._records_item: Item | None = None
+        self._scanned = False  # a filter has scanned the records (the next one indexes them)
+        self._lookup: RecordLookup | None = None
 
     @property
     def records(self) -> list[Any]:
@@ -169,6 +169,109 @@ class Batch:
     def decode(self) -> Batch:
         _ = self.records
         return self
+
+    def select(self, flt: Filter) -> list[Any]:
+        """The records ``flt`` matches, in apply order (the batch's own list when that is all of them).
+
+        The first filter scans the records; from the second on they are
+        indexed once (``RecordLookup``) and each filter looks its records up:
+        a lone subscriber pays no index, many distinct filters one each.
+        """
+        records = self.records
+        if flt.everything:
+            return records
+        if self._lookup is None:
+            if not self._scanned:
+                self._scanned = True
+                selected = scan(records, flt)
+                return records if len(selected) == len(records) else selected
+            self._lookup = RecordLookup(records)
+        positions = self._lookup.positions(flt)
+        if len(positions) == len(records):
+            return records
+        return [records[i] for i in positions]
+
+    def item(self, flt: Filter, raw: bool) -> Item | None:
+        """The item of this batch for a subscriber with ``flt`` (None if it matches nothing).
+
+        Made once per distinct filter and encoding in a fan-out round
+        (``Fanout``), so a ``SharedItem``: its encoding too is made once.
+        """
+        if flt.everything:
+            return self.raw_item() if raw else self.records_item()
+        selected = self.select(flt)
+        if not selected:
+            return None
+        if raw:
+            return SharedItem(index=self.index, raw=codec.pack(selected))
+        if selected is self.records:  # all of it: the unfiltered item, whose encoding unfiltered subscribers share
+            return self.records_item()
+        return SharedItem(index=self.index, events=selected)
+
+
+def scan(records: list[Any], flt: Filter) -> list[Any]:
+    """The records ``flt`` matches, in apply order, by looking at each."""
+    topics, keys = flt.topics, flt.keys
+    if not keys:
+        return [r for r in records if r[0] in topics]
+    return [r for r in records if r[0] in topics or (r[0], r[2]) in keys]
+
+
+class RecordLookup:
+    """Where each topic's and each (topic, key)'s records sit in one batch.
+
+    Built once per batch, so each distinct filter picks its records by a few
+    lookups instead of scanning every record of a plan of thousands of
+    allocations.
+    """
+
+    __slots__ = ("records", "by_topic", "_at_key", "_all_at_key")
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+        self.by_topic: dict[str, list[int]] = {}
+        for i, record in enumerate(records):
+            positions = self.by_topic.get(record[0])
+            if positions is None:
+                self.by_topic[record[0]] = [i]
+            else:
+                positions.append(i)
+        # Built when a filter first names keys: the position of each key, or
+        # (when some key is there twice, which is rare) all of its positions.
+        self._at_key: dict[tuple[str, Any], int] | None = None
+        self._all_at_key: dict[tuple[str, Any], list[int]] | None = None
+
+    def _index_keys(self) -> dict[tuple[str, Any], int]:
+        if self._at_key is None:
+            self._at_key = {(r[0], r[2]): i for i, r in enumerate(self.records)}
+            if len(self._at_key) < len(self.records):
+                self._all_at_key = {}
+                for i, record in enumerate(self.records):
+                    self._all_at_key.setdefault((record[0], record[2]), []).append(i)
+        return self._at_key
+
+    def _keyed(self, keys: frozenset[tuple[str, str]]) -> list[int]:
+        """The positions of the records of ``keys``, in any order."""
+        at_key = self._index_keys()
+        fewer = keys if len(keys) <= len(at_key) else at_key.keys()
+        matched = [k for k in fewer if k in at_key and k in keys]
+        if self._all_at_key is None:
+            return [at_key[k] for k in matched]
+        return [i for k in matched for i in self._all_at_key[k]]
+
+    def positions(self, flt: Filter) -> list[int]:
+        """The ascending positions of the records ``flt`` matches."""
+        by_topic = self.by_topic
+        if len(flt.topics) <= len(by_topic):
+            found = [by_topic[t] for t in flt.topics if t in by_topic]
+        else:
+            found = [p for t, p in by_topic.items() if t in flt.topics]
+        keyed = self._keyed(flt.keys) if flt.keys else []
+        if keyed:
+            found.append(keyed)
+        if len(found) == 1 and not keyed:
+            return found[0]  # one topic's positions: ascending already
+        return sorted(set().union(*found))  # a key of a topic also wanted whole is one record, not two
 
 
 def record_count(raw: bytes) -> int:
@@ -338,14 +441,7 @@ class Subscription:
 
     def item(self, batch: Batch) -> Item | None:
         """The stream item for ``batch``, or None when the filter leaves nothing of it."""
-        if self.filter.everything:
-            return batch.raw_item() if self.raw else batch.records_item()
-        selected = self.filter.select(batch.records)
-        if not selected:
-            return None
-        if self.raw:
-            return {"index": batch.index, "raw": codec.pack(selected)}
-        return {"index": batch.index, "events": selected}
+        return batch.item(self.filter, self.raw)
 
     def take(self) -> tuple[int, Item]:
         """The next item from the queue (several batches if ``group`` allows): (last index, item)."""
@@ -356,27 +452,17 @@ class Subscription:
         entries = self.queue.pop(self.group, GROUP_BYTES)
         return entries[-1][0], grouped([e[1] for e in entries])
 
-    def offer(self, batches: list[Batch], through: int, shared: list[SharedRun] | None = None) -> bool:
-        """Queue the matching batches after ``through``-so-far; False on overflow.
+    def offer(self, runs: list[list[Entry]], through: int) -> bool:
+        """Queue this round's entries (``Fanout.runs``) after ``through``-so-far; False on overflow.
 
-        ``shared``: this round's unfiltered entries in this subscriber's
-        encoding, when the hub built them (queued by reference).
+        The runs are shared by every subscriber with the same filter and
+        encoding, and queued by reference: a round costs each one O(runs).
         """
-        if shared is not None:
-            for run in shared:
-                if run[0][0] <= self.through:  # hand-over from catch-up: skip what it sent
-                    self.queue.add([e for e in run if e[0] > self.through])
-                else:
-                    self.queue.add(run)
-        else:
-            run = []
-            for batch in batches:
-                if batch.index <= self.through:
-                    continue  # already caught up past it (hand-over from catch-up)
-                item = self.item(batch)
-                if item is not None:
-                    run.append((batch.index, item, len(batch.raw)))
-            self.queue.add(run)
+        for run in runs:
+            if run[0][0] <= self.through:  # hand-over from catch-up: skip what it sent
+                self.queue.add([e for e in run if e[0] > self.through])
+            else:
+                self.queue.add(run)
         self.through = max(self.through, through)
         self.wake.set()
         if len(self.queue) > self.max_buffer:
@@ -389,6 +475,40 @@ class Subscription:
         self.error = error
         self.queue.clear()
         self.wake.set()
+
+
+class Fanout:
+    """One fan-out round's entries, built once per distinct filter and encoding.
+
+    Subscribers with the same filter and encoding get the same items, so
+    the entries (and each item's encoding) are made for the first of them
+    and queued by reference for the others. Unfiltered subscribers get
+    ``SharedRun``s (taken whole as one packed item by grouped msgpack
+    subscribers); filtered ones a plain list, which ``take`` unpacks entry
+    by entry as it always did.
+    """
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.batches = batches
+        self._runs: dict[tuple[Filter | None, bool], list[list[Entry]]] = {}
+
+    def runs(self, sub: Subscription) -> list[list[Entry]]:
+        """The round's entries for ``sub``, as runs of ascending batch indexes (no empty run)."""
+        key = (None if sub.filter.everything else sub.filter, sub.raw)
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = self._runs[key] = self._build(sub.filter, sub.raw)
+        return runs
+
+    def _build(self, flt: Filter, raw: bool) -> list[list[Entry]]:
+        if flt.everything:
+            return list(shared_runs([(b.index, b.raw_item() if raw else b.records_item(), len(b.raw)) for b in self.batches]))
+        entries: list[Entry] = []
+        for batch in self.batches:
+            item = batch.item(flt, raw)
+            if item is not None:
+                entries.append((batch.index, item, len(batch.raw)))
+        return [entries] if entries else []
 
 
 def grouped(items: list[Item]) -> Item:
