@@ -15,12 +15,14 @@ the writes that arrive meanwhile go out together as one ``Batch`` entry,
 each keeping its request id, result and error. This is what lets pipelined
 registrations run near raw pysyncobj's rate: the log carries fewer, larger
 entries, and the tick thread wakes the loop once per batch of commits.
-A lane whose queue already fills an entry may send it beyond that count,
-so raft stays busy -- but the leader lane only up to
-``LEADER_ENTRIES_IN_FLIGHT`` entries: every server applies the log in
-order, so a client's write waits for the apply of every entry proposed
-before it, and a node-loss storm's plans (hundreds of full entries) would
-put seconds of apply ahead of each one.
+A client or status lane whose queue already fills an entry may send it
+beyond that count, so raft stays busy. The leader lane may not: its
+entries in flight hold at most one entry's size between them (one full
+entry, or two smaller ones). Every server applies the log in order, so a
+client's write waits for the apply of every entry proposed before it; in
+a node-loss storm the plan applier keeps dozens of full plan entries
+proposed, and with four of them in flight a client's write still waited
+100-240 ms for theirs (150 KB at about 1 ms per KB on a loaded leader).
 
 A write slower than ``SLOW_WRITE_S`` is logged (``write_slow``, at most
 once per ``SLOW_LOG_EVERY_S``, with how many were not), with where its time
@@ -61,10 +63,6 @@ WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before 
 # Leader-side coalescing: while this many raft entries of a lane's writes are in
 # flight, its new writes wait and go out together as one Batch entry (fsm/messages.py).
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
-# Full entries of the leader's bulk work in flight at most (see the module docstring): at
-# 48 KB each about 600 allocs, some 100 ms of apply on a busy leader -- still enough to keep
-# raft busy between commits.
-LEADER_ENTRIES_IN_FLIGHT = 4
 SLOW_WRITE_S = 0.5
 SLOW_LOG_EVERY_S = 10.0
 CLIENT = "client"
@@ -102,16 +100,20 @@ class _Lane:
     """One lane's writes waiting for an entry, and its entries in flight."""
 
     name: str
-    full_limit: int | None = None  # entries in flight at most, full ones too (None: no limit)
+    bounded: bool = False  # its entries in flight hold at most one entry's size between them
     queue: collections.deque[_Queued] = field(default_factory=collections.deque)
     queued_cost: int = 0
     in_flight: dict[object, int] = field(default_factory=dict)  # entry -> its bytes
     flush_scheduled: bool = False
 
     def may_send(self, limit: int) -> bool:
-        if len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT:
-            return True
-        return self.queued_cost >= limit and (self.full_limit is None or len(self.in_flight) < self.full_limit)
+        """Whether the next entry (at most ``limit`` bytes) may go out now."""
+        if self.bounded:
+            if not self.in_flight:
+                return True
+            held = sum(self.in_flight.values())
+            return len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT and held + min(self.queued_cost, limit) <= limit
+        return len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self.queued_cost >= limit
 
     def held(self) -> tuple[int, int]:
         """(entries, bytes) of this lane in flight."""
@@ -168,7 +170,7 @@ class WriteQueue:
         self.raft = raft
         self.settle = settle  # hands a tick-thread result to the loop (the server batches the wake-ups)
         self.rpc_of_raft = rpc_of_raft
-        self.lanes = {name: _Lane(name, LEADER_ENTRIES_IN_FLIGHT if name == LEADER else None) for name in LANES}
+        self.lanes = {name: _Lane(name, bounded=name == LEADER) for name in LANES}
         self.slow = {name: SlowWrites() for name in LANES}  # each lane's line apart: plans are slow by design
 
     def in_flight(self, lane: str) -> int:

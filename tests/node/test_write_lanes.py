@@ -18,7 +18,6 @@ from node.core import writes
 from node.core.writes import (
     CLIENT,
     LEADER,
-    LEADER_ENTRIES_IN_FLIGHT,
     MAX_WRITE_ENTRIES_IN_FLIGHT,
     WriteQueue,
 )
@@ -108,27 +107,53 @@ def _full_entry(tag: str, size: int) -> bytes:
     return encode_entry(m.NodeUpdateStatus(node_id=tag + "x" * size, status="ready"), time=1, rid=tag)
 
 
-def test_the_leader_lane_sends_at_most_its_limit_of_full_entries_and_a_client_write_passes_them() -> None:
+def test_the_leader_lane_holds_one_entry_of_bytes_in_flight_and_a_client_write_passes_it() -> None:
     async def run() -> None:
         raft = HeldRaft()
         queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
-        big = raft.max_entry_bytes * 3 // 4  # two of them never share an entry
-        tasks = [asyncio.ensure_future(queue.submit(_full_entry(f"plan{i}", big), LEADER)) for i in range(12)]
+        big = raft.max_entry_bytes * 3 // 4  # two of them never share an entry, nor fit in flight together
+        tasks = [asyncio.ensure_future(queue.submit(_full_entry(f"plan{i}", big), LEADER)) for i in range(6)]
         await _turn()
-        assert queue.in_flight(LEADER) == LEADER_ENTRIES_IN_FLIGHT
-        assert len(raft.entries) == LEADER_ENTRIES_IN_FLIGHT
+        assert queue.in_flight(LEADER) == 1 and len(raft.entries) == 1
         tasks.append(asyncio.ensure_future(queue.submit(_entry("client"), CLIENT)))
         await _turn()
-        assert _items(raft.entries[-1][0]) == ["client"]  # not behind the eight plans still queued
-        # Each answered entry lets exactly one more out, in order, until all are through.
+        assert _items(raft.entries[-1][0]) == ["client"]  # not behind the five plans still queued
+        # Each answered entry lets exactly the next one out, in order, until all are through.
         sent = 0
         while sent < len(raft.entries):
             raft.commit(sent)
             sent += 1
             await _turn()
-            assert queue.in_flight(LEADER) <= LEADER_ENTRIES_IN_FLIGHT
-        assert [_items(e)[0] for e, _ in raft.entries if _items(e)[0] != "client"] == [f"plan{i}" for i in range(12)]
+            assert queue.in_flight(LEADER) <= 1
+        assert [_items(e)[0] for e, _ in raft.entries if _items(e)[0] != "client"] == [f"plan{i}" for i in range(6)]
         await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+
+
+def test_small_leader_entries_go_two_at_a_time_within_one_entry_of_bytes() -> None:
+    async def run() -> None:
+        raft = HeldRaft()
+        queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
+        first = asyncio.ensure_future(queue.submit(_entry("reap"), LEADER))
+        await _turn()
+        second = asyncio.ensure_future(queue.submit(_entry("evals"), LEADER))
+        await _turn()
+        assert queue.in_flight(LEADER) == MAX_WRITE_ENTRIES_IN_FLIGHT
+        # A plan entry that fits the lane's bytes only alone (short of the limit by less than a small entry).
+        limit = raft.max_entry_bytes - writes.BATCH_OVERHEAD
+        size = limit - len(_full_entry("plan", 0)) - writes.ITEM_OVERHEAD - 30
+        big = asyncio.ensure_future(queue.submit(_full_entry("plan", size), LEADER))
+        await _turn()
+        assert len(raft.entries) == 2  # the full one waits for both
+        raft.commit(0)
+        await _turn()
+        assert len(raft.entries) == 2  # one small one still holds too many bytes with it
+        raft.commit(1)
+        await _turn()
+        assert _items(raft.entries[-1][0]) == ["plan"]
+        raft.commit(2)
+        await asyncio.gather(first, second, big)
 
     asyncio.run(run())
 
