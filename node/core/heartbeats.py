@@ -101,6 +101,13 @@ class Heartbeats:
                 out.append(node_id)
         return out
 
+    def next_deadline(self) -> float | None:
+        """The earliest deadline held, or None when no node has one (drops superseded heap entries)."""
+        heap = self._heap
+        while heap and self._deadlines.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
     def forget(self, node_id: str) -> None:
         """Drop ``node_id``'s deadline (it is down or gone); its stale heap entry is skipped later."""
         self._deadlines.pop(node_id, None)

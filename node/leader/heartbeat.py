@@ -62,7 +62,11 @@ RETRY_FIRST = 0.5  # seconds before a failed mark-down is retried, doubling per 
 RETRY_MAX = 30.0
 RETRY_LOG_EVERY = 30.0  # seconds between log lines about mark-downs that keep failing
 LOGGED_IDS = 10  # node ids named in a batch's log line
-HOLDER = "node-down"  # this monitor's name for its hold on the broker's deliveries
+HOLDER = "node-down"
+# Passes come at least this far apart, and sooner than ``interval`` only when a deadline falls due:
+# a node is marked down within this of its deadline, and a fleet whose deadlines are spread over
+# seconds is still marked in a few passes (one eval per job per pass), not one per node.
+MIN_PASS_GAP = 0.25  # this monitor's name for its hold on the broker's deliveries
 
 
 class _NoHold:
@@ -127,8 +131,22 @@ class HeartbeatMonitor:
 
     @property
     def interval(self) -> float:
-        """Seconds between passes: a fraction of the shortest TTL, so no node is marked down much late."""
+        """Longest time between passes: a fraction of the shortest TTL (the full sweep and retries run on passes)."""
         return max(0.05, min(1.0, self.config.min_heartbeat_ttl / 4))
+
+    def next_pass(self, last: float) -> float:
+        """When the pass after one at ``last`` runs: at the next deadline, but not within ``MIN_PASS_GAP`` of ``last``.
+
+        Waking only every ``interval`` left a node due just after a pass
+        alive for up to a second more: under a node-loss storm's load that
+        second, plus the mark-down's own, put the last nodes past TTL +
+        grace (issue #34). Nomad keeps a timer per node.
+        """
+        at = last + self.interval
+        due = self.heartbeats.next_deadline()
+        if due is not None:
+            at = min(at, max(due, last + min(MIN_PASS_GAP, self.interval)))
+        return at
 
     def start_term(self, now: float) -> int:
         """Give every live node the failover TTL (+ grace) from ``now``, the term's start; returns how many.
@@ -241,12 +259,14 @@ class HeartbeatMonitor:
         held = self.start_term(self.term_started)
         self.log.info("heartbeat monitor started", nodes_held=held, failover_ttl_s=self.config.failover_heartbeat_ttl)
         try:
+            last = self.clock()
             while not self.stopped:
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(max(0.0, self.next_pass(last) - self.clock()))
                 if not self.is_leader():
                     self._stop()
                     break
-                expired = self.expired(self.clock())
+                last = self.clock()
+                expired = self.expired(last)
                 if expired:
                     self.deliveries.hold(HOLDER)
                     self.marking.update(expired)

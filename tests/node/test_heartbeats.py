@@ -26,7 +26,7 @@ from node.core.config import ConfigError, SchedulerConfig, ServerConfig
 from node.core.heartbeats import Heartbeats, base_ttl, granted_ttl
 from node.endpoints.nodes import MAX_HEARTBEAT_IDS
 from node.leader.broker import EvalBroker
-from node.leader.heartbeat import RETRY_LOG_EVERY, HeartbeatMonitor
+from node.leader.heartbeat import MIN_PASS_GAP, RETRY_LOG_EVERY, HeartbeatMonitor
 from node.leader.nodeevals import NODES_PER_BATCH
 from node.leader.shims import NodeView
 from node.wire.errors import NOT_LEADER, TIMEOUT, RPCError
@@ -136,6 +136,20 @@ def test_the_heap_stays_bounded_however_often_nodes_beat() -> None:
     assert len(hb._heap) <= 4 * 3 + 1024  # noqa: SLF001 - the bound is the point
 
 
+@given(ops=st.lists(st.tuples(st.sampled_from(["set", "forget", "due"]), st.sampled_from("abcde"), st.floats(0, 100)), max_size=40))
+def test_the_next_deadline_is_the_earliest_one_held(ops: list[tuple[str, str, float]]) -> None:
+    hb = Heartbeats(Clock())
+    for op, node_id, at in ops:
+        if op == "set":
+            hb.set(node_id, at)
+        elif op == "forget":
+            hb.forget(node_id)
+        else:
+            hb.due(at)
+        held = [d for d in (hb.deadline(n) for n in "abcde") if d is not None]
+        assert hb.next_deadline() == (min(held) if held else None)
+
+
 # -- the monitor ----------------------------------------------------------------------------
 class Raft:
     """Records proposals; raises what it is told to."""
@@ -197,6 +211,19 @@ def _monitor(
     mon = HeartbeatMonitor(State(), raft, hb, nodes, config=cfg, is_leader=lambda: leader["yes"],
                            max_entry_bytes=48 * 1024, log=log, clock=clock)
     return mon, hb, clock, raft, log, leader
+
+
+def test_a_pass_comes_at_the_next_deadline_but_never_within_the_gap_of_the_last() -> None:
+    mon, hb, clock, _, _, _ = _monitor(a=NODE_READY, b=NODE_READY)
+    last = clock.now
+    assert mon.next_pass(last) == last + mon.interval  # no deadline held
+    hb.set("a", last + 0.6)
+    assert mon.next_pass(last) == last + 0.6  # a deadline before the interval's end: then
+    hb.set("b", last + 0.1)
+    assert mon.next_pass(last) == last + MIN_PASS_GAP  # not sooner than the gap
+    hb.forget("b")
+    hb.set("a", last + 5)
+    assert mon.next_pass(last) == last + mon.interval  # a later deadline: the interval still bounds it
 
 
 def test_a_new_leader_waits_the_failover_ttl_before_marking_any_node_down() -> None:
