@@ -31,16 +31,11 @@ from node.leader.nodeevals import NODES_PER_BATCH
 from node.leader.shims import NodeView
 from node.wire.errors import NOT_LEADER, TIMEOUT, RPCError
 from tests.conditions import wait_until_async
+from tests.node.monitor_fakes import Clock, Log, Raft, State
 
 CFG = SchedulerConfig(min_heartbeat_ttl=10.0, max_heartbeats_per_second=50.0, heartbeat_grace=10.0, failover_heartbeat_ttl=300.0)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the TTL formula ---------------------------------------------------------------------------
@@ -151,54 +146,6 @@ def test_the_next_deadline_is_the_earliest_one_held(ops: list[tuple[str, str, fl
 
 
 # -- the monitor ----------------------------------------------------------------------------
-class Raft:
-    """Records proposals; raises what it is told to."""
-
-    def __init__(self) -> None:
-        self.proposed: list[Any] = []
-        self.fail: RPCError | None = None
-
-    async def propose(self, body: Any, rid: str | None = None, **_lane: Any) -> dict[str, Any]:
-        if self.fail is not None:
-            raise self.fail
-        self.proposed.append(body)
-        return {"index": len(self.proposed), "value": None}
-
-
-class NoAllocs:
-    """A state with the nodes only: no allocs, so no jobs to evaluate."""
-
-    applied_index = 0
-
-    def alloc_statuses_by_node(self, node_id: str, terminal: bool = True) -> list[Any]:
-        return []
-
-    def job(self, job_id: str) -> None:
-        return None
-
-
-class State:
-    async def local(self, fn: Any) -> Any:
-        return fn(NoAllocs())
-
-    def state_now(self) -> int:
-        return 0
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def bind(self, **kw: Any) -> Log:
-        return self
-
-    def info(self, event: str, **kw: Any) -> None:
-        self.lines.append(("info", event))
-
-    def warning(self, event: str, **kw: Any) -> None:
-        self.lines.append(("warning", event))
-
-
 def _monitor(
     cfg: SchedulerConfig = CFG, clock: Callable[[], float] | None = None, **views: str
 ) -> tuple[HeartbeatMonitor, Heartbeats, Any, Raft, Log, dict[str, Any]]:

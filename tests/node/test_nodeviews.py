@@ -28,6 +28,7 @@ from node.leader.heartbeat import FULL_SWEEP_INTERVAL, HeartbeatMonitor
 from node.leader.nodeviews import NodeViews
 from node.leader.shims import NodeView
 from node.wire.errors import TIMEOUT, RPCError
+from tests.node.monitor_fakes import Clock, Log, Raft, State
 
 # A short failover hold, so deadlines come due within a few ticks.
 CFG = SchedulerConfig(min_heartbeat_ttl=10.0, max_heartbeats_per_second=50.0, heartbeat_grace=10.0, failover_heartbeat_ttl=5.0)
@@ -36,57 +37,6 @@ STEEP = replace(CFG, max_heartbeats_per_second=0.5)
 
 IDS = [f"n{i}" for i in range(8)]
 STATUSES = [NODE_READY, NODE_DOWN, "initializing"]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Raft:
-    """Commits every proposal, or raises ``fail``; the views change only when the test writes them."""
-
-    def __init__(self) -> None:
-        self.fail: RPCError | None = None
-        self.proposed = 0
-
-    async def propose(self, body: Any, rid: str | None = None, **_lane: Any) -> dict[str, Any]:
-        if self.fail is not None:
-            raise self.fail
-        self.proposed += 1
-        return {"index": self.proposed, "value": None}
-
-
-class NoAllocs:
-    applied_index = 0
-
-    def alloc_statuses_by_node(self, node_id: str, terminal: bool = True) -> list[Any]:
-        return []
-
-    def job(self, job_id: str) -> None:
-        return None
-
-
-class State:
-    async def local(self, fn: Any) -> Any:
-        return fn(NoAllocs())
-
-    def state_now(self) -> int:
-        return 0
-
-
-class Log:
-    def bind(self, **kw: Any) -> Log:
-        return self
-
-    def info(self, event: str, **kw: Any) -> None:
-        pass
-
-    def warning(self, event: str, **kw: Any) -> None:
-        pass
 
 
 def _monitor(cfg: SchedulerConfig, views: dict[str, NodeView]) -> tuple[HeartbeatMonitor, Heartbeats, Clock, Raft]:
