@@ -296,28 +296,44 @@ class HeartbeatMonitor:
                     self._stop()
                     return
                 todo = [n for n in node_ids if self.heartbeats.deadline(n) is None]
-                given: set[str] = set()  # jobs this pass's entries gave an eval (see down_batches)
-                # A share at a time: each read of the nodes' allocs is short, and
-                # the loop and raft thread get turns between them.
-                for start in range(0, len(todo), NODES_PER_BATCH):
-                    if not await self._mark_share(todo[start : start + NODES_PER_BATCH], todo[start:], given):
-                        return
+                await self._mark_shares(todo)
         finally:
             self.marking.difference_update(node_ids)
             self._recheck.update(node_ids)  # settled next pass: any left live without a deadline gets one
             if not self.marking:
                 self.deliveries.release(HOLDER)
 
-    async def _mark_share(self, share: list[str], rest: list[str], given: set[str]) -> bool:
-        """Mark ``share`` down; False when the rest must wait (leadership lost, or a retry planned).
+    async def _mark_shares(self, todo: list[str]) -> None:
+        """Mark ``todo`` down a share at a time, reading the next share while the last one commits.
+
+        A share at a time: each read of the nodes' allocs is short, and the
+        loop and raft thread get turns between them. One after another, a
+        new leader's 1,000 silent nodes at 1M objects took four reads and
+        four commits in a row, a second past their failover deadline (issue
+        #34's storm with a leader kill); reading share k+1 while share k
+        commits overlaps the two. Shares still commit in order, and none
+        after one that failed (``_commit_share`` has planned the retry).
+        """
+        given: set[str] = set()  # jobs this pass's entries gave an eval (see down_batches)
+        committing: asyncio.Future[bool] | None = None
+        try:
+            for start in range(0, len(todo), NODES_PER_BATCH):
+                read = await self._read_share(todo[start : start + NODES_PER_BATCH], given)
+                if committing is not None and not await committing:
+                    return
+                committing = asyncio.ensure_future(self._commit_share(*read, todo[start:]))
+            if committing is not None:
+                await committing
+        finally:
+            if committing is not None and not committing.done():
+                committing.cancel()
+
+    async def _read_share(self, share: list[str], given: set[str]) -> tuple[int, list[m.NodeBatchUpdateStatus], bool]:
+        """The mark-down entries of ``share``: (index read at, entries, whether they share ``given``).
 
         While the broker's deliveries are held, a job already given an eval by
         an earlier entry of the pass gets none again (no eval reaches the
-        scheduler before the pass's entries have all committed). Each entry's
-        claim to carry every eval its nodes need (``covered``) is settled once
-        the whole share is answered: kept only if every entry committed and
-        the hold never lapsed, else dropped, so the lifecycle's tail reads
-        those nodes again and gives any job left without one an eval.
+        scheduler before the pass's entries have all committed).
         """
         budget = mark_down_budget(self.max_entry_bytes)
         shared = given if self.deliveries.holding(HOLDER) else None
@@ -326,9 +342,22 @@ class HeartbeatMonitor:
             return reader.applied_index, down_batches(reader, share, budget=budget, given=shared)
 
         read_at, batches = await self.state.local(build)
+        return read_at, batches, shared is not None
+
+    async def _commit_share(
+        self, read_at: int, batches: list[m.NodeBatchUpdateStatus], shared: bool, rest: list[str]
+    ) -> bool:
+        """Commit one share's entries; False when the rest must wait (leadership lost, or a retry planned).
+
+        Each entry's claim to carry every eval its nodes need (``covered``)
+        is settled once the whole share is answered: kept only if every
+        entry committed and the hold never lapsed, else dropped, so the
+        lifecycle's tail reads those nodes again and gives any job left
+        without one an eval.
+        """
         answers = await asyncio.gather(*(self._propose(msg, read_at) for msg in batches))
         failed = [(msg, a) for msg, a in zip(batches, answers, strict=True) if isinstance(a, RPCError)]
-        vouched = not failed and (shared is None or self.deliveries.holding(HOLDER))
+        vouched = not failed and (not shared or self.deliveries.holding(HOLDER))
         for msg, answer in zip(batches, answers, strict=True):
             if isinstance(answer, RPCError):
                 continue

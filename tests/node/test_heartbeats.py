@@ -446,3 +446,47 @@ def test_the_failover_hold_counts_from_the_election_not_from_a_slow_start() -> N
 
     asyncio.run(scenario())
     assert hb.deadline("a") == pytest.approx(1000 + 300 + 10)
+
+
+def test_a_pass_reads_its_next_share_while_the_last_one_commits_and_commits_them_in_order() -> None:
+    """A new leader's mass expiry: four shares' reads and commits overlap, not run one after another."""
+    events: list[str] = []
+    gates: list[asyncio.Event] = []
+
+    class HeldRaft(Raft):
+        async def propose(self, body: Any, rid: str | None = None, **_lane: Any) -> dict[str, Any]:
+            share = len(gates)
+            events.append(f"propose {share}")
+            gates.append(asyncio.Event())
+            await gates[share].wait()
+            events.append(f"commit {share}")
+            return await super().propose(body, rid)
+
+    class CountedState(State):
+        async def local(self, fn: Any) -> Any:
+            events.append("read")
+            return await super().local(fn)
+
+    views = {f"n{i:04d}": NODE_READY for i in range(3 * NODES_PER_BATCH)}
+    mon, _, _, raft, _, _ = _monitor(**views)
+    mon.raft = HeldRaft()
+    mon.state = CountedState()
+    todo = sorted(views)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mon._mark_shares(todo))  # noqa: SLF001 - the overlap is the point
+        for share in range(3):
+            await wait_until_async(lambda s=share: len(gates) > s, 5, f"share {share} proposed")
+            if share < 2:  # the next share is read while this one is still uncommitted
+                await wait_until_async(lambda s=share: events.count("read") > s + 1, 5, f"share {share + 1} read")
+            assert len(gates) == share + 1  # but not proposed before this one committed
+            gates[share].set()
+        await task
+
+    asyncio.run(scenario())
+    reads = [i for i, e in enumerate(events) if e == "read"]
+    for share in range(3):
+        if share:
+            assert events.index(f"commit {share - 1}") < events.index(f"propose {share}")  # in order
+            assert reads[share] < events.index(f"commit {share - 1}")  # read while the last one committed
+    assert sum(len(body.node_ids) for body in mon.raft.proposed) == len(todo)
