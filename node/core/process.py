@@ -29,25 +29,6 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
 
 
-def freeze_term_heap() -> int:
-    """Leave what a new leader term built (its placement index) out of every later full pass.
-
-    At 1M allocs the index holds a claim per alloc: with it, each full pass
-    walked over a million live objects with nothing to collect, 0.3-0.8 s
-    with every thread stopped, raft's tick thread included, and the
-    writes that arrived meanwhile waited that long (issue #34). Whatever
-    became garbage in a cycle before the freeze stays until ``thaw_term_heap``
-    at the term's end. Returns the objects now frozen.
-    """
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def thaw_term_heap() -> None:
-    """The term ended (its index emptied): its frozen objects may be collected again."""
-    gc.unfreeze()
-
-
 class GCPauses:
     """Times the collector's full passes and logs the long ones (``gc.callbacks``)."""
 

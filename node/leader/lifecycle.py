@@ -66,7 +66,6 @@ from fsm.topics import (
     TOPIC_QUEUE,
     TOPIC_WORKLOAD,
 )
-from node.core.process import thaw_term_heap
 from node.core.wakeup import wait_event
 from node.leader.admission import Admitter
 from node.leader.broker import BlockedEvals, EvalBroker
@@ -267,7 +266,6 @@ class Lifecycle:
             self.broker.disable()
             # What the term built goes now, not with the collector's next full pass (see PlacementIndex.close).
             self.placement.close()
-            thaw_term_heap()  # frozen once the index was built (node.leader.placement)
             if _CURRENT.get(self.server) is self:
                 del _CURRENT[self.server]
 

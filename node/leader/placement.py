@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from node.core.process import freeze_term_heap
 from node.leader.broker import EvalBroker
 from node.leader.shims import StateReads
 from scheduler.index import PlacementIndex
@@ -32,16 +31,10 @@ def idle(broker: EvalBroker) -> bool:
 async def keep_fresh(
     state: StateReads, index: PlacementIndex, broker: EvalBroker, log: Any, *, interval: float = IDLE_INTERVAL, budget: float = IDLE_BUDGET
 ) -> None:
-    """Leader task: build the index at once, then bring its rankings forward whenever the broker idles.
-
-    Once built, the process's heap is frozen (``freeze_term_heap``): the
-    index lives as long as the term, and the lifecycle thaws it when the
-    term ends.
-    """
+    """Leader task: build the index at once, then bring its rankings forward whenever the broker idles."""
     log = log.bind(component="placement")
     if await _refresh(state, index, budget, log) and index.index is not None:
-        frozen = freeze_term_heap()
-        log.info("placement index built", nodes=len(index.nodes), index=index.index, frozen_objects=frozen)
+        log.info("placement index built", nodes=len(index.nodes), index=index.index)
     while True:
         await asyncio.sleep(interval)
         if idle(broker):

@@ -83,24 +83,3 @@ def test_a_term_that_ends_empties_its_placement_index_for_good(h: Harness) -> No
     with h.reader() as r:
         assert lc.placement.catch_up(r) is False
     assert lc.placement.nodes == {} and lc.placement.stats.rebuilds == 1
-
-
-def test_a_term_freezes_the_heap_once_its_index_is_built_and_thaws_it_when_it_ends(h: Harness) -> None:
-    """The collector's full passes skip the term's index while it lives, and may collect it once the term is over."""
-    gc.unfreeze()
-    server = FakeServer(h)
-    lc = Lifecycle(server)  # type: ignore[arg-type]
-    frozen: list[int] = []
-
-    async def term() -> None:
-        task = asyncio.create_task(lc.run())
-        await wait_until_async(lambda: gc.get_freeze_count() > 0, 10, "the heap frozen once the index was built")
-        assert len(lc.placement.nodes) == 5
-        frozen.append(gc.get_freeze_count())
-        in_collector = {id(o) for o in gc.get_objects()}
-        assert id(lc.placement.nodes) not in in_collector  # left out of every pass
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(term())
-    assert frozen and gc.get_freeze_count() == 0
