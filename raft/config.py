@@ -72,8 +72,11 @@ _LOW_LATENCY = RaftProfile(
     append_entries_use_batch=False,
     append_entries_period=0.05,
     auto_tick_period=0.02,
-    raft_min_timeout=0.5,
-    raft_max_timeout=1.2,
+    # etcd's and Nomad's 1 s: at 1M objects one full pass of the cyclic collector stops every
+    # thread, the tick thread included, for 0.3-0.8 s, and a 0.5 s minimum let such a pause
+    # cost a busy leader its leadership (bench-failover, issue #34).
+    raft_min_timeout=1.0,
+    raft_max_timeout=1.5,
     leader_fallback_timeout=2.5,
     connection_timeout=3.0,
     connection_retry_time=0.25,
