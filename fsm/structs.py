@@ -54,8 +54,17 @@ NODE_ELIGIBLE, NODE_INELIGIBLE = "eligible", "ineligible"
 TOKEN_MANAGEMENT, TOKEN_CLIENT = "management", "client"
 
 
-class Resources(Record):
+class Resources(Record, gc=False):
     """CPU (MHz), memory and disk (MB) and device counts: what an alloc claims, a node has, or a node has in use.
+
+    Left out of the cyclic collector (``gc=False``): it holds only numbers
+    and a map of names to counts, so it can never be part of a cycle, and
+    the leader's placement index keeps one per live alloc. Tracked, the
+    index's claims at 1M allocs were two million objects that every full
+    pass of the collector walked: 0.4 s on a quiet machine, 0.6-1.1 s
+    under a node-loss storm, with every thread stopped, raft's tick
+    thread included, which cost leaders their leadership (issue #34). A
+    claim's ``(node, Resources)`` tuple then leaves the collector too.
 
     The one place their arithmetic lives (the scheduler's placements, the
     usage cache, the plan applier's check): a new dimension is then one edit
