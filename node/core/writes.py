@@ -111,8 +111,8 @@ class _Lane:
         if self.bounded:
             if not self.in_flight:
                 return True
-            held = sum(self.in_flight.values())
-            return len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT and held + min(self.queued_cost, limit) <= limit
+            entries, held = self.held()
+            return entries < MAX_WRITE_ENTRIES_IN_FLIGHT and held + min(self.queued_cost, limit) <= limit
         return len(self.in_flight) < MAX_WRITE_ENTRIES_IN_FLIGHT or self.queued_cost >= limit
 
     def held(self) -> tuple[int, int]:

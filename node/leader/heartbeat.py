@@ -62,11 +62,11 @@ RETRY_FIRST = 0.5  # seconds before a failed mark-down is retried, doubling per 
 RETRY_MAX = 30.0
 RETRY_LOG_EVERY = 30.0  # seconds between log lines about mark-downs that keep failing
 LOGGED_IDS = 10  # node ids named in a batch's log line
-HOLDER = "node-down"
+HOLDER = "node-down"  # this monitor's name for its hold on the broker's deliveries
 # Passes come at least this far apart, and sooner than ``interval`` only when a deadline falls due:
 # a node is marked down within this of its deadline, and a fleet whose deadlines are spread over
 # seconds is still marked in a few passes (one eval per job per pass), not one per node.
-MIN_PASS_GAP = 0.25  # this monitor's name for its hold on the broker's deliveries
+MIN_PASS_GAP = 0.25
 
 
 class _NoHold:
