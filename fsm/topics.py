@@ -41,14 +41,16 @@ RECORD_OF_TOPIC: dict[str, type] = {
 COMPACT_TOPICS = frozenset(t for t, cls in RECORD_OF_TOPIC.items() if cls.__struct_config__.omit_defaults)
 
 
+def full_record(rec: list[Any]) -> list[Any]:
+    """One journal record as subscribers get it: a job or eval (``COMPACT_TOPICS``) with every field."""
+    if rec[3] is None or rec[0] not in COMPACT_TOPICS:
+        return rec
+    return [rec[0], rec[1], rec[2], codec.full_map(RECORD_OF_TOPIC[rec[0]], rec[3])]
+
+
 def full_records(records: list[Any]) -> list[Any]:
     """A journal batch's records as subscribers get them: every field of each job and eval (``COMPACT_TOPICS``)."""
-    return [
-        rec
-        if rec[3] is None or rec[0] not in COMPACT_TOPICS
-        else [rec[0], rec[1], rec[2], codec.full_map(RECORD_OF_TOPIC[rec[0]], rec[3])]
-        for rec in records
-    ]
+    return [full_record(rec) for rec in records]
 
 
 def public_token(token: ACLToken) -> dict[str, Any]:

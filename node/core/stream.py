@@ -28,7 +28,7 @@ from fsm.topics import (
     TOPIC_QUEUE,
     TOPIC_TOKEN,
     TOPIC_WORKLOAD,
-    full_records,
+    full_record,
 )
 from node.wire.errors import BAD_REQUEST, RPCError
 from node.wire.framing import SharedItem
@@ -137,24 +137,58 @@ class Batch:
     subscribers follow the same topics (each simulated client follows
     Allocation and ClientGC), and encoding a batch's records for each of
     them was most of the fan-out's cost.
+
+    Filters pick records by topic and key, so they work on the records as
+    stored (``packed``), and only the records some ``records`` subscriber
+    gets have their job or eval filled in to every field (``full_record``),
+    each once: that filling was half of a busy leader's fan-out when every
+    record of every batch went through it, most of them for no subscriber
+    (a simulated client follows allocations only). ``msgpack`` items carry
+    the records as stored, as the journal's own bytes do.
     """
 
-    __slots__ = ("index", "raw", "_records", "_raw_item", "_records_item", "_scanned", "_lookup")
+    __slots__ = ("index", "raw", "_packed", "_full", "_records", "_raw_item", "_records_item", "_scanned", "_lookup")
 
     def __init__(self, index: int, raw: bytes, records: list[Any] | None = None) -> None:
         self.index = index
         self.raw = raw
+        # ``records``: already as subscribers get them (tests, and a caller that has them).
+        self._packed = records
         self._records = records
+        self._full: list[Any] | None = None  # per position, the filled-in record once made
         self._raw_item: Item | None = None
         self._records_item: Item | None = None
         self._scanned = False  # a filter has scanned the records (the next one indexes them)
         self._lookup: RecordLookup | None = None
 
     @property
+    def packed(self) -> list[Any]:
+        """The records as the journal stores them (jobs and evals without their default fields)."""
+        if self._packed is None:
+            self._packed = codec.unpack(self.raw)
+        return self._packed
+
+    @property
     def records(self) -> list[Any]:
+        """Every record as subscribers get them: jobs and evals with every field."""
         if self._records is None:
-            self._records = full_records(codec.unpack(self.raw))  # jobs and evals with every field
+            self._records = self._fill(range(len(self.packed)))
         return self._records
+
+    def _fill(self, positions: range | list[int]) -> list[Any]:
+        packed = self.packed
+        if self._records is not None:
+            return [self._records[i] for i in positions]
+        full = self._full
+        if full is None:
+            full = self._full = [None] * len(packed)
+        out = []
+        for i in positions:
+            record = full[i]
+            if record is None:
+                record = full[i] = full_record(packed[i])
+            out.append(record)
+        return out
 
     def raw_item(self) -> Item:
         if self._raw_item is None:
@@ -167,29 +201,32 @@ class Batch:
         return self._records_item
 
     def decode(self) -> Batch:
-        _ = self.records
+        _ = self.packed
         return self
 
-    def select(self, flt: Filter) -> list[Any]:
-        """The records ``flt`` matches, in apply order (the batch's own list when that is all of them).
+    def positions(self, flt: Filter) -> list[int] | None:
+        """The positions of the records ``flt`` matches, in apply order (None: all of them, and some).
 
         The first filter scans the records; from the second on they are
         indexed once (``RecordLookup``) and each filter looks its records up:
         a lone subscriber pays no index, many distinct filters one each.
         """
-        records = self.records
+        packed = self.packed
         if flt.everything:
-            return records
+            return None
         if self._lookup is None:
             if not self._scanned:
                 self._scanned = True
-                selected = scan(records, flt)
-                return records if len(selected) == len(records) else selected
-            self._lookup = RecordLookup(records)
-        positions = self._lookup.positions(flt)
-        if len(positions) == len(records):
-            return records
-        return [records[i] for i in positions]
+                found = scan(packed, flt)
+                return None if found and len(found) == len(packed) else found
+            self._lookup = RecordLookup(packed)
+        found = self._lookup.positions(flt)
+        return None if found and len(found) == len(packed) else found
+
+    def select(self, flt: Filter) -> list[Any]:
+        """The records ``flt`` matches, in apply order, as subscribers get them."""
+        positions = self.positions(flt)
+        return self.records if positions is None else self._fill(positions)
 
     def item(self, flt: Filter, raw: bool) -> Item | None:
         """The item of this batch for a subscriber with ``flt`` (None if it matches nothing).
@@ -197,24 +234,23 @@ class Batch:
         Made once per distinct filter and encoding in a fan-out round
         (``Fanout``), so a ``SharedItem``: its encoding too is made once.
         """
-        if flt.everything:
+        positions = self.positions(flt)
+        if positions is None:  # all of it: the unfiltered item, whose encoding unfiltered subscribers share
             return self.raw_item() if raw else self.records_item()
-        selected = self.select(flt)
-        if not selected:
+        if not positions:
             return None
         if raw:
-            return SharedItem(index=self.index, raw=codec.pack(selected))
-        if selected is self.records:  # all of it: the unfiltered item, whose encoding unfiltered subscribers share
-            return self.records_item()
-        return SharedItem(index=self.index, events=selected)
+            packed = self.packed
+            return SharedItem(index=self.index, raw=codec.pack([packed[i] for i in positions]))
+        return SharedItem(index=self.index, events=self._fill(positions))
 
 
-def scan(records: list[Any], flt: Filter) -> list[Any]:
-    """The records ``flt`` matches, in apply order, by looking at each."""
+def scan(records: list[Any], flt: Filter) -> list[int]:
+    """The positions of the records ``flt`` matches, in apply order, by looking at each."""
     topics, keys = flt.topics, flt.keys
     if not keys:
-        return [r for r in records if r[0] in topics]
-    return [r for r in records if r[0] in topics or (r[0], r[2]) in keys]
+        return [i for i, r in enumerate(records) if r[0] in topics]
+    return [i for i, r in enumerate(records) if r[0] in topics or (r[0], r[2]) in keys]
 
 
 class RecordLookup:

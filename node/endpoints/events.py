@@ -37,7 +37,10 @@ Arguments:
     ``msgpack`` sends each batch's records as one msgpack byte string
     (``raw``) instead of decoded lists. For an unfiltered subscription these
     are the journal's own bytes, passed through without decoding: the cheap
-    way for a cache or an exporter to catch up on millions of records.
+    way for a cache or an exporter to catch up on millions of records. The
+    records are as the journal stores them (jobs and evals without their
+    fields at the default), filtered or not; ``node.wire.events.decode_batch``
+    fills them in.
 
 Items:
 

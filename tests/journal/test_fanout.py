@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm import codec
+from fsm.topics import full_records
 from node.core.hub import Hub
 from node.core.stream import (
     TOPICS,
@@ -28,10 +29,11 @@ from node.core.stream import (
     Filter,
     Item,
     Subscription,
+    read_chunk,
     shared_runs,
 )
 from node.wire.framing import SharedItem, encode_item
-from tests.journal.support import Harness
+from tests.journal.support import Harness, job, node, place
 
 KEYS = ("a", "b", "c", "")
 TOPIC_POOL = (*TOPICS[:4], TOPICS[-1], "Elsewhere")  # a few real topics, and one no filter names whole
@@ -179,3 +181,48 @@ def test_a_batch_picks_each_filters_records_as_a_scan_would(records: list[Any], 
         item, expected = batch.item(flt, raw), reference_item(batch, flt, raw)
         assert item == expected
         assert item is None or encode_item(item) == encode_item(expected)
+
+
+# -- stored records, filled in only for the subscribers that get them ---------------------
+def test_only_the_jobs_and_evals_a_records_subscriber_gets_are_filled_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's batch (a Job and an Evaluation, both stored without their default
+    fields) and a plan's (an Allocation): an allocation subscriber costs no
+    filling-in at all, a job subscriber fills in the job alone, once, however
+    many items take it; every ``records`` item equals filling in the whole
+    batch, and ``msgpack`` items carry the records as stored."""
+    h = Harness()
+    try:
+        h.apply(node("n1"))
+        h.apply(job("web"))
+        h.apply(place("a1", "web", "n1"))
+        with h.fsm.read() as reader:
+            raws = {b.index: b.raw for b in read_chunk(reader, 0, decode=False).batches}
+    finally:
+        h.close()
+    stored = {i: codec.unpack(raw) for i, raw in raws.items()}
+    job_index = next(i for i, recs in stored.items() if any(r[0] == "Job" for r in recs))
+    plan_index = next(i for i, recs in stored.items() if any(r[0] == "Allocation" for r in recs))
+    whole = full_records(stored[job_index])
+    fills: list[str] = []
+    real = codec.full_map
+    monkeypatch.setattr(codec, "full_map", lambda cls, data: fills.append(cls.__name__) or real(cls, data))
+
+    allocs, jobs = Filter(frozenset({"Allocation"})), Filter(frozenset({"Job"}))
+    for index in (job_index, plan_index):
+        batch = Batch(index, raws[index])
+        got = batch.item(allocs, raw=False)
+        want = [r for r in stored[index] if r[0] == "Allocation"]
+        assert (got is None and not want) or got["events"] == want
+    assert fills == []
+
+    batch = Batch(job_index, raws[job_index])
+    first, second = batch.item(jobs, raw=False), batch.item(jobs, raw=False)
+    assert first["events"] == second["events"] == [r for r in whole if r[0] == "Job"]
+    assert fills == ["Job"]
+    stored_job = next(r for r in stored[job_index] if r[0] == "Job")[3]
+    assert set(first["events"][0][3]) > set(stored_job)  # every field, where the journal left the defaults out
+    assert batch.item(Filter(frozenset(TOPICS)), raw=False)["events"] == whole
+    assert fills == ["Job", "Evaluation"]  # the job's filling is kept; the eval's is made once now
+
+    packed = batch.item(jobs, raw=True)
+    assert codec.unpack(packed["raw"]) == [r for r in stored[job_index] if r[0] == "Job"]
