@@ -129,11 +129,9 @@ class Cursor:
     def _apply_after(self, reader: StateReader, after: int) -> None:
         topics = self.topics
         stats = self.stats
-        for index, records in reader.journal_batches(after=after):
-            if topics is not None:
-                records = [r for r in records if r[0] in topics]
-                if not records:
-                    continue
+        for index, records in reader.journal_batches(after=after, topics=topics):
+            if topics is not None and not records:
+                continue
             self.follower.apply(index, records)
             stats.batches += 1
             stats.records += len(records)

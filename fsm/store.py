@@ -426,14 +426,16 @@ class StateReader:
         return None if raw is None else codec.unpack(raw)
 
     # -- journal ---------------------------------------------------------
-    def journal_batches(self, after: int = 0, limit: int | None = None) -> Iterator[tuple[int, list]]:
-        """Change-record batches with index > ``after``, oldest first."""
+    def journal_batches(
+        self, after: int = 0, limit: int | None = None, topics: frozenset[str] | None = None
+    ) -> Iterator[tuple[int, list]]:
+        """Change-record batches with index > ``after``, oldest first (only the records of ``topics``, if given)."""
         cursor = self.txn.cursor(db=self.dbs["journal"])
         if not cursor.set_range(u64(after + 1)):
             return
         n = 0
         for k, v in cursor:
-            yield from_u64(k), codec.unpack(v)
+            yield from_u64(k), (codec.unpack(v) if topics is None else codec.unpack_records(v, topics))
             n += 1
             if limit is not None and n >= limit:
                 return

@@ -139,12 +139,13 @@ class Batch:
     them was most of the fan-out's cost.
 
     Filters pick records by topic and key, so they work on the records as
-    stored (``packed``), and only the records some ``records`` subscriber
-    gets have their job or eval filled in to every field (``full_record``),
-    each once: that filling was half of a busy leader's fan-out when every
-    record of every batch went through it, most of them for no subscriber
-    (a simulated client follows allocations only). ``msgpack`` items carry
-    the records as stored, as the journal's own bytes do.
+    stored with their objects still packed (``packed``), and only the
+    records some ``records`` subscriber gets are decoded, with a job or eval
+    filled in to every field (``full_record``), each once: filling in every
+    record of every batch was half of a busy leader's fan-out, most of them
+    for no subscriber (a simulated client follows allocations only).
+    ``msgpack`` items carry the records as stored, their objects' own bytes,
+    as the journal's own bytes do.
     """
 
     __slots__ = ("index", "raw", "_packed", "_full", "_records", "_raw_item", "_records_item", "_scanned", "_lookup")
@@ -163,9 +164,9 @@ class Batch:
 
     @property
     def packed(self) -> list[Any]:
-        """The records as the journal stores them (jobs and evals without their default fields)."""
+        """The records as the journal stores them, each object still packed (``codec.unpack_shallow``)."""
         if self._packed is None:
-            self._packed = codec.unpack(self.raw)
+            self._packed = codec.unpack_shallow(self.raw)
         return self._packed
 
     @property
@@ -186,7 +187,8 @@ class Batch:
         for i in positions:
             record = full[i]
             if record is None:
-                record = full[i] = full_record(packed[i])
+                stored = packed[i]
+                record = full[i] = full_record([stored[0], stored[1], stored[2], codec.unpack_object(stored[3])])
             out.append(record)
         return out
 
