@@ -93,12 +93,16 @@ class Heartbeats:
 
     def due(self, now: float) -> list[str]:
         """Nodes whose deadline passed by ``now``; they lose their deadline (the caller re-arms a retry)."""
+        return [node_id for node_id, _deadline in self.due_by(now)]
+
+    def due_by(self, when: float) -> list[tuple[str, float]]:
+        """``(node, deadline)`` of the nodes due by ``when``, earliest first; they lose their deadline."""
         out = []
-        while self._heap and self._heap[0][0] <= now:
+        while self._heap and self._heap[0][0] <= when:
             deadline, node_id = heapq.heappop(self._heap)
             if self._deadlines.get(node_id) == deadline:
                 del self._deadlines[node_id]
-                out.append(node_id)
+                out.append((node_id, deadline))
         return out
 
     def next_deadline(self) -> float | None:

@@ -67,6 +67,12 @@ HOLDER = "node-down"  # this monitor's name for its hold on the broker's deliver
 # a node is marked down within this of its deadline, and a fleet whose deadlines are spread over
 # seconds is still marked in a few passes (one eval per job per pass), not one per node.
 MIN_PASS_GAP = 0.25
+# A pass also takes the nodes due within this of it (at most a tenth of the shortest TTL, so a node
+# that beats on time is never taken): it reads their mark-down entries at once and commits each
+# share as soon as its nodes' deadlines have passed. A share's read (its nodes' allocs and jobs)
+# takes a few tenths of a second at 1M objects, and it used to start at the deadline: the 1,000
+# silent nodes a new leader's failover hold lets go at one instant were all down 1.1 s after it.
+READ_AHEAD = 0.5
 
 
 class _NoHold:
@@ -128,14 +134,21 @@ class HeartbeatMonitor:
         # Nodes to settle on the next pass besides those whose view changed: those a pass found
         # due, and those a mark-down let go (see settle).
         self._recheck: set[str] = set()
+        # Nodes a pass took before their deadline (READ_AHEAD): when each may go down.
+        self._due_at: dict[str, float] = {}
 
     @property
     def interval(self) -> float:
         """Longest time between passes: a fraction of the shortest TTL (the full sweep and retries run on passes)."""
         return max(0.05, min(1.0, self.config.min_heartbeat_ttl / 4))
 
+    @property
+    def read_ahead(self) -> float:
+        """How far ahead of their deadlines a pass takes nodes (``READ_AHEAD``, a tenth of the shortest TTL at most)."""
+        return min(READ_AHEAD, self.config.min_heartbeat_ttl / 10)
+
     def next_pass(self, last: float) -> float:
-        """When the pass after one at ``last`` runs: at the next deadline, but not within ``MIN_PASS_GAP`` of ``last``.
+        """When the pass after one at ``last`` runs: ``read_ahead`` before the next deadline, but not within ``MIN_PASS_GAP`` of ``last``.
 
         Waking only every ``interval`` left a node due just after a pass
         alive for up to a second more: under a node-loss storm's load that
@@ -145,7 +158,7 @@ class HeartbeatMonitor:
         at = last + self.interval
         due = self.heartbeats.next_deadline()
         if due is not None:
-            at = min(at, max(due, last + min(MIN_PASS_GAP, self.interval)))
+            at = min(at, max(due - self.read_ahead, last + min(MIN_PASS_GAP, self.interval)))
         return at
 
     def start_term(self, now: float) -> int:
@@ -236,10 +249,11 @@ class HeartbeatMonitor:
             for node_id in give:
                 self.heartbeats.set(node_id, until)
 
-    def expired(self, now: float) -> list[str]:
-        """Live nodes past their deadline (they leave the table; a failed mark-down re-arms one).
+    def expired(self, now: float, ahead: float = 0.0) -> list[str]:
+        """Live nodes past their deadline, or due within ``ahead`` (they leave the table; a failed mark-down re-arms one).
 
-        The caller marks them down (``marking``); one it does not is given a
+        The caller marks them down (``marking``), each not before its deadline
+        (``_due_at`` keeps those still to come); one it does not is given a
         deadline again on the next pass, as is one that was being marked.
         """
         if now - self._swept_at >= self.full_sweep_every:
@@ -247,12 +261,14 @@ class HeartbeatMonitor:
         else:
             self.settle(now)
         out = []
-        for node_id in self.heartbeats.due(now):
+        for node_id, deadline in self.heartbeats.due_by(now + ahead):
             view = self.nodes.get(node_id)
             if view is not None and view.status != NODE_DOWN:
                 self._recheck.add(node_id)
                 if node_id not in self.marking:
                     out.append(node_id)
+                    if deadline > now:
+                        self._due_at[node_id] = deadline
         return out
 
     async def run(self) -> None:
@@ -266,7 +282,7 @@ class HeartbeatMonitor:
                     self._stop()
                     break
                 last = self.clock()
-                expired = self.expired(last)
+                expired = self.expired(last, self.read_ahead)
                 if expired:
                     self.deliveries.hold(HOLDER)
                     self.marking.update(expired)
@@ -299,6 +315,8 @@ class HeartbeatMonitor:
                 await self._mark_shares(todo)
         finally:
             self.marking.difference_update(node_ids)
+            for node_id in node_ids:
+                self._due_at.pop(node_id, None)
             self._recheck.update(node_ids)  # settled next pass: any left live without a deadline gets one
             if not self.marking:
                 self.deliveries.release(HOLDER)
@@ -318,15 +336,42 @@ class HeartbeatMonitor:
         committing: asyncio.Future[bool] | None = None
         try:
             for start in range(0, len(todo), NODES_PER_BATCH):
-                read = await self._read_share(todo[start : start + NODES_PER_BATCH], given)
+                share = todo[start : start + NODES_PER_BATCH]
+                before = set(given)
+                read = await self._read_share(share, given)
                 if committing is not None and not await committing:
                     return
+                read = await self._when_due(share, read, given, before)
+                if read is None:
+                    continue
                 committing = asyncio.ensure_future(self._commit_share(*read, todo[start:]))
             if committing is not None:
                 await committing
         finally:
             if committing is not None and not committing.done():
                 committing.cancel()
+
+    async def _when_due(
+        self, share: list[str], read: tuple[int, list[m.NodeBatchUpdateStatus], bool], given: set[str], before: set[str]
+    ) -> tuple[int, list[m.NodeBatchUpdateStatus], bool] | None:
+        """``read`` once every node of ``share`` is past its deadline; read again without any that beat meanwhile.
+
+        A node taken ahead of its deadline (``READ_AHEAD``) that heartbeats
+        before it has a deadline again: the share is read again without it,
+        with ``given`` as it was before this share (its jobs' evals may have
+        been in the entries now dropped). None: every node of the share beat.
+        """
+        wait = max((self._due_at.get(node_id, 0.0) for node_id in share), default=0.0) - self.clock()
+        if wait <= 0:
+            return read
+        await asyncio.sleep(wait)
+        beat = {node_id for node_id in share if self.heartbeats.deadline(node_id) is not None}
+        if not beat:
+            return read
+        given.clear()
+        given.update(before)
+        rest = [node_id for node_id in share if node_id not in beat]
+        return await self._read_share(rest, given) if rest else None
 
     async def _read_share(self, share: list[str], given: set[str]) -> tuple[int, list[m.NodeBatchUpdateStatus], bool]:
         """The mark-down entries of ``share``: (index read at, entries, whether they share ``given``).

@@ -26,7 +26,7 @@ from node.core.config import ConfigError, SchedulerConfig, ServerConfig
 from node.core.heartbeats import Heartbeats, base_ttl, granted_ttl
 from node.endpoints.nodes import MAX_HEARTBEAT_IDS
 from node.leader.broker import EvalBroker
-from node.leader.heartbeat import MIN_PASS_GAP, RETRY_LOG_EVERY, HeartbeatMonitor
+from node.leader.heartbeat import MIN_PASS_GAP, READ_AHEAD, RETRY_LOG_EVERY, HeartbeatMonitor
 from node.leader.nodeevals import NODES_PER_BATCH
 from node.leader.shims import NodeView
 from node.wire.errors import NOT_LEADER, TIMEOUT, RPCError
@@ -163,9 +163,10 @@ def _monitor(
 def test_a_pass_comes_at_the_next_deadline_but_never_within_the_gap_of_the_last() -> None:
     mon, hb, clock, _, _, _ = _monitor(a=NODE_READY, b=NODE_READY)
     last = clock.now
+    assert mon.read_ahead == READ_AHEAD  # a tenth of the 10 s TTL is more
     assert mon.next_pass(last) == last + mon.interval  # no deadline held
-    hb.set("a", last + 0.6)
-    assert mon.next_pass(last) == last + 0.6  # a deadline before the interval's end: then
+    hb.set("a", last + 0.9)
+    assert mon.next_pass(last) == pytest.approx(last + 0.9 - READ_AHEAD)  # a deadline before the interval's end: its read
     hb.set("b", last + 0.1)
     assert mon.next_pass(last) == last + MIN_PASS_GAP  # not sooner than the gap
     hb.forget("b")
@@ -490,3 +491,81 @@ def test_a_pass_reads_its_next_share_while_the_last_one_commits_and_commits_them
             assert events.index(f"commit {share - 1}") < events.index(f"propose {share}")  # in order
             assert reads[share] < events.index(f"commit {share - 1}")  # read while the last one committed
     assert sum(len(body.node_ids) for body in mon.raft.proposed) == len(todo)
+
+
+class _TimedState(State):
+    """Records when each share is read (real monotonic time)."""
+
+    def __init__(self) -> None:
+        self.reads: list[float] = []
+
+    async def local(self, fn: Any) -> Any:
+        self.reads.append(time.monotonic())
+        return await super().local(fn)
+
+
+class _TimedRaft(Raft):
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    async def propose(self, body: Any, rid: str | None = None, **lane: Any) -> dict[str, Any]:
+        self.at.append(time.monotonic())
+        return await super().propose(body, rid, **lane)
+
+
+def _read_ahead_monitor(**views: str) -> tuple[HeartbeatMonitor, Heartbeats, _TimedState, _TimedRaft]:
+    hb = Heartbeats(time.monotonic, random.Random(5))
+    state, raft = _TimedState(), _TimedRaft()
+    nodes = {n: NodeView(status, NODE_ELIGIBLE, False) for n, status in views.items()}
+    mon = HeartbeatMonitor(state, raft, hb, nodes, config=CFG, is_leader=lambda: True,
+                           max_entry_bytes=48 * 1024, log=Log())
+    return mon, hb, state, raft
+
+
+def test_nodes_due_together_are_read_ahead_and_go_down_at_their_deadline_not_a_read_later() -> None:
+    """A new leader's failover hold lets a whole silent fleet go at one instant: a pass takes those
+    nodes ``read_ahead`` early, reads their entries, and proposes the first one at the deadline."""
+    views = {f"n{i:04d}": NODE_READY for i in range(2 * NODES_PER_BATCH)}
+    mon, hb, state, raft = _read_ahead_monitor(**views)
+    deadline = time.monotonic() + READ_AHEAD * 0.8
+    for node_id in views:
+        hb.set(node_id, deadline)
+    taken = mon.expired(time.monotonic(), mon.read_ahead)
+    assert sorted(taken) == sorted(views)
+    mon.marking.update(taken)
+    asyncio.run(mon._mark_down(taken))  # noqa: SLF001 - the pass's mark-down, without the loop around it
+    assert state.reads[0] < deadline <= raft.at[0]  # read before the deadline, proposed once it passed
+    assert sorted(n for body in raft.proposed for n in body.node_ids) == sorted(views)
+
+
+def test_a_node_that_beats_before_its_deadline_is_read_out_of_its_share_and_left_up() -> None:
+    mon, hb, state, raft = _read_ahead_monitor(a=NODE_READY, b=NODE_READY, c=NODE_READY)
+    deadline = time.monotonic() + READ_AHEAD * 0.8
+    for node_id in "abc":
+        hb.set(node_id, deadline)
+    taken = mon.expired(time.monotonic(), mon.read_ahead)
+    mon.marking.update(taken)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mon._mark_down(taken))  # noqa: SLF001
+        await wait_until_async(lambda: state.reads, 5, "the share read")
+        hb.grant(["b"], CFG)  # b's client beats while its share waits for the deadline
+        await task
+
+    asyncio.run(scenario())
+    assert len(state.reads) == 2  # read again without b
+    assert [body.node_ids for body in raft.proposed] == [["a", "c"]]
+    assert hb.deadline("b") is not None and "b" not in mon.marking
+
+
+def test_a_pass_takes_a_node_only_within_a_tenth_of_the_shortest_ttl_of_its_deadline() -> None:
+    """So a client that beats on time (well inside its TTL) is never taken ahead of its deadline."""
+    short = replace(CFG, min_heartbeat_ttl=0.2, heartbeat_grace=0.0)
+    mon, hb, _, _, _, _ = _monitor(short, a=NODE_READY)
+    assert mon.read_ahead == pytest.approx(0.02)
+    hb.grant(["a"], short)
+    granted = hb.deadline("a")
+    assert granted is not None
+    assert mon.expired(granted - 0.03, mon.read_ahead) == []
+    assert mon.expired(granted - 0.01, mon.read_ahead) == ["a"]
