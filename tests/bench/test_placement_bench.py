@@ -73,6 +73,7 @@ def test_cluster_parts_print_their_tables_and_leave_nothing_behind(capsys: pytes
     assert code == 0, out
     assert any(line.split()[:1] == ["200"] for line in out.splitlines() if line.strip())
     assert "end to end: register -> all reported running" in out
+    assert "CPU ms/placement at 200 nodes, every process of the run: leader" in out
     assert "Nomad" in out and "Protean" in out
 
 

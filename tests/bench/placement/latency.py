@@ -50,6 +50,7 @@ says why not.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import time
@@ -117,6 +118,8 @@ class SizeResult:
     tp_bounded: bool = False
     tp_register_s: float = 0.0  # until the last register call of the throughput phase returned
     tp_leader_cpu: float = float("nan")  # the leader's CPU seconds over the throughput phase
+    # ... and everyone else's on this machine: both followers, the client sim, this process
+    tp_other_cpu: dict[str, float] = field(default_factory=dict)
     tp_stats: dict[str, Any] = field(default_factory=dict)
     topology: str = ""
     ready_end: int = 0
@@ -129,6 +132,14 @@ class SizeResult:
     @property
     def leader_ms_per_placement(self) -> float:
         return 1000 * self.tp_leader_cpu / self.tp_placements if self.tp_placements else float("nan")
+
+    def ms_per_placement(self, seconds: float) -> float:
+        return 1000 * seconds / self.tp_placements if self.tp_placements else float("nan")
+
+    @property
+    def machine_ms_per_placement(self) -> float:
+        """CPU per placement of every process of the run (servers, client sim, this benchmark)."""
+        return self.leader_ms_per_placement + sum(map(self.ms_per_placement, self.tp_other_cpu.values()))
 
     @property
     def mib_per_10k(self) -> float:
@@ -215,6 +226,9 @@ def run_size(nodes: int, a: Any) -> SizeResult:
                 res.tp_requests = len(tp_reqs)
                 deadline = time.monotonic() + a.phase_seconds
                 cpu0 = ck.cpu_seconds(pid)
+                others = {"followers": [n.pid for n in lc.cluster.nodes if n.pid != pid], "client sim": [sim.pid]}
+                others0 = {k: sum(map(ck.cpu_seconds, pids)) for k, pids in others.items()}
+                bench0 = time.process_time()
                 t0, evals = asyncio.run(register_all(lc.addresses, tp_reqs, a.window))
                 res.tp_register_s = time.perf_counter() - t0
                 for eval_id in evals:
@@ -222,6 +236,8 @@ def run_size(nodes: int, a: Any) -> SizeResult:
                         res.tp_bounded = True
                         break
                 res.tp_leader_cpu = ck.cpu_seconds(pid) - cpu0
+                res.tp_other_cpu = {k: sum(map(ck.cpu_seconds, pids)) - others0[k] for k, pids in others.items()}
+                res.tp_other_cpu["this benchmark"] = time.process_time() - bench0
                 res.tp_stats = client.call("scheduler.stats", {})
                 finished = [e for e in evals if e in watch.done]
                 res.tp_done = len(finished)
@@ -297,6 +313,13 @@ def report(results: list[SizeResult], a: Any) -> str:
                  "planning, plan checks and commits, client updates, event streams) per placement committed; one core "
                  "at this cost sustains 1000/it placements/s")
     done = [r for r in results if not r.error]
+    cores = os.cpu_count() or 1
+    for r in done:
+        parts = ", ".join(f"{k} {r.ms_per_placement(v):.2f}" for k, v in r.tp_other_cpu.items())
+        total = r.machine_ms_per_placement
+        lines.append(f"  CPU ms/placement at {r.nodes:,} nodes, every process of the run: leader "
+                     f"{r.leader_ms_per_placement:.2f}, {parts}; {total:.2f} in all, so {cores} cores run at most "
+                     f"{cores * 1000 / total:,.0f} placements/s here (all servers and the client share them)")
     if done:
         lines.append("  throughput phase, register calls / whole phase (s): "
                      + ", ".join(f"{r.nodes:,} nodes {r.tp_register_s:.1f} / {r.tp_seconds:.1f}" for r in done))
