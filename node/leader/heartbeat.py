@@ -417,7 +417,9 @@ class HeartbeatMonitor:
             self._stop()
         else:
             done = {n for msg, a in zip(batches, answers, strict=True) if not isinstance(a, RPCError) for n in msg.node_ids}
-            self._retry_later([n for n in rest if n not in done], failed[0][1])
+            # A node that beat meanwhile keeps the deadline its heartbeat gave it.
+            deadline = self.heartbeats.deadline
+            self._retry_later([n for n in rest if n not in done and deadline(n) is None], failed[0][1])
         return False
 
     async def _propose(self, msg: m.NodeBatchUpdateStatus, read_at: int) -> dict[str, Any] | RPCError:

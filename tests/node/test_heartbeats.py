@@ -569,3 +569,20 @@ def test_a_pass_takes_a_node_only_within_a_tenth_of_the_shortest_ttl_of_its_dead
     assert granted is not None
     assert mon.expired(granted - 0.03, mon.read_ahead) == []
     assert mon.expired(granted - 0.01, mon.read_ahead) == ["a"]
+
+
+def test_a_failed_mark_down_does_not_re_arm_a_node_that_beat_meanwhile() -> None:
+    """Its retry deadline would replace the one its heartbeat gave it, and could mark a live node down."""
+    mon, hb, _, raft, _, _ = _monitor(a=NODE_READY, b=NODE_READY)
+    raft.fail = RPCError(TIMEOUT, "the write did not commit in time")
+
+    class BeatingState(State):
+        async def local(self, fn: Any) -> Any:
+            hb.grant(["b"], CFG)  # b's client beats while the pass reads
+            return await super().local(fn)
+
+    mon.state = BeatingState()
+    asyncio.run(mon._mark_shares(["a", "b"]))  # noqa: SLF001 - one attempt
+    granted = hb.deadline("b")
+    assert granted == pytest.approx(mon.clock() + 10.0 + CFG.heartbeat_grace, abs=10.0)  # its own TTL, not a retry's
+    assert hb.deadline("a") is not None and hb.deadline("a") < granted  # a is retried soon
