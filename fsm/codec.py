@@ -93,17 +93,24 @@ def unpack_object(obj: Any) -> Any:
     return _DECODER.decode(obj) if type(obj) is msgspec.Raw else obj
 
 
+def unpack_record(record: Any) -> list[Any]:
+    """A record from ``unpack_shallow`` as ``unpack`` gives it: ``[topic, type, key, object]``, the object decoded.
+
+    A list is one ``unpack_shallow`` decoded whole already (its batch was not
+    all 4-item records) and is returned as it is.
+    """
+    if type(record) is list:
+        return record
+    return [record[0], record[1], record[2], unpack_object(record[3])]
+
+
 def unpack_records(data: bytes | memoryview, topics: frozenset[str]) -> list[list[Any]]:
     """The records ``[topic, type, key, object]`` of a packed journal batch whose topic is in ``topics``.
 
     The objects of the other records are never decoded (``unpack_shallow``).
     Equal to filtering ``unpack(data)``.
     """
-    return [
-        r if type(r) is list else [r[0], r[1], r[2], unpack_object(r[3])]  # a list: decoded already (not 4 items)
-        for r in unpack_shallow(data)
-        if r[0] in topics
-    ]
+    return [unpack_record(r) for r in unpack_shallow(data) if r[0] in topics]
 
 
 def _fail(message: str) -> _PathError:

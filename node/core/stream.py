@@ -187,8 +187,7 @@ class Batch:
         for i in positions:
             record = full[i]
             if record is None:
-                stored = packed[i]
-                record = full[i] = full_record([stored[0], stored[1], stored[2], codec.unpack_object(stored[3])])
+                record = full[i] = full_record(codec.unpack_record(packed[i]))
             out.append(record)
         return out
 
@@ -207,7 +206,7 @@ class Batch:
         return self
 
     def positions(self, flt: Filter) -> list[int] | None:
-        """The positions of the records ``flt`` matches, in apply order (None: all of them, and some).
+        """The positions of the records ``flt`` matches, in apply order (None: every record, and there is one).
 
         The first filter scans the records; from the second on they are
         indexed once (``RecordLookup``) and each filter looks its records up:

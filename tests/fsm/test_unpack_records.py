@@ -39,4 +39,4 @@ def test_a_shallow_batch_packs_back_to_its_own_bytes_and_decodes_to_the_full_one
     raw = codec.pack(batch)
     shallow = codec.unpack_shallow(raw)
     assert codec.pack(shallow) == raw
-    assert [[*r[:3], codec.unpack_object(r[3])] for r in shallow] == codec.unpack(raw)
+    assert [codec.unpack_record(r) for r in shallow] == codec.unpack(raw)
