@@ -131,9 +131,10 @@ class SizeResult:
 
     @property
     def leader_ms_per_placement(self) -> float:
-        return 1000 * self.tp_leader_cpu / self.tp_placements if self.tp_placements else float("nan")
+        return self.ms_per_placement(self.tp_leader_cpu)
 
     def ms_per_placement(self, seconds: float) -> float:
+        """``seconds`` of CPU over the throughput phase, in ms per placement committed in it."""
         return 1000 * seconds / self.tp_placements if self.tp_placements else float("nan")
 
     @property
