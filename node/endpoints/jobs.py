@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 # -- jobs ---------------------------------------------------------------------------
 @method("job.register")
 async def job_register(server: ServerAPI, ctx: RequestContext, args: dict[str, Any]) -> Any:
+    # A follower sends the request on as it came, as Nomad's endpoints forward first: the
+    # leader parses and validates it anyway. Parsing it here too was most of a follower's
+    # work on a registration (bench-placement at 30,000 nodes: 5.8% of its GIL samples,
+    # of 8.5% for the whole handler).
+    server.ensure_leader()
     try:
         job, warnings = parse_job(args.get("job"))
     except JobSpecError as exc:

@@ -50,10 +50,10 @@ import asyncio
 import heapq
 import itertools
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fsm.ids import new_request_id
 from fsm.structs import EVAL_BLOCKED, Evaluation
 from node.core.wakeup import wait_event
 
@@ -219,7 +219,7 @@ class EvalBroker:
             if self._where.get(eval_id) != "ready":
                 continue
             ev = self._evals[eval_id]
-            token = uuid.uuid4().hex
+            token = new_request_id()  # unique, not secret: no system call per dequeue, as uuid4's os.urandom
             self._where[eval_id] = "unacked"
             self._unacked[eval_id] = _Unacked(ev, token, self.clock() + self.nack_timeout)
             self._deliveries[eval_id] = self._deliveries.get(eval_id, 0) + 1
