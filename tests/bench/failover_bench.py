@@ -57,7 +57,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--expire", type=int, default=2000, help="nodes whose client process is killed at once")
     p.add_argument("--kills", type=int, default=3, help="leader kills for the median")
     p.add_argument("--write-rate", type=float, default=10.0, help="steady writes a second (the p99 probe)")
-    p.add_argument("--before", type=float, default=20.0, help="seconds of writes before each storm (the baseline)")
+    p.add_argument("--before", type=float, default=60.0,
+                   help="seconds of writes before each storm (the baseline: 600 calls at 10/s, so that its p99 is not its worst call)")
     p.add_argument("--min-ttl", type=float, default=10.0, help="[scheduler] min_heartbeat_ttl, seconds")
     p.add_argument("--grace", type=float, default=5.0, help="[scheduler] heartbeat_grace, seconds")
     p.add_argument("--failover-ttl", type=float, default=30.0, help="[scheduler] failover_heartbeat_ttl, seconds")

@@ -75,3 +75,33 @@ def test_table_prints_targets_and_anchors() -> None:
     out = render_all(results)
     assert "0.90 s" in out and "etcd 1.56-2.04 s" in out and "etcd 9.3 s at 1.2 GB" in out
     assert 'min_heartbeat_ttl = "10s"' in Heartbeat().toml()
+
+
+def _storm_result(before_p99: float, during_p99: float, quiet: bool) -> dict:
+    window = {"calls": 600, "failed": 0, "p50_ms": 5.0, "max_ms": 1.5 * max(before_p99, during_p99)}
+    return {
+        "leader_kill": None, "leader_changes": 0, "down": 10, "all_down_s": 16.0, "first_down_s": 12.0,
+        "bound_s": 17.0, "monitor_pass_s": 1.0, "live_marked_down": 0, "down_batches": 1, "eval_batches": 1,
+        "storm_entries": 1, "baseline_entries_per_s": 10.0, "entries_to_settled": 100, "entries_over_baseline": 5.0,
+        "evals": 3, "affected_jobs": 3, "followups": 0, "other_triggers": {}, "max_evals_per_job_per_batch": 1,
+        "affected_jobs_without_eval": 0, "evals_settled_s": 30.0, "elections": 0, "term_delta": 0,
+        "before": {**window, "p99_ms": before_p99}, "during": {**window, "p99_ms": during_p99}, "quiet": quiet,
+    }
+
+
+def test_a_busy_baseline_gives_way_to_the_first_storms_quiet_one() -> None:
+    # The storm+kill's own baseline ran while the broker was still busy (p99 500 ms): the
+    # ratio is taken against the first storm's quiet baseline (50 ms), and the table says so.
+    results = {"config": {"expire": 10}, "storm": _storm_result(50.0, 90.0, quiet=True),
+               "storm_kill": _storm_result(500.0, 200.0, quiet=False)}
+    out = render_all(results)
+    assert "storm: write p99 during / before (50 ms)" in out and "1.80x" in out
+    assert "storm+kill: write p99 during / the first storm's quiet baseline (the broker had not drained) (50 ms)" in out
+    assert "4.00x" in out and "0.40x" not in out
+
+
+def test_a_quiet_baseline_is_the_storms_own() -> None:
+    results = {"config": {"expire": 10}, "storm": _storm_result(50.0, 90.0, quiet=True),
+               "storm_kill": _storm_result(40.0, 60.0, quiet=True)}
+    out = render_all(results)
+    assert "storm+kill: write p99 during / before (40 ms)" in out and "1.50x" in out

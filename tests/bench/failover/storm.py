@@ -73,7 +73,7 @@ def storm(bench: Bench, fleet: Fleet, others: Fleet, watcher: Watcher, writer: W
     figures, rather than ending the run.
     """
     ids, live = _ids(fleet.first, fleet.count), _ids(others.first, others.count)
-    _quiet(bench)
+    quiet = _quiet(bench)
     # The first storm hurts the jobs the layout put on the lost nodes; after it (allocs
     # lost, replaced on revived nodes) only the servers know, so ask them, once quiet.
     affected = (layout.affected_jobs(range(fleet.first, fleet.first + fleet.count)) if first
@@ -118,19 +118,26 @@ def storm(bench: Bench, fleet: Fleet, others: Fleet, watcher: Watcher, writer: W
         "elections": sum(bench.candidates().values()) - sum(cand0.values()),
         "term_delta": term(bench) - term0,
         "before": writer.window(killed_at - before_s, killed_at),
+        "quiet": quiet,
         "during": writer.window(first_down - 0.5, max(last_down, settled_s or end) + 0.5),
         "affected_from": "layout" if first else "alloc.list",
         **storm_evals(watcher, since, affected, {n.index for n in down}),
     }
 
 
-def _quiet(bench: Bench) -> None:
-    """Wait for a whole cluster whose eval broker has drained: the baseline is not the tail of the last storm."""
+def _quiet(bench: Bench) -> bool:
+    """Wait for a whole cluster whose eval broker has drained: the baseline is not the tail of the last storm.
+
+    False when the broker was still busy after ``QUIET_S``: the baseline then
+    measures that work, and the report compares with a quiet one instead.
+    """
     settle(bench, SETTLE_S)
     try:
         wait_for("the eval broker to drain", lambda: broker_quiet(bench), QUIET_S, 0.5)
     except TimeoutError:
         print(f"  (the eval broker was still busy after {QUIET_S:g} s; the baseline includes that work)", flush=True)
+        return False
+    return True
 
 
 def _baseline(bench: Bench, fleet: Fleet, hb: Heartbeat, before_s: float) -> tuple[float, int]:
