@@ -14,8 +14,12 @@ settled cluster with the fleets and a steady writer running:
 3. mass expiry: the ``--expire`` fleet killed -9 at once; the time until
    all its nodes are down (against their last TTL plus grace), raft entries
    and evals written (against one eval per affected job per entry),
-   elections, and write p99 during the storm against before it;
-4. the same storm with the leader killed -9 once half the nodes are down.
+   elections, and write p99 during the storm against before it (``--before``
+   seconds of writes, 60 by default: 600 calls, so that the p99 is not the
+   worst call);
+4. the same storm with the leader killed -9 once half the nodes are down;
+   if the broker is still busy with the first storm's work when its
+   baseline starts, its p99 is compared with the first storm's quiet one.
 
 The fleets are ``tests.bench.failover.fleetproc`` processes driving
 ``client.fleet.Fleet`` for the state's own node ids (registration and
