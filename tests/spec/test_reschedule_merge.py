@@ -169,10 +169,14 @@ def test_a_job_level_block_of_the_wrong_type_is_named() -> None:
 
 # -- PUT /v1/jobs into the real job.register endpoint --------------------------------------------
 class _Server:
-    """What ``job.register`` reads of the server: ``write``, which keeps the entry it was given."""
+    """What ``job.register`` reads of the server: ``ensure_leader`` (this one leads) and ``write``,
+    which keeps the entry it was given."""
 
     def __init__(self) -> None:
         self.entries: list[Any] = []
+
+    def ensure_leader(self) -> None:
+        """The leader: nothing to forward."""
 
     async def write(self, ctx: Any, need: Any, entry: Any) -> dict[str, Any]:
         self.entries.append(entry)
