@@ -55,7 +55,7 @@ def storm_rows(label: str, s: dict[str, Any], lost: int, quiet_before: dict[str,
     had drained by then; if not (the storm+kill follows the first storm's
     rescheduling), against ``quiet_before``, an earlier storm's baseline on
     a quiet cluster, when there is one: a busy baseline made the ratio
-    swing between 0.39x and 3.13x from run to run.
+    swing between 0.31x and 3.13x from run to run.
     """
     kill = s.get("leader_kill")
     changes = s.get("leader_changes", 0)

@@ -135,7 +135,8 @@ def _quiet(bench: Bench) -> bool:
     try:
         wait_for("the eval broker to drain", lambda: broker_quiet(bench), QUIET_S, 0.5)
     except TimeoutError:
-        print(f"  (the eval broker was still busy after {QUIET_S:g} s; the baseline includes that work)", flush=True)
+        print(f"  (the eval broker was still busy after {QUIET_S:g} s; the baseline includes that work, so the"
+              " p99 ratio uses an earlier storm's quiet baseline if there is one)", flush=True)
         return False
     return True
 
