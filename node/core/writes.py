@@ -17,12 +17,24 @@ registrations run near raw pysyncobj's rate: the log carries fewer, larger
 entries, and the tick thread wakes the loop once per batch of commits.
 A client or status lane whose queue already fills an entry may send it
 beyond that count, so raft stays busy. The leader lane may not: its
-entries in flight hold at most one entry's size between them (one full
-entry, or two smaller ones). Every server applies the log in order, so a
-client's write waits for the apply of every entry proposed before it; in
+entries in flight hold at most one leader entry's size between them (one
+full entry, or two smaller ones). Every server applies the log in order, so
+a client's write waits for the apply of every entry proposed before it; in
 a node-loss storm the plan applier keeps dozens of full plan entries
 proposed, and with four of them in flight a client's write still waited
 100-240 ms for theirs (150 KB at about 1 ms per KB on a loaded leader).
+
+The leader's own bulk entries are also smaller than the raft limit:
+``LEADER_ENTRY_BYTES`` (``leader_entry_bytes``), which the plan applier,
+eval writer, admitter and GC cut their entries to. A write waits for the
+ticks that apply the entries ahead of it, so the biggest entry the leader
+itself proposes sets how long a user's write waits in a storm: with
+48 KiB plan entries the leader's tick thread spent about 12 ms applying
+each, and a client's write took about three such ticks (p50 39 ms, p99
+103 ms during the 2,000-node storm of ``bench-failover``). Cut to 16 KiB,
+the same storm gave p50 16-19 ms and p99 53-72 ms, and its rescheduling
+took 63-75 s instead of 55 s. Heartbeat mark-downs (the status lane) keep
+the full size: fewer entries bring every lost node down sooner.
 
 A write slower than ``SLOW_WRITE_S`` is logged (``write_slow``, at most
 once per ``SLOW_LOG_EVERY_S``, with how many were not), with where its time
@@ -63,6 +75,8 @@ WRITE_TIMEOUT = 10.0  # seconds a write may wait for its entry to commit before 
 # Leader-side coalescing: while this many raft entries of a lane's writes are in
 # flight, its new writes wait and go out together as one Batch entry (fsm/messages.py).
 MAX_WRITE_ENTRIES_IN_FLIGHT = 2
+# What the leader's own bulk entries are cut to (module doc; never above the raft limit).
+LEADER_ENTRY_BYTES = 16 * 1024
 SLOW_WRITE_S = 0.5
 SLOW_LOG_EVERY_S = 10.0
 CLIENT = "client"
@@ -85,6 +99,11 @@ def entry_size(body: Any) -> int:
     return encoded_entry_size(encode_entry(body, time=time.time_ns(), rid=uuid.uuid4().hex))
 
 
+def leader_entry_bytes(max_entry_bytes: int) -> int:
+    """The size the leader's own bulk entries are cut to, under raft's ``max_entry_bytes``."""
+    return min(max_entry_bytes, LEADER_ENTRY_BYTES)
+
+
 @dataclass
 class _Queued:
     """A write waiting for the next raft entry: its encoded entry, its stored size bound, its answer."""
@@ -100,6 +119,7 @@ class _Lane:
     """One lane's writes waiting for an entry, and its entries in flight."""
 
     name: str
+    entry_bytes: int  # the most one of its Batch entries may hold (the leader lane's are smaller)
     bounded: bool = False  # its entries in flight hold at most one entry's size between them
     queue: collections.deque[_Queued] = field(default_factory=collections.deque)
     queued_cost: int = 0
@@ -158,6 +178,12 @@ class SlowWrites:
         )
 
 
+def _lane_entry_bytes(lane: str, max_entry_bytes: int) -> int:
+    """Room for a lane's Batch entry's items: the entry's size less the Batch's own framing."""
+    size = leader_entry_bytes(max_entry_bytes) if lane == LEADER else max_entry_bytes
+    return size - BATCH_OVERHEAD
+
+
 class WriteQueue:
     """Coalesces encoded entries into raft submissions; one per server, used only while it leads."""
 
@@ -170,7 +196,7 @@ class WriteQueue:
         self.raft = raft
         self.settle = settle  # hands a tick-thread result to the loop (the server batches the wake-ups)
         self.rpc_of_raft = rpc_of_raft
-        self.lanes = {name: _Lane(name, bounded=name == LEADER) for name in LANES}
+        self.lanes = {name: _Lane(name, _lane_entry_bytes(name, raft.max_entry_bytes), name == LEADER) for name in LANES}
         self.slow = {name: SlowWrites() for name in LANES}  # each lane's line apart: plans are slow by design
 
     def in_flight(self, lane: str) -> int:
@@ -194,7 +220,7 @@ class WriteQueue:
         future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
         waiting.queue.append(_Queued(entry, cost, future, time.monotonic()))
         waiting.queued_cost += cost
-        if not waiting.flush_scheduled and waiting.may_send(self.raft.max_entry_bytes - BATCH_OVERHEAD):
+        if not waiting.flush_scheduled and waiting.may_send(waiting.entry_bytes):
             waiting.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush, waiting)
         # No wait_for/shield per write (two extra futures and a timer each):
@@ -206,7 +232,7 @@ class WriteQueue:
     def _flush(self, lane: _Lane) -> None:
         """Loop: submit what ``lane`` has queued, as one entry per size-limited run."""
         lane.flush_scheduled = False
-        limit = self.raft.max_entry_bytes - BATCH_OVERHEAD
+        limit = lane.entry_bytes
         while lane.queue and lane.may_send(limit):
             items = [lane.queue.popleft()]
             size = items[0].cost

@@ -15,9 +15,10 @@ A sweep plans a window of at most ``MARKS_PER_PLAN`` marks at a time and
 proposes that window's reaps before planning the next, so a large backlog
 never holds a core for one long plan and the first reaps commit early. An
 entry is bounded three ways, whichever is hit first: the configured id caps
-(Nomad's 7,281 ids per reap, 2,048 jobs per job reap), the raft entry limit
-(``server.raft.max_entry_bytes``, measured on the encoded, pickled entry as
-the raft adapter stores it), and ``OBJECTS_PER_ENTRY`` objects removed,
+(Nomad's 7,281 ids per reap, 2,048 jobs per job reap), the size the
+leader's own entries are cut to (``node.core.writes.leader_entry_bytes``,
+under the raft entry limit, measured on the encoded, pickled entry as the
+raft adapter stores it), and ``OBJECTS_PER_ENTRY`` objects removed,
 cascade included (the apply work every replica does for it in one go).
 After each reap commits, the collector pauses twice as long as that reap
 took (``PACE``), so it holds at most about a third of the log and client
@@ -48,7 +49,7 @@ from fsm.structs import SECOND
 from fsm.writer import GC_DEPLOYMENT, GC_EVAL, GC_JOB, GC_KINDS, GC_NODE, GC_TOKEN
 from node.core import metrics
 from node.core.config import GCConfig
-from node.core.writes import entry_size
+from node.core.writes import entry_size, leader_entry_bytes
 from node.wire.errors import INTERNAL, NO_LEADER, NOT_LEADER, UNKNOWN_OUTCOME, RPCError
 
 if TYPE_CHECKING:
@@ -296,7 +297,7 @@ class Collector:
 
     @property
     def limits(self) -> Limits:
-        return Limits.of(self.server.config.gc, self.server.raft.max_entry_bytes)
+        return Limits.of(self.server.config.gc, leader_entry_bytes(self.server.raft.max_entry_bytes))
 
     async def run(self, kinds: tuple[str, ...], th: Thresholds, *, forced: bool) -> Outcome:
         """Sweep ``kinds`` in order, each planned on state that includes the previous one's reaps."""

@@ -67,6 +67,7 @@ from fsm.topics import (
     TOPIC_WORKLOAD,
 )
 from node.core.wakeup import wait_event
+from node.core.writes import leader_entry_bytes
 from node.leader.admission import Admitter
 from node.leader.broker import BlockedEvals, EvalBroker
 from node.leader.deployments import DeploymentWatcher
@@ -185,14 +186,16 @@ class Lifecycle:
         )
         self.blocked = BlockedEvals()
         entry_bytes = server.raft.max_entry_bytes
-        self.applier = PlanApplier(server, server, max_entry_bytes=entry_bytes, log=server.log)
+        # The leader's own bulk entries are cut smaller, so users' writes wait less behind them (node/core/writes.py).
+        bulk_bytes = leader_entry_bytes(entry_bytes)
+        self.applier = PlanApplier(server, server, max_entry_bytes=bulk_bytes, log=server.log)
         self.stats = WorkerStats()
         # Nodes, usage and trait rankings for the workers, from the journal (scheduler.index).
         self.placement = PlacementIndex()
         self.writer = EvalWriter(
             server,
             server,
-            max_entry_bytes=entry_bytes,
+            max_entry_bytes=bulk_bytes,
             followup_delay=cfg.failed_eval_followup,
             log=server.log,
         )
@@ -214,7 +217,7 @@ class Lifecycle:
             server, server, self.active_deployments, self.broker, self.writer, log=server.log
         )
         self.drainer = Drainer(server, server, self.nodes, log=server.log)
-        self.admitter = Admitter(server, server, max_entry_bytes=entry_bytes, log=server.log)
+        self.admitter = Admitter(server, server, max_entry_bytes=bulk_bytes, log=server.log)
         self.cursor = Cursor(self, TOPICS)
         self.started = time.monotonic()
         self._rebuilt: Initial | None = None

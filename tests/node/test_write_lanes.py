@@ -111,7 +111,8 @@ def test_the_leader_lane_holds_one_entry_of_bytes_in_flight_and_a_client_write_p
     async def run() -> None:
         raft = HeldRaft()
         queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
-        big = raft.max_entry_bytes * 3 // 4  # two of them never share an entry, nor fit in flight together
+        # Two of them never share an entry, nor fit in flight together.
+        big = writes.leader_entry_bytes(raft.max_entry_bytes) * 3 // 4
         tasks = [asyncio.ensure_future(queue.submit(_full_entry(f"plan{i}", big), LEADER)) for i in range(6)]
         await _turn()
         assert queue.in_flight(LEADER) == 1 and len(raft.entries) == 1
@@ -141,7 +142,7 @@ def test_small_leader_entries_go_two_at_a_time_within_one_entry_of_bytes() -> No
         await _turn()
         assert queue.in_flight(LEADER) == MAX_WRITE_ENTRIES_IN_FLIGHT
         # A plan entry that fits the lane's bytes only alone (short of the limit by less than a small entry).
-        limit = raft.max_entry_bytes - writes.BATCH_OVERHEAD
+        limit = writes.leader_entry_bytes(raft.max_entry_bytes) - writes.BATCH_OVERHEAD
         size = limit - len(_full_entry("plan", 0)) - writes.ITEM_OVERHEAD - 30
         big = asyncio.ensure_future(queue.submit(_full_entry("plan", size), LEADER))
         await _turn()
@@ -156,6 +157,36 @@ def test_small_leader_entries_go_two_at_a_time_within_one_entry_of_bytes() -> No
         await asyncio.gather(first, second, big)
 
     asyncio.run(run())
+
+
+def test_leader_batches_are_cut_to_the_leader_entry_size_and_client_batches_to_the_raft_limit() -> None:
+    """The leader's bulk writes go out in entries of ``leader_entry_bytes``: a user's write waits for
+    the apply of at most that much of them (issue #34). Users' writes still fill whole entries."""
+
+    async def run(lane: str) -> list[bytes]:
+        raft = HeldRaft()
+        queue = WriteQueue(raft, lambda fut, value: fut.set_result(value), {})  # type: ignore[arg-type]
+        tasks = []
+        for i in range(MAX_WRITE_ENTRIES_IN_FLIGHT):  # the lane's slots, one small entry each
+            tasks.append(asyncio.ensure_future(queue.submit(_entry(f"gate{i}"), lane)))
+            await _turn()
+        size = writes.LEADER_ENTRY_BYTES // 12  # 24 of them: twice a leader entry, half the raft limit
+        tasks += [asyncio.ensure_future(queue.submit(_full_entry(f"w{i}", size), lane)) for i in range(24)]
+        await _turn()
+        sent = 0
+        while sent < len(raft.entries):
+            raft.commit(sent)
+            sent += 1
+            await _turn()
+        await asyncio.gather(*tasks)
+        return [entry for entry, _ in raft.entries[MAX_WRITE_ENTRIES_IN_FLIGHT:]]
+
+    leader = asyncio.run(run(LEADER))
+    assert len(leader) == 3 and all(len(e) <= writes.leader_entry_bytes(HeldRaft.max_entry_bytes) for e in leader)
+    assert [rid for e in leader for rid in _items(e)] == [f"w{i}" for i in range(24)]
+    client = asyncio.run(run(CLIENT))
+    assert len(client) == 1 and _items(client[0]) == [f"w{i}" for i in range(24)]
+    assert len(client[0]) > writes.LEADER_ENTRY_BYTES
 
 
 def test_a_slow_write_is_logged_once_per_interval_with_what_was_ahead(monkeypatch: Any) -> None:
