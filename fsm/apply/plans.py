@@ -14,9 +14,9 @@ from typing import Any
 from fsm import messages as m
 from fsm.apply.evals import upsert_evals
 from fsm.apply.rejects import conflict
-from fsm.apply.summaries import count_alloc, move_count
+from fsm.apply.summaries import count_alloc, move_count, move_statuses
 from fsm.record import copy_record
-from fsm.structs import CLIENT_PENDING, Allocation, Deployment
+from fsm.structs import CLIENT_PENDING, CLIENT_TERMINAL, SERVER_TERMINAL, Allocation, Deployment
 from fsm.validate import (
     bad,
     check_alloc,
@@ -58,23 +58,36 @@ def _check_plan(msg: m.PlanApply) -> None:
 
 
 def _stop_allocs(w: StateWriter, stops: list[m.AllocStop]) -> list[str]:
-    """Set the desired status of each alloc to stop; returns the ids of those that exist."""
+    """Set the desired status of each alloc to stop; returns the ids of those that exist.
+
+    A node-loss storm stops hundreds of thousands of allocs on every replica,
+    so this works on each alloc's stored map, as client updates do
+    (fsm/apply/allocs.py): a stop changes only the desired status and its
+    description, the follow-up eval and perhaps the client status, and
+    ``update_alloc_map`` stores the bytes and index rows ``put_alloc`` would
+    (tests/fsm/test_plan_stops.py), without building the alloc and encoding
+    it again. Each job's summary is read and written once for all its
+    stops.
+    """
     stopped = []
+    moves = []  # summary counters, moved once per job after the loop
     for stop in stops:
-        alloc = w.alloc(stop.id)
-        if alloc is None:
+        data = w.alloc_map(stop.id)
+        if data is None:
             continue
-        old = copy_record(alloc)
-        alloc.desired_status = stop.desired_status
-        alloc.desired_description = stop.desired_description
+        status = data["client_status"]
+        was_terminal = status in CLIENT_TERMINAL or data["desired_status"] in SERVER_TERMINAL
+        data["desired_status"] = stop.desired_status
+        data["desired_description"] = stop.desired_description
         if stop.followup_eval_id:
-            alloc.followup_eval_id = stop.followup_eval_id
-        if stop.client_status and stop.client_status != alloc.client_status:
-            alloc.client_status = stop.client_status
-            move_count(w, old, alloc)
-        alloc.alloc_modify_index = w.index
-        w.put_alloc(alloc, old, "PlanResult")
-        stopped.append(alloc.id)
+            data["followup_eval_id"] = stop.followup_eval_id
+        if stop.client_status and stop.client_status != status:
+            moves.append((data["job_id"], data["task_group"], status, stop.client_status))
+            data["client_status"] = stop.client_status
+        data["alloc_modify_index"] = w.index
+        w.update_alloc_map(data, was_terminal, "PlanResult")
+        stopped.append(stop.id)
+    move_statuses(w, moves)
     return stopped
 
 
