@@ -1,8 +1,8 @@
 """The replica: one pysyncobj ``SyncObj`` composed of one mixin per mechanism.
 
 The mixins (see raft/replica_base.py) each own one mechanism; this class
-wires the points where several meet -- the tick (fsync, commit, callbacks,
-queued tasks, barrier, transfer, announcement, in that order), the send hook
+wires the points where several meet -- the tick (new commands, fsync, commit,
+callbacks, queued tasks, barrier, transfer, announcement, in that order), the send hook
 (log repair, then fsync's hold) and the barrier batch -- and runs pysyncobj's
 constructor once every mixin's state is in place.
 """
@@ -94,6 +94,8 @@ class Replica(
         if self.bind_tick_thread():
             self.addOnTickCallback(self._finish_tick)
         self._note_tick()
+        # New commands leave before this tick's apply (raft/commands.py).
+        self.take_commands_early()
         # Before pysyncobj counts the leader's own log towards a commit and
         # before held acks/votes leave: make the journal durable (fsync mode).
         self.sync_journal()

@@ -30,6 +30,7 @@ from raft import (
     UnknownOutcomeError,
     encoded_entry_size,
 )
+from raft.entries import encode_command
 from tests.raft.cluster import free_ports, wait_for
 from tests.raft.conftest import MemTarget
 
@@ -459,3 +460,55 @@ def test_a_leader_cut_off_from_its_quorum_steps_down_and_answers_its_writes(
     finally:
         for n in nodes.values():
             n.destroy()
+
+
+# -- a busy leader ships new commands before it applies ------------------------
+
+
+class _SeesTheLog(MemTarget):
+    """Notes the leader's last log index as each entry is applied; ``zero``'s apply waits for a release."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node: RaftNode | None = None
+        self.last_index_at_apply: dict[bytes, int] = {}
+        self.in_zero = threading.Event()
+        self.release = threading.Event()
+
+    def apply(self, index: int, entry: bytes) -> object:
+        assert self.node is not None
+        self.last_index_at_apply[entry] = self.node._obj._SyncObj__raftLog[-1][1]
+        if entry == b"zero":
+            self.in_zero.set()
+            self.release.wait(10)
+        return super().apply(index, entry)
+
+
+def test_a_leader_ships_the_commands_queued_before_its_tick_ahead_of_that_ticks_apply(
+    single_node: Any,
+) -> None:
+    """``take_commands_early`` (raft/commands.py): a write queued while the leader's tick applies
+    an earlier one is in the log before the next tick applies anything, so its replication
+    overlaps that apply instead of waiting for it (issue #34)."""
+    target = _SeesTheLog()
+    node, _ = single_node(target)
+    target.node = node
+    obj = node._obj
+    state = {"armed": True}
+
+    def at_tick_end() -> None:
+        # The tick that appended "first" (after its apply) ends: queue "late" now, before the next tick.
+        if state["armed"] and b"first" in obj._SyncObj__raftLog[-1][0]:
+            state["armed"] = False
+            obj.submit_command(encode_command(obj.func_id, b"late"), None)
+
+    obj.addOnTickCallback(at_tick_end)
+    node.submit(b"zero")
+    assert target.in_zero.wait(10)
+    node.submit(b"first")  # queued while "zero" applies: appended by that tick's own intake, after it
+    target.release.set()
+    wait_for(lambda: b"late" in target.entries.values(), 10, "the late write to be applied")
+    first = next(i for i, e in target.entries.items() if e == b"first")
+    # "late" went into the log (index first + 1) before "first" was applied.
+    assert target.last_index_at_apply[b"first"] == first + 1
+    assert target.entries[first + 1] == b"late"
