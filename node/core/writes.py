@@ -119,7 +119,7 @@ class _Lane:
     """One lane's writes waiting for an entry, and its entries in flight."""
 
     name: str
-    entry_bytes: int  # the most one of its Batch entries may hold (the leader lane's are smaller)
+    entry_bytes: int  # room for the items of one of its entries (the leader lane's entries are smaller)
     bounded: bool = False  # its entries in flight hold at most one entry's size between them
     queue: collections.deque[_Queued] = field(default_factory=collections.deque)
     queued_cost: int = 0
