@@ -397,6 +397,10 @@ class Server:
             "Member": raft.get("member", joining.joiner_of(self) is None),
             "ClusterID": self.cluster_id,
             "LastSnapshotInstallIndex": self.last_snapshot_install,
+            # The raft tick thread: share of the last second spent working (near 1: every write waits
+            # whole ticks), and ticks that started late enough to risk an election (raft/ticks.py).
+            "RaftTickBusy": raft.get("tick_busy", 0.0),
+            "RaftTickStalls": raft.get("tick_stalls", 0),
             "servers": servers,
         }
 

@@ -27,7 +27,7 @@ from raft.membership import Membership
 from raft.quorum import CheckQuorum
 from raft.repair import LogRepair
 from raft.replica_base import ROLE_NAMES, ReplicaOwner
-from raft.ticks import TickGaps
+from raft.ticks import TickGaps, TickLoad
 from raft.transport import CaravanTransport
 from raft.waiters import Waiter
 
@@ -60,6 +60,7 @@ class Replica(
         self._auth = LinkAuthenticator(config.password)
         # A tick later than half the shortest election timeout is a stall worth a line.
         self.tick_gaps = TickGaps(stall=config.resolved_profile().raft_min_timeout / 2)
+        self.tick_load = TickLoad()
         self._barriers = BarrierBatches()
         self._func_id = -1
         if conf.deserializer is not None:
@@ -107,7 +108,9 @@ class Replica(
         self._finish_tick()
 
     def _note_tick(self) -> None:
-        gap = self.tick_gaps.note(monotonic())
+        now = monotonic()
+        self.tick_load.started(now)
+        gap = self.tick_gaps.note(now)
         if gap is not None:
             self.log.warning(
                 "raft_tick_stalled",
@@ -130,6 +133,7 @@ class Replica(
         self._flush_barrier_batch()
         self.drive_transfer()
         self.announce_leadership()
+        self.tick_load.finished(monotonic())  # what follows is pysyncobj's poll
 
     def caravan_on_send(
         self, node: Any, message: dict[str, Any], send: Callable[..., bool]

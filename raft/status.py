@@ -78,4 +78,7 @@ def _status_once(obj: Replica, config: RaftConfig) -> dict[str, Any]:
         "ignored_votes": obj.ignored_votes,
         "check_quorum": obj.quorum_stats,
         "members": [m.to_wire() for m in obj.member_list()],
+        # The tick thread: its share of the last second spent working, and its stalls (raft/ticks.py).
+        "tick_busy": round(obj.tick_load.load, 3),
+        "tick_stalls": obj.tick_gaps.stalls,
     }

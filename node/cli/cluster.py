@@ -123,11 +123,12 @@ def cluster_up(directory: str, nodes: str, acl: bool) -> None:
 @_dir_option
 @click.option("--json", "as_json", is_flag=True)
 def cluster_status(directory: str, as_json: bool) -> None:
-    """One row per server: role, term, applied index, health."""
+    """One row per server: role, term, applied index, how busy its raft thread is, health."""
     c = cl.Cluster.load(directory)
     out = [_server_row(node) for node in c.nodes]
     c2 = make_ctx("", None, as_json)
-    emit(c2, out, lambda d: rows(d, [(k, k) for k in ("Node", "Address", "PID", "Role", "Term", "AppliedIndex", "Healthy")]))
+    columns = ("Node", "Address", "PID", "Role", "Term", "AppliedIndex", "RaftBusy", "Healthy")
+    emit(c2, out, lambda d: rows(d, [(k, k) for k in columns]))
     if not any(row["Role"] == "leader" for row in out):
         up = sum(1 for row in out if row["Role"] != "down")
         click.echo(
@@ -147,6 +148,8 @@ def _server_row(node: cl.ClusterNode) -> dict[str, Any]:
         "Role": (st or {}).get("Role", "down"),
         "Term": (st or {}).get("Term", ""),
         "AppliedIndex": (st or {}).get("AppliedIndex", ""),
+        # How much of the last second its raft thread worked: near 100%, writes wait whole ticks.
+        "RaftBusy": f"{st['RaftTickBusy']:.0%}" if st and "RaftTickBusy" in st else "",
         # Answering is not enough: a server that knows no leader cannot serve writes.
         "Healthy": bool(st and st.get("Leader")),
     }

@@ -172,6 +172,16 @@ def _raft_gauges(server: ServerAPI) -> Iterator[Metric]:
         value=float(status.get("last_log_index") or 0),
     )
     yield GaugeMetricFamily(
+        "caravan_raft_tick_busy_ratio",
+        "Share of the last second the raft tick thread spent working rather than waiting for messages",
+        value=float(status.get("tick_busy") or 0),
+    )
+    yield CounterMetricFamily(
+        "caravan_raft_tick_stalls",
+        "Raft ticks that started later than half the shortest election timeout",
+        value=float(status.get("tick_stalls") or 0),
+    )
+    yield GaugeMetricFamily(
         "caravan_fsm_applied_index",
         "Highest raft index committed to the state store",
         value=float(server.fsm.applied_index),

@@ -139,6 +139,7 @@ def test_cluster_commands(tmp_path: Path) -> None:
         assert {"id", "rpc_addr", "raft_addr", "pid", "data_dir", "log_file"} <= set(state["nodes"][0])
         status = json.loads(run("cluster", "status", "--dir", directory, "--json").stdout)
         assert sorted(s["Role"] for s in status) == ["follower", "follower", "leader"]
+        assert all(s["RaftBusy"].endswith("%") and 0 <= int(s["RaftBusy"][:-1]) < 100 for s in status)
         assert run("cluster", "kill", "server2", "--dir", directory).returncode == 0
         status = json.loads(run("cluster", "status", "--dir", directory, "--json").stdout)
         assert [s["Healthy"] for s in status if s["Node"] == "server2"] == [False]

@@ -52,6 +52,9 @@ def test_prometheus_text_on_leader_and_follower(http_cluster: HTTPCluster) -> No
         and value(lead, "caravan_raft_leader") == 1
     )
     assert value(lead, "caravan_raft_term") >= 1
+    # The tick thread's load and stalls (raft/ticks.py): present, and a share of time.
+    assert "caravan_raft_tick_busy_ratio" in lead and "caravan_raft_tick_stalls_total" in lead
+    assert 0 < value(lead, "caravan_raft_tick_busy_ratio") < 1
     assert (
         value(lead, "caravan_raft_commit_index") >= 1
         and value(lead, "caravan_fsm_applied_index") >= 1
