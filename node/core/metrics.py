@@ -133,6 +133,20 @@ class _ServerState(Collector):
             yield family
 
 
+# (metric, help, raft status field): the plain numbers of raft status, as gauges.
+_RAFT_STATUS_GAUGES = (
+    ("caravan_raft_term", "Current raft term", "term"),
+    ("caravan_raft_commit_index", "Highest raft index known committed", "commit_index"),
+    ("caravan_raft_applied_index", "Highest raft index applied by pysyncobj", "applied_index"),
+    ("caravan_raft_last_log_index", "Last index in this server's raft log", "last_log_index"),
+    (
+        "caravan_raft_tick_busy_ratio",
+        "Share of the last second the raft tick thread spent working rather than waiting for messages",
+        "tick_busy",
+    ),
+)
+
+
 def _raft_gauges(server: ServerAPI) -> Iterator[Metric]:
     raft = getattr(server, "raft", None)
     if raft is None:
@@ -153,29 +167,8 @@ def _raft_gauges(server: ServerAPI) -> Iterator[Metric]:
         "1 while this server is the raft leader",
         value=1.0 if role == "leader" else 0.0,
     )
-    yield GaugeMetricFamily(
-        "caravan_raft_term", "Current raft term", value=float(status.get("term") or 0)
-    )
-    yield GaugeMetricFamily(
-        "caravan_raft_commit_index",
-        "Highest raft index known committed",
-        value=float(status.get("commit_index") or 0),
-    )
-    yield GaugeMetricFamily(
-        "caravan_raft_applied_index",
-        "Highest raft index applied by pysyncobj",
-        value=float(status.get("applied_index") or 0),
-    )
-    yield GaugeMetricFamily(
-        "caravan_raft_last_log_index",
-        "Last index in this server's raft log",
-        value=float(status.get("last_log_index") or 0),
-    )
-    yield GaugeMetricFamily(
-        "caravan_raft_tick_busy_ratio",
-        "Share of the last second the raft tick thread spent working rather than waiting for messages",
-        value=float(status.get("tick_busy") or 0),
-    )
+    for name, help_text, key in _RAFT_STATUS_GAUGES:
+        yield GaugeMetricFamily(name, help_text, value=float(status.get(key) or 0))
     yield CounterMetricFamily(
         "caravan_raft_tick_stalls",
         "Raft ticks that started later than half the shortest election timeout",
