@@ -59,6 +59,10 @@ class FakeServer:
     def state_now(self) -> int:
         return self.h.time
 
+    def commit_event(self) -> None:
+        """As a server that is not running yet: no event, so a term's tail polls."""
+        return None
+
     async def local(self, fn: Callable[[StateReader], Any]) -> Any:
         with self.h.reader() as r:
             return fn(r)

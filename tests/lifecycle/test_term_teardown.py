@@ -71,7 +71,11 @@ def test_a_term_that_ends_empties_its_placement_index_for_good(h: Harness) -> No
 
     async def term() -> None:
         task = asyncio.create_task(lc.run())
-        await wait_until_async(lambda: lifecycle.current(server) is lc, 10, "the term running")  # type: ignore[arg-type]
+        # A term that ended at once (it raised) never shows as current: fail with why, not a timeout.
+        await wait_until_async(lambda: task.done() or lifecycle.current(server) is lc, 10, "the term running")  # type: ignore[arg-type]
+        if task.done():
+            task.result()
+            raise AssertionError("the term ended by itself before it was cancelled")
         with h.reader() as r:
             lc.placement.catch_up(r)
         assert len(lc.placement.nodes) == 5
