@@ -457,6 +457,11 @@ class Allocation(Record):
         return self.server_terminal() or self.client_terminal()
 
 
+def alloc_map_terminal(data: Mapping[str, Any]) -> bool:
+    """``Allocation.terminal`` of an alloc's stored map (the paths that skip building the alloc)."""
+    return data["desired_status"] in SERVER_TERMINAL or data["client_status"] in CLIENT_TERMINAL
+
+
 
 class AllocStatus(msgspec.Struct):
     """The few fields of a stored ``Allocation`` that a scan over every alloc reads.

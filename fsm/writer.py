@@ -17,12 +17,10 @@ from fsm.digest import DigestTxn
 from fsm.keys import SEP, from_u64, key, key_at, prefix, u64
 from fsm.store import StateReader, StateStore, keys_with_prefix
 from fsm.structs import (
-    CLIENT_TERMINAL,
     EVAL_TERMINAL,
     JOB_DEAD,
     JOB_PENDING,
     NODE_DOWN,
-    SERVER_TERMINAL,
     ACLToken,
     Allocation,
     Deployment,
@@ -30,6 +28,7 @@ from fsm.structs import (
     Job,
     JobSummary,
     Node,
+    alloc_map_terminal,
 )
 from fsm.topics import (
     TOPIC_ALLOC,
@@ -413,7 +412,7 @@ class StateWriter(StateReader, WorkloadWrites):
         alloc_id = data["id"]
         data["modify_index"] = self.index
         data["modify_time"] = self.now
-        terminal = data["desired_status"] in SERVER_TERMINAL or data["client_status"] in CLIENT_TERMINAL
+        terminal = alloc_map_terminal(data)
         if terminal != was_terminal:
             node_id, job_id = data["node_id"], data["job_id"]
             self._unlink("allocs_by_node", key(node_id, "1" if was_terminal else "0", alloc_id))

@@ -10,7 +10,7 @@ from fsm import messages as m
 from fsm.apply.evals import upsert_evals
 from fsm.apply.summaries import move_status
 from fsm.record import copy_record
-from fsm.structs import CLIENT_TERMINAL, SERVER_TERMINAL
+from fsm.structs import CLIENT_TERMINAL, alloc_map_terminal
 from fsm.validate import check_client_status
 from fsm.writer import StateWriter
 
@@ -32,7 +32,7 @@ def alloc_client_update(w: StateWriter, msg: m.AllocClientUpdate) -> dict[str, A
         if data is None or (status in CLIENT_TERMINAL and state.client_status != status):
             ignored.append(state.id)
             continue
-        was_terminal = status in CLIENT_TERMINAL or data["desired_status"] in SERVER_TERMINAL
+        was_terminal = alloc_map_terminal(data)
         if state.client_status != status:
             group = data["task_group"]
             move_status(w, data["job_id"], group, status, group, state.client_status)

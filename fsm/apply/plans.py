@@ -16,7 +16,7 @@ from fsm.apply.evals import upsert_evals
 from fsm.apply.rejects import conflict
 from fsm.apply.summaries import count_alloc, move_count, move_statuses
 from fsm.record import copy_record
-from fsm.structs import CLIENT_PENDING, CLIENT_TERMINAL, SERVER_TERMINAL, Allocation, Deployment
+from fsm.structs import CLIENT_PENDING, Allocation, Deployment, alloc_map_terminal
 from fsm.validate import (
     bad,
     check_alloc,
@@ -76,7 +76,7 @@ def _stop_allocs(w: StateWriter, stops: list[m.AllocStop]) -> list[str]:
         if data is None:
             continue
         status = data["client_status"]
-        was_terminal = status in CLIENT_TERMINAL or data["desired_status"] in SERVER_TERMINAL
+        was_terminal = alloc_map_terminal(data)
         data["desired_status"] = stop.desired_status
         data["desired_description"] = stop.desired_description
         if stop.followup_eval_id:
