@@ -126,8 +126,9 @@ class _Lane:
     in_flight: dict[object, int] = field(default_factory=dict)  # entry -> its bytes
     flush_scheduled: bool = False
 
-    def may_send(self, limit: int) -> bool:
-        """Whether the next entry (at most ``limit`` bytes) may go out now."""
+    def may_send(self) -> bool:
+        """Whether the next entry (at most ``entry_bytes`` of items) may go out now."""
+        limit = self.entry_bytes
         if self.bounded:
             if not self.in_flight:
                 return True
@@ -220,7 +221,7 @@ class WriteQueue:
         future: asyncio.Future[tuple[ApplyResult, int]] = asyncio.get_running_loop().create_future()
         waiting.queue.append(_Queued(entry, cost, future, time.monotonic()))
         waiting.queued_cost += cost
-        if not waiting.flush_scheduled and waiting.may_send(waiting.entry_bytes):
+        if not waiting.flush_scheduled and waiting.may_send():
             waiting.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush, waiting)
         # No wait_for/shield per write (two extra futures and a timer each):
@@ -233,7 +234,7 @@ class WriteQueue:
         """Loop: submit what ``lane`` has queued, as one entry per size-limited run."""
         lane.flush_scheduled = False
         limit = lane.entry_bytes
-        while lane.queue and lane.may_send(limit):
+        while lane.queue and lane.may_send():
             items = [lane.queue.popleft()]
             size = items[0].cost
             while lane.queue and size + lane.queue[0].cost <= limit:
