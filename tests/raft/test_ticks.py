@@ -41,7 +41,7 @@ def test_tick_load_is_the_share_of_time_spent_working() -> None:
     for _ in range(400):  # 4 s of 10 ms ticks, each working 3 ms, then waiting 7 ms in poll
         load.started(t)
         load.finished(t + 0.003)
-        load.finished(t + 0.009)  # a second call after the poll (pysyncobj's early return path) adds nothing
+        load.finished(t + 0.009)  # _finish_tick runs again after the poll: that second call adds nothing
         t += 0.010
     assert abs(load.load - 0.3) < 0.01
     for _ in range(500):  # then 5 s of ticks that work all the time
